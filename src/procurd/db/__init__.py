@@ -1,0 +1,1 @@
+"""Database access: engine, schema, migrations and the storage modules."""

@@ -1,0 +1,282 @@
+"""The database schema: the mirror a storefront reads, and procurd's own bookkeeping.
+
+Tables are SQLAlchemy Core objects; the storage modules (``procurd.db.*_store``) hold every statement.
+Amounts are exact decimal text, never floats. Datetimes are aware UTC.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+
+from procurd.db.types import JsonDocument, Money, UtcDateTime
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+# --- the mirror ------------------------------------------------------------------------------------------
+# Each row is keyed by (upstream, id). Every field of seed 000's Category / Product / SKU is a column of the
+# same name; fields an upstream adds beyond the seed are kept in ``extra``. ``content_hash`` is a digest of
+# the upstream's fields so a sync can skip unchanged rows without comparing every column.
+
+
+def _mirror_columns() -> list[Column[object]]:
+    return [
+        Column("synced_at", UtcDateTime(), nullable=False),
+        Column("removed_at", UtcDateTime(), nullable=True),
+        Column("extra", JsonDocument, nullable=True),
+        Column("content_hash", String(32), nullable=False),
+    ]
+
+
+mirror_categories = Table(
+    "mirror_categories",
+    metadata,
+    Column("upstream", String(64), primary_key=True),
+    Column("id", BigInteger, primary_key=True, autoincrement=False),
+    Column("parent_id", BigInteger, nullable=False),
+    Column("slug", String(255), nullable=False),
+    Column("name", JsonDocument, nullable=False),
+    Column("icon", Text, nullable=False),
+    Column("sort_order", Integer, nullable=False),
+    Column("is_active", Boolean, nullable=False),
+    *_mirror_columns(),
+)
+
+mirror_products = Table(
+    "mirror_products",
+    metadata,
+    Column("upstream", String(64), primary_key=True),
+    Column("id", BigInteger, primary_key=True, autoincrement=False),
+    Column("slug", String(255), nullable=False),
+    Column("title", JsonDocument, nullable=False),
+    Column("description", JsonDocument, nullable=True),
+    Column("content", JsonDocument, nullable=True),
+    Column("seo_meta", JsonDocument, nullable=True),
+    Column("images", JsonDocument, nullable=False),
+    Column("tags", JsonDocument, nullable=False),
+    Column("price_amount", Money(), nullable=False),
+    Column("original_price", Money(), nullable=True),
+    Column("member_price", Money(), nullable=True),
+    Column("fulfillment_type", String(16), nullable=False),
+    Column("manual_form_schema", JsonDocument, nullable=True),
+    Column("is_active", Boolean, nullable=False),
+    Column("category_id", BigInteger, nullable=False),
+    Column("created_at", String(64), nullable=True),
+    Column("updated_at", String(64), nullable=True),
+    *_mirror_columns(),
+)
+
+mirror_skus = Table(
+    "mirror_skus",
+    metadata,
+    Column("upstream", String(64), primary_key=True),
+    Column("id", BigInteger, primary_key=True, autoincrement=False),
+    Column("product_id", BigInteger, nullable=False),
+    Column("sku_code", String(255), nullable=False),
+    Column("spec_values", JsonDocument, nullable=True),
+    Column("price_amount", Money(), nullable=False),
+    Column("original_price", Money(), nullable=True),
+    Column("member_price", Money(), nullable=True),
+    Column("stock_status", String(16), nullable=False),
+    Column("stock_quantity", BigInteger, nullable=False),
+    Column("is_active", Boolean, nullable=False),
+    *_mirror_columns(),
+    Index("ix_mirror_skus_product", "upstream", "product_id"),
+)
+
+mirror_changes = Table(
+    "mirror_changes",
+    metadata,
+    Column("seq", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
+    Column("upstream", String(64), nullable=False),
+    Column("entity", String(16), nullable=False),  # category | product | sku
+    Column("entity_id", BigInteger, nullable=False),
+    Column("kind", String(16), nullable=False),  # added | changed | removed | restored
+    Column("field", String(64), nullable=True),
+    Column("old_value", Text, nullable=True),
+    Column("new_value", Text, nullable=True),
+    Column("changed_at", UtcDateTime(), nullable=False),
+    Column("sync_run_id", BigInteger, nullable=True),
+    Index("ix_mirror_changes_entity", "upstream", "entity", "entity_id"),
+    Index("ix_mirror_changes_changed_at", "changed_at"),
+)
+
+sync_runs = Table(
+    "sync_runs",
+    metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
+    Column("upstream", String(64), nullable=False),
+    Column("started_at", UtcDateTime(), nullable=False),
+    Column("finished_at", UtcDateTime(), nullable=True),
+    Column("status", String(16), nullable=False),  # running | ok | failed
+    Column("pages", Integer, nullable=False, default=0),
+    Column("categories", Integer, nullable=False, default=0),
+    Column("products", Integer, nullable=False, default=0),
+    Column("skus", Integer, nullable=False, default=0),
+    Column("added", Integer, nullable=False, default=0),
+    Column("changed", Integer, nullable=False, default=0),
+    Column("removed", Integer, nullable=False, default=0),
+    Column("rows_written", Integer, nullable=False, default=0),
+    Column("violations", JsonDocument, nullable=True),
+    Column("error", Text, nullable=True),
+    Index("ix_sync_runs_upstream_started", "upstream", "started_at"),
+)
+
+# --- coordination and health ------------------------------------------------------------------------------
+
+leases = Table(
+    "leases",
+    metadata,
+    Column("name", String(128), primary_key=True),
+    Column("holder", String(128), nullable=False),
+    Column("expires_at", UtcDateTime(), nullable=False),
+    Column("acquired_at", UtcDateTime(), nullable=False),
+)
+
+upstream_health = Table(
+    "upstream_health",
+    metadata,
+    Column("upstream", String(64), primary_key=True),
+    Column("last_ping_at", UtcDateTime(), nullable=True),
+    Column("last_ping_ok", Boolean, nullable=True),
+    Column("last_ping_error", Text, nullable=True),
+    Column("site_name", String(255), nullable=True),
+    Column("protocol_version", String(32), nullable=True),
+    Column("balance", Money(), nullable=True),
+    Column("currency", String(16), nullable=True),
+    Column("member_level", JsonDocument, nullable=True),
+    Column("latency_ms", Integer, nullable=True),
+    Column("auth_error_code", String(64), nullable=True),
+    Column("auth_error_at", UtcDateTime(), nullable=True),
+    Column("callbacks_accepted", BigInteger, nullable=False, default=0),
+    Column("callbacks_rejected", BigInteger, nullable=False, default=0),
+    Column("updated_at", UtcDateTime(), nullable=False),
+)
+
+# --- procurement ------------------------------------------------------------------------------------------
+
+orders = Table(
+    "orders",
+    metadata,
+    Column("order_no", String(64), primary_key=True),
+    Column("trace_id", String(128), nullable=True),
+    Column("fingerprint", String(64), nullable=False),  # sha256 of the canonical request body
+    Column("request", JsonDocument, nullable=False),
+    Column("status", String(32), nullable=False),
+    Column("exception", Boolean, nullable=False, default=False),
+    Column("created_at", UtcDateTime(), nullable=False),
+    Column("updated_at", UtcDateTime(), nullable=False),
+)
+
+procurements = Table(
+    "procurements",
+    metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
+    Column("order_no", String(64), ForeignKey("orders.order_no"), nullable=False),
+    Column("position", Integer, nullable=False),
+    Column("upstream", String(64), nullable=False),
+    Column("sku_id", BigInteger, nullable=False),
+    Column("product_id", BigInteger, nullable=True),
+    Column("quantity", Integer, nullable=False),
+    Column("manual_form_data", JsonDocument, nullable=True),
+    Column("max_unit_price", Money(), nullable=True),
+    Column("unit_price", Money(), nullable=True),
+    Column("fulfillment_type", String(16), nullable=True),
+    Column("trace_id", String(128), nullable=True),
+    Column("downstream_order_no", String(96), nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("upstream_status", String(32), nullable=True),
+    Column("upstream_order_id", BigInteger, nullable=True),
+    Column("upstream_order_no", String(96), nullable=True),
+    Column("amount", Money(), nullable=True),
+    Column("currency", String(16), nullable=True),
+    Column("attempts", Integer, nullable=False, default=0),
+    Column("last_error_code", String(64), nullable=True),
+    Column("last_error_message", Text, nullable=True),
+    Column("exception_reason", String(64), nullable=True),
+    Column("fulfillment", JsonDocument, nullable=True),
+    # True from the moment a submission is claimed until an answer proves no upstream order exists under
+    # the current number: such a procurement must never be reported canceled without an upstream cancel.
+    Column("upstream_may_exist", Boolean, nullable=False, default=False),
+    Column("next_attempt_at", UtcDateTime(), nullable=True),
+    Column("lease_owner", String(128), nullable=True),
+    Column("lease_expires_at", UtcDateTime(), nullable=True),
+    Column("next_poll_at", UtcDateTime(), nullable=True),
+    Column("poll_interval_seconds", Float, nullable=True),
+    Column("submitted_at", UtcDateTime(), nullable=True),
+    Column("delivered_at", UtcDateTime(), nullable=True),
+    Column("resolution_note", Text, nullable=True),
+    Column("version", Integer, nullable=False, default=1),
+    Column("created_at", UtcDateTime(), nullable=False),
+    Column("updated_at", UtcDateTime(), nullable=False),
+    UniqueConstraint("order_no", "position", name="uq_procurements_order_position"),
+    Index("ix_procurements_due", "state", "next_attempt_at"),
+    Index("ix_procurements_poll", "state", "next_poll_at"),
+    Index("ix_procurements_upstream_order", "upstream", "upstream_order_id"),
+)
+
+procurement_numbers = Table(
+    "procurement_numbers",
+    metadata,
+    Column("upstream", String(64), primary_key=True),
+    Column("downstream_order_no", String(96), primary_key=True),
+    Column("procurement_id", BigInteger, ForeignKey("procurements.id"), nullable=False),
+    Column("upstream_order_id", BigInteger, nullable=True),
+    Column("upstream_canceled", Boolean, nullable=False, default=False),
+    Column("created_at", UtcDateTime(), nullable=False),
+    Index("ix_procurement_numbers_procurement", "procurement_id"),
+)
+
+audit_log = Table(
+    "audit_log",
+    metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
+    Column("order_no", String(64), nullable=False),
+    Column("procurement_id", BigInteger, nullable=True),
+    Column("at", UtcDateTime(), nullable=False),
+    Column("source", String(16), nullable=False),  # intake | worker | callback | poll | admin
+    Column("event", String(64), nullable=False),
+    Column("old_state", String(16), nullable=True),
+    Column("new_state", String(16), nullable=True),
+    Column("detail", JsonDocument, nullable=True),
+    Index("ix_audit_log_order", "order_no", "id"),
+)
+
+outbox = Table(
+    "outbox",
+    metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
+    Column("event_id", String(64), nullable=False, unique=True),
+    Column("order_no", String(64), nullable=False),
+    Column("event", String(64), nullable=False),
+    Column("payload", JsonDocument, nullable=False),
+    Column("created_at", UtcDateTime(), nullable=False),
+    Column("attempts", Integer, nullable=False, default=0),
+    Column("next_attempt_at", UtcDateTime(), nullable=False),
+    Column("delivered_at", UtcDateTime(), nullable=True),
+    Column("last_error", Text, nullable=True),
+    Column("lease_owner", String(128), nullable=True),
+    Column("lease_expires_at", UtcDateTime(), nullable=True),
+    Index("ix_outbox_pending", "delivered_at", "next_attempt_at"),
+    Index("ix_outbox_order", "order_no", "id"),
+)
