@@ -1,0 +1,90 @@
+"""Shared fixtures: a migrated database per test (SQLite file, or PostgreSQL cloned from a template)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from procurd.db import migrate
+from procurd.db.engine import create_engine
+
+# PROCURD_TEST_POSTGRES_URL=postgresql+asyncpg://user@127.0.0.1:5432/postgres switches the whole suite
+# onto PostgreSQL: every test gets a fresh database cloned from a migrated template.
+POSTGRES_URL = os.environ.get("PROCURD_TEST_POSTGRES_URL", "")
+TEMPLATE_DB = "procurd_test_template"
+
+
+def database_kind() -> str:
+    return "postgresql" if POSTGRES_URL else "sqlite"
+
+
+async def _admin_execute(statements: list[str]) -> None:
+    admin = create_async_engine(POSTGRES_URL, isolation_level="AUTOCOMMIT")
+    try:
+        async with admin.connect() as connection:
+            for statement in statements:
+                await connection.execute(text(statement))
+    finally:
+        await admin.dispose()
+
+
+def _database_url(name: str) -> str:
+    return make_url(POSTGRES_URL).set(database=name).render_as_string(hide_password=False)
+
+
+@pytest.fixture(scope="session")
+def postgres_template() -> Iterator[str | None]:
+    """Create and migrate the template database once per session (PostgreSQL only)."""
+    if not POSTGRES_URL:
+        yield None
+        return
+
+    async def build() -> None:
+        await _admin_execute([f"DROP DATABASE IF EXISTS {TEMPLATE_DB}", f"CREATE DATABASE {TEMPLATE_DB}"])
+        engine = create_engine(_database_url(TEMPLATE_DB))
+        try:
+            await migrate.upgrade(engine)
+        finally:
+            await engine.dispose()
+
+    asyncio.run(build())
+    yield TEMPLATE_DB
+    asyncio.run(_admin_execute([f"DROP DATABASE IF EXISTS {TEMPLATE_DB}"]))
+
+
+@pytest.fixture
+async def database_url(tmp_path: Path, postgres_template: str | None) -> AsyncIterator[str]:
+    """The URL of a fresh, migrated database for this test."""
+    if postgres_template is None:
+        url = f"sqlite+aiosqlite:///{tmp_path / 'procurd.db'}"
+        engine = create_engine(url)
+        try:
+            await migrate.upgrade(engine)
+        finally:
+            await engine.dispose()
+        yield url
+        return
+    name = f"procurd_test_{uuid.uuid4().hex[:12]}"
+    await _admin_execute([f"CREATE DATABASE {name} TEMPLATE {postgres_template}"])
+    try:
+        yield _database_url(name)
+    finally:
+        await _admin_execute([f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"])
+
+
+@pytest.fixture
+async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
+    """An engine on this test's migrated database, disposed afterwards."""
+    engine = create_engine(database_url)
+    try:
+        yield engine
+    finally:
+        await engine.dispose()
