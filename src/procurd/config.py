@@ -175,13 +175,13 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(extra="forbid", frozen=True)
 
-    database: DatabaseSettings = DatabaseSettings()
-    server: ServerSettings = ServerSettings()
+    database: DatabaseSettings = Field(default_factory=DatabaseSettings)
+    server: ServerSettings = Field(default_factory=ServerSettings)
     upstreams: list[UpstreamSettings] = Field(min_length=1)
-    catalog: CatalogSettings = CatalogSettings()
-    procurement: ProcurementSettings = ProcurementSettings()
-    storefront: StorefrontSettings = StorefrontSettings()
-    logging: LoggingSettings = LoggingSettings()
+    catalog: CatalogSettings = Field(default_factory=CatalogSettings)
+    procurement: ProcurementSettings = Field(default_factory=ProcurementSettings)
+    storefront: StorefrontSettings = Field(default_factory=StorefrontSettings)
+    logging: LoggingSettings = Field(default_factory=LoggingSettings)
 
     @field_validator("upstreams")
     @classmethod
@@ -319,6 +319,8 @@ def apply_environment(data: Mapping[str, Any], environ: Mapping[str, str]) -> di
     if not isinstance(upstreams, list):
         raise ValueError("upstreams: must be an array of tables ([[upstreams]])")
     merged["upstreams"] = [dict(u) if isinstance(u, dict) else u for u in upstreams]
+    if not merged["upstreams"]:
+        del merged["upstreams"]
     for name in sorted(environ):
         if not name.startswith(ENV_PREFIX) or name == "PROCURD_CONFIG" or name.startswith("PROCURD_TEST_"):
             continue
@@ -327,7 +329,7 @@ def apply_environment(data: Mapping[str, Any], environ: Mapping[str, str]) -> di
         if parts[0] == "upstreams":
             if len(parts) != 3:
                 raise ValueError(f"{name}: expected PROCURD_UPSTREAMS__<NAME or INDEX>__<KEY>")
-            _set_upstream_key(merged["upstreams"], parts[1], parts[2], value, name)
+            _set_upstream_key(merged.setdefault("upstreams", []), parts[1], parts[2], value, name)
         elif len(parts) == 2:
             section = merged.setdefault(parts[0], {})
             if not isinstance(section, dict):
@@ -372,6 +374,8 @@ def format_validation_error(where: str, exc: ValidationError, data: Mapping[str,
             message = "unknown key"
         elif error["type"] == "missing":
             message = "required key is missing"
+        elif error["type"] == "too_short" and error["loc"] == ("upstreams",):
+            message = "at least one [[upstreams]] block is required"
         elif message.startswith("Value error, "):
             message = message[len("Value error, ") :]
         lines.append(f"{where}: {location}: {message}" if location else f"{where}: {message}")

@@ -1,0 +1,3 @@
+from procurd.cli import main
+
+main()

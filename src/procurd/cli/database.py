@@ -1,0 +1,36 @@
+"""``procurd db``: schema management."""
+
+from __future__ import annotations
+
+import click
+
+from procurd.cli.base import CliState, database_errors, main, pass_state, run_async
+
+
+@main.group()
+def db() -> None:
+    """Database schema management."""
+
+
+@db.command("upgrade")
+@click.option("--revision", default="head", show_default=True, help="Target revision.")
+@pass_state
+def db_upgrade(state: CliState, revision: str) -> None:
+    """Create the schema or migrate it to the current version (safe to run on every start)."""
+    from procurd.db import migrate
+    from procurd.db.engine import create_engine
+
+    settings = state.settings()
+
+    async def upgrade() -> tuple[str | None, str | None]:
+        engine = create_engine(settings.database.url)
+        try:
+            return await database_errors(migrate.upgrade(engine, revision))
+        finally:
+            await engine.dispose()
+
+    before, after = run_async(upgrade())
+    if before == after:
+        click.echo(f"database already at revision {after}")
+    else:
+        click.echo(f"database migrated from {before or 'empty'} to revision {after}")

@@ -1,0 +1,148 @@
+"""Structured logging: JSON lines for machines, readable lines on a terminal, secrets never written.
+
+Context (request id, upstream, order number) is bound with :func:`structlog.contextvars.bound_contextvars`
+and merged into every line. Two layers keep secrets out:
+
+* keys that name a secret (``api_secret``, ``token``, ``signature``, ``payload``, ...) are masked whatever
+  their value;
+* every configured secret value (API secrets, admin token, webhook secret) is registered with
+  :func:`register_secret` and masked wherever it appears inside any string, including exception text.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Iterable, Mapping, MutableMapping
+from typing import Any, TextIO
+
+import structlog
+from structlog.tracebacks import ExceptionDictTransformer
+from structlog.typing import EventDict, Processor, WrappedLogger
+
+REDACTED = "[redacted]"
+SENSITIVE_KEYS = frozenset(
+    {
+        "api_secret",
+        "secret",
+        "webhook_secret",
+        "admin_token",
+        "token",
+        "authorization",
+        "password",
+        "signature",
+        "payload",
+        "delivery_data",
+        "manual_form_data",
+        "card",
+        "cards",
+    }
+)
+# Secrets shorter than this are not searched for inside other strings: masking every "a" would destroy logs.
+_MIN_SECRET_LENGTH = 6
+_secret_values: set[str] = set()
+
+
+def register_secret(value: str | None) -> None:
+    """Mask ``value`` wherever it appears in a log line from now on."""
+    if value and len(value) >= _MIN_SECRET_LENGTH:
+        _secret_values.add(value)
+
+
+def register_secrets(values: Iterable[str | None]) -> None:
+    for value in values:
+        register_secret(value)
+
+
+def scrub(text: str) -> str:
+    """``text`` with every registered secret value masked."""
+    for secret in _secret_values:
+        if secret in text:
+            text = text.replace(secret, REDACTED)
+    return text
+
+
+def _redact_value(key: str, value: Any) -> Any:
+    if key.lower() in SENSITIVE_KEYS or key.lower().endswith(("_secret", "_token", "_password")):
+        return REDACTED if value not in (None, "") else value
+    if isinstance(value, str):
+        return scrub(value)
+    if isinstance(value, Mapping):
+        return {k: _redact_value(str(k), v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_redact_value("", v) for v in value]
+    return value
+
+
+def redact_secrets(_logger: WrappedLogger, _method: str, event_dict: EventDict) -> EventDict:
+    """structlog processor: mask sensitive keys and registered secret values (runs last before rendering)."""
+    return {key: _redact_value(key, value) for key, value in event_dict.items()}
+
+
+def _scrub_rendered(_logger: WrappedLogger, _method: str, rendered: Any) -> Any:
+    # Exception text is rendered after redact_secrets ran; scrub the final line as well.
+    return scrub(rendered) if isinstance(rendered, str) else rendered
+
+
+def configure_logging(level: str = "info", fmt: str = "auto", stream: TextIO | None = None) -> None:
+    """Configure structlog and route the standard library's loggers (aiohttp, SQLAlchemy, APScheduler)."""
+    stream = stream or sys.stderr
+    use_console = fmt == "console" or (fmt == "auto" and stream.isatty())
+    numeric_level = logging.getLevelNamesMapping()[level.upper()]
+
+    shared: list[Processor] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.stdlib.add_logger_name,
+        structlog.stdlib.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
+    renderer: Processor
+    if use_console:
+        renderer = structlog.dev.ConsoleRenderer(colors=stream.isatty())
+        exception_processors: list[Processor] = []
+    else:
+        renderer = structlog.processors.JSONRenderer(sort_keys=False)
+        exception_processors = [
+            structlog.processors.ExceptionRenderer(ExceptionDictTransformer(show_locals=False))
+        ]
+
+    structlog.configure(
+        processors=[
+            *shared,
+            structlog.processors.StackInfoRenderer(),
+            *exception_processors,
+            redact_secrets,
+            structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(numeric_level),
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        cache_logger_on_first_use=True,
+    )
+
+    formatter = structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=[*shared, *exception_processors, redact_secrets],
+        processors=[
+            structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+            renderer,
+            _scrub_rendered,
+        ],
+    )
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(formatter)
+    root = logging.getLogger()
+    for existing in list(root.handlers):
+        root.removeHandler(existing)
+    root.addHandler(handler)
+    root.setLevel(numeric_level)
+    # Library chatter stays at warning unless we debug.
+    for noisy in ("aiohttp.access", "sqlalchemy.engine", "apscheduler", "asyncio", "alembic"):
+        logging.getLogger(noisy).setLevel(max(numeric_level, logging.WARNING))
+
+
+def bind(**values: Any) -> None:
+    """Bind values to the current context (task-local through contextvars)."""
+    structlog.contextvars.bind_contextvars(**values)
+
+
+def context_dict() -> MutableMapping[str, Any]:
+    return structlog.contextvars.get_contextvars()

@@ -1,0 +1,176 @@
+"""Configuration: TOML file, environment overrides, secrets, and errors that name file, key and reason."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from procurd.config import ConfigError, find_config_file, load_settings, private_url_reason
+
+MINIMAL = """
+[[upstreams]]
+name = "main"
+base_url = "https://up.example.com"
+api_key = "key-1"
+api_secret = "secret-value-1"
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "procurd.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_minimal_file_gets_documented_defaults(tmp_path: Path) -> None:
+    """A file with one upstream loads, and every other key takes its documented default."""
+    settings = load_settings(write(tmp_path, MINIMAL), environ={})
+    assert settings.database.url == "sqlite+aiosqlite:///procurd.db"
+    assert (settings.server.public_port, settings.server.admin_port) == (8080, 8081)
+    upstream = settings.upstream("main")
+    assert upstream.header_prefix == "Service"
+    assert upstream.timeout_seconds == 15
+    assert upstream.api_root == "https://up.example.com/api/v1/upstream"
+    assert upstream.secret() == "secret-value-1"
+    assert settings.procurement.max_attempts == 6
+    assert settings.source == tmp_path / "procurd.toml"
+
+
+def test_example_config_is_valid() -> None:
+    """config.example.toml, which documents every key, loads without error."""
+    example = Path(__file__).parent.parent / "config.example.toml"
+    settings = load_settings(example, environ={})
+    assert settings.upstreams[0].name == "main"
+
+
+def test_environment_overrides_sections_and_upstreams(tmp_path: Path) -> None:
+    """PROCURD_<SECTION>__<KEY> overrides the file; upstream blocks are addressed by name or index."""
+    environ = {
+        "PROCURD_DATABASE__URL": "postgresql+asyncpg://u@localhost/db",
+        "PROCURD_PROCUREMENT__WORKERS": "3",
+        "PROCURD_CATALOG__SYNC_INTERVAL_SECONDS": "0.5",
+        "PROCURD_UPSTREAMS__MAIN__API_SECRET": "from-env-secret",
+        "PROCURD_UPSTREAMS__0__TIMEOUT_SECONDS": "2.5",
+    }
+    settings = load_settings(write(tmp_path, MINIMAL), environ=environ)
+    assert settings.database.url == "postgresql+asyncpg://u@localhost/db"
+    assert settings.procurement.workers == 3
+    assert settings.catalog.sync_interval_seconds == 0.5
+    assert settings.upstream("main").secret() == "from-env-secret"
+    assert settings.upstream("main").timeout_seconds == 2.5
+
+
+def test_environment_can_add_an_upstream(tmp_path: Path) -> None:
+    """An upstream block named only in the environment is added to the file's blocks."""
+    environ = {
+        "PROCURD_UPSTREAMS__SECOND__BASE_URL": "https://two.example.com",
+        "PROCURD_UPSTREAMS__SECOND__API_KEY": "key-2",
+        "PROCURD_UPSTREAMS__SECOND__API_SECRET": "secret-value-2",
+    }
+    settings = load_settings(write(tmp_path, MINIMAL), environ=environ)
+    assert [u.name for u in settings.upstreams] == ["main", "second"]
+
+
+def test_lookup_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--config wins over $PROCURD_CONFIG, which wins over ./procurd.toml."""
+    explicit = write(tmp_path, MINIMAL, "explicit.toml")
+    from_env = write(tmp_path, MINIMAL, "env.toml")
+    write(tmp_path, MINIMAL)
+    monkeypatch.chdir(tmp_path)
+    assert find_config_file(explicit, {"PROCURD_CONFIG": str(from_env)}) == explicit
+    assert find_config_file(None, {"PROCURD_CONFIG": str(from_env)}) == from_env
+    assert find_config_file(None, {}) == Path("procurd.toml")
+
+
+def test_secret_file_is_read_and_stripped(tmp_path: Path) -> None:
+    """api_secret_file replaces api_secret; the value is stripped of surrounding white space."""
+    (tmp_path / "main.secret").write_text("  file-secret-1\n", encoding="utf-8")
+    text = MINIMAL.replace('api_secret = "secret-value-1"', f'api_secret_file = "{tmp_path / "main.secret"}"')
+    assert load_settings(write(tmp_path, text), environ={}).upstream("main").secret() == "file-secret-1"
+
+
+def test_secret_file_relative_to_systemd_credentials(tmp_path: Path) -> None:
+    """A bare api_secret_file name is looked up in $CREDENTIALS_DIRECTORY (systemd LoadCredential=)."""
+    (tmp_path / "main").write_text("cred-secret-1", encoding="utf-8")
+    text = MINIMAL.replace('api_secret = "secret-value-1"', 'api_secret_file = "main"')
+    settings = load_settings(write(tmp_path, text), environ={"CREDENTIALS_DIRECTORY": str(tmp_path)})
+    assert settings.upstream("main").secret() == "cred-secret-1"
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (MINIMAL + "\n[server]\nbogus = 1\n", "[server] bogus: unknown key"),
+        (MINIMAL + "\n[server]\npublic_port = 'eighty'\n", "[server] public_port:"),
+        (MINIMAL + "\n[server]\npublic_port = 70000\n", "[server] public_port:"),
+        (MINIMAL.replace('api_secret = "secret-value-1"', ""), "upstreams[0] (main): api_secret: missing"),
+        (MINIMAL.replace('base_url = "https://up.example.com"', 'base_url = "ftp://x"'), "base_url"),
+        (MINIMAL + '\n[server]\nadmin_host = "0.0.0.0"\n', "admin_token: required"),
+        (MINIMAL + '\n[logging]\nlevel = "loud"\n', "[logging] level:"),
+        (MINIMAL + '\n[database]\nurl = "mysql://x"\n', "[database] url:"),
+        ("[server]\n", "upstreams: required key is missing"),
+        (MINIMAL + MINIMAL, "upstreams: upstream name 'main' is used more than once"),
+        (MINIMAL + "\n[procurement]\nretry_base_seconds = -1\n", "[procurement] retry_base_seconds:"),
+        ("[[upstreams]\n", "not valid TOML"),
+    ],
+)
+def test_errors_name_file_key_and_reason(tmp_path: Path, change: str, expected: str) -> None:
+    """Every kind of mistake is reported with the file, the key and the reason."""
+    path = write(tmp_path, change)
+    with pytest.raises(ConfigError) as caught:
+        load_settings(path, environ={})
+    assert str(path) in str(caught.value)
+    assert expected in str(caught.value)
+
+
+def test_missing_secret_file_is_named(tmp_path: Path) -> None:
+    """A secret file that does not exist is reported by key and path."""
+    text = MINIMAL.replace('api_secret = "secret-value-1"', 'api_secret_file = "/nonexistent/secret"')
+    with pytest.raises(ConfigError, match=r"api_secret_file: file /nonexistent/secret not found"):
+        load_settings(write(tmp_path, text), environ={})
+
+
+def test_errors_never_show_secret_values(tmp_path: Path) -> None:
+    """An error in a block that holds a secret does not print the secret."""
+    text = MINIMAL + "\n[server]\nadmin_token = 'super-secret-token'\nadmin_port = 'x'\n"
+    with pytest.raises(ConfigError) as caught:
+        load_settings(write(tmp_path, text), environ={})
+    assert "super-secret-token" not in str(caught.value)
+    assert "secret-value-1" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("url", "private"),
+    [
+        ("https://shop.example.com/cb", False),
+        ("http://localhost/cb", True),
+        ("http://127.0.0.1:8080/cb", True),
+        ("http://[::1]/cb", True),
+        ("http://0.0.0.0/cb", True),
+        ("http://10.1.2.3/cb", True),
+        ("http://192.168.1.1/cb", True),
+        ("http://169.254.1.1/cb", True),
+        ("http://8.8.8.8/cb", False),
+    ],
+)
+def test_private_callback_urls_are_recognised(url: str, private: bool) -> None:
+    """The same hosts an upstream refuses as callback address are recognised as private."""
+    assert (private_url_reason(url) is not None) is private
+
+
+def test_cli_exits_2_with_message_and_no_traceback(tmp_path: Path) -> None:
+    """The program stops with exit code 2 and a one-line reason per problem, never a traceback."""
+    path = write(tmp_path, MINIMAL + "\n[server]\nbogus = 1\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "procurd", "--config", str(path), "db", "upgrade"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert f"{path}: [server] bogus: unknown key" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -1,0 +1,84 @@
+"""Structured logging: JSON lines, bound context, and secrets that never reach the output."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from collections.abc import Iterator
+
+import pytest
+import structlog
+
+from procurd.logs import REDACTED, bind, configure_logging, register_secret
+
+
+@pytest.fixture
+def output() -> Iterator[io.StringIO]:
+    stream = io.StringIO()
+    configure_logging("debug", "json", stream)
+    structlog.contextvars.clear_contextvars()
+    yield stream
+    structlog.contextvars.clear_contextvars()
+    configure_logging("warning", "console", io.StringIO())
+
+
+def lines(stream: io.StringIO) -> list[dict[str, object]]:
+    return [json.loads(line) for line in stream.getvalue().splitlines() if line.strip()]
+
+
+def test_json_line_has_level_time_and_context(output: io.StringIO) -> None:
+    """Each event is one JSON object with level, UTC timestamp and the context bound earlier."""
+    bind(order_no="A1001", upstream="main")
+    structlog.get_logger("procurd.test").info("procurement.submitted", attempt=1)
+    (line,) = lines(output)
+    assert line["event"] == "procurement.submitted"
+    assert line["level"] == "info"
+    assert str(line["timestamp"]).endswith("Z")
+    assert (line["order_no"], line["upstream"], line["attempt"]) == ("A1001", "main", 1)
+
+
+def test_sensitive_keys_are_masked(output: io.StringIO) -> None:
+    """Values under secret-like keys (secret, token, signature, payload) are never written."""
+    structlog.get_logger("t").info(
+        "x", api_secret="s3cr3t-value", admin_token="tok-value", signature="abc123", payload="CARD-1234"
+    )
+    (line,) = lines(output)
+    assert line["api_secret"] == line["admin_token"] == line["signature"] == line["payload"] == REDACTED
+    assert "s3cr3t" not in output.getvalue() and "CARD-1234" not in output.getvalue()
+
+
+def test_registered_secret_is_masked_inside_any_text(output: io.StringIO) -> None:
+    """A registered secret value is masked wherever it appears, including nested values."""
+    register_secret("very-secret-value-42")
+    structlog.get_logger("t").warning(
+        "oops", detail={"url": "x?k=very-secret-value-42"}, note="very-secret-value-42"
+    )
+    assert "very-secret-value-42" not in output.getvalue()
+    assert REDACTED in output.getvalue()
+
+
+def test_exception_traces_have_no_locals_and_no_secrets(output: io.StringIO) -> None:
+    """Exception tracebacks show no local variables and no registered secret."""
+    register_secret("trace-secret-value-7")
+
+    def fail(secret: str) -> None:
+        raise RuntimeError(f"failed with {secret}")
+
+    try:
+        fail("trace-secret-value-7")
+    except RuntimeError:
+        structlog.get_logger("t").exception("crash")
+    text = output.getvalue()
+    assert "trace-secret-value-7" not in text
+    assert '"locals"' not in text
+    assert "RuntimeError" in text
+
+
+def test_stdlib_loggers_are_routed_through_the_same_pipeline(output: io.StringIO) -> None:
+    """Standard library log records come out as the same JSON lines, scrubbed the same way."""
+    register_secret("stdlib-secret-value")
+    logging.getLogger("procurd.stdlib").warning("connect with %s", "stdlib-secret-value")
+    (line,) = lines(output)
+    assert line["level"] == "warning"
+    assert "stdlib-secret-value" not in output.getvalue()
