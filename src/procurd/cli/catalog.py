@@ -39,7 +39,14 @@ def catalog_sync(state: CliState, upstream_name: str | None, progress: bool | No
 
 async def _sync_all(settings: Settings, upstreams: list[UpstreamSettings], show_progress: bool) -> int:
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TaskID,
+        TextColumn,
+        TimeElapsedColumn,
+    )
 
     from procurd.catalog.sync import SyncReport, run_sync
     from procurd.upstream.client import UpstreamClient
