@@ -1,0 +1,237 @@
+"""The priority rate limiter: strict priority then arrival order, pauses, cancel safety."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import pytest
+
+from procurd.upstream.ratelimit import Priority, PriorityRateLimiter
+
+FAST_RATE = 200.0  # a 5 ms interval keeps real-time tests quick
+DEADLINE_SECONDS = 5.0
+
+
+class FakeClock:
+    """A monotonic clock that only moves when told to."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.on_read: Callable[[], None] | None = None
+
+    def __call__(self) -> float:
+        if self.on_read is not None:
+            self.on_read()
+        return self.now
+
+
+async def wait_until(predicate: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + DEADLINE_SECONDS
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached before the deadline")
+        await asyncio.sleep(0.001)
+
+
+async def queue_waiters(
+    limiter: PriorityRateLimiter, labelled: list[tuple[str, Priority]], served: list[str]
+) -> list[asyncio.Task[None]]:
+    """Start one waiter per label, in order, each queued (or already served) before the next starts."""
+
+    async def waiter(label: str, priority: Priority) -> None:
+        await limiter.acquire(priority)
+        served.append(label)
+
+    tasks = []
+    for label, priority in labelled:
+        before = limiter.waiting[priority]
+        tasks.append(asyncio.create_task(waiter(label, priority)))
+        await wait_until(queued_or_served(limiter, priority, before + 1, served, label))
+    return tasks
+
+
+def queued_or_served(
+    limiter: PriorityRateLimiter, priority: Priority, count: int, served: list[str], label: str
+) -> Callable[[], bool]:
+    return lambda: limiter.waiting[priority] >= count or label in served
+
+
+async def test_first_request_goes_at_once() -> None:
+    """With a token in the bucket, acquire returns without queueing."""
+    limiter = PriorityRateLimiter(1.0, clock=FakeClock())
+    await asyncio.wait_for(limiter.acquire(Priority.CATALOG), DEADLINE_SECONDS)
+    assert sum(limiter.waiting.values()) == 0
+
+
+async def test_second_request_waits_until_a_token_is_due() -> None:
+    """Once the burst is spent, the next caller waits and is counted under its priority."""
+    clock = FakeClock()
+    limiter = PriorityRateLimiter(1.0, clock=clock)
+    await limiter.acquire(Priority.CATALOG)
+    task = asyncio.create_task(limiter.acquire(Priority.POLL))
+    await wait_until(lambda: limiter.waiting[Priority.POLL] == 1)
+    assert not task.done()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert limiter.waiting[Priority.POLL] == 0
+
+
+async def test_refill_follows_the_clock() -> None:
+    """After one interval of the injected clock the bucket holds a token again."""
+    clock = FakeClock()
+    limiter = PriorityRateLimiter(2.0, clock=clock)
+    await limiter.acquire()
+    clock.now += 0.5
+    await asyncio.wait_for(limiter.acquire(), DEADLINE_SECONDS)
+
+
+async def test_burst_allows_back_to_back_requests() -> None:
+    """A burst of N lets N callers through at once, the next one waits."""
+    clock = FakeClock()
+    limiter = PriorityRateLimiter(1.0, burst=3, clock=clock)
+    for _ in range(3):
+        await asyncio.wait_for(limiter.acquire(), DEADLINE_SECONDS)
+    task = asyncio.create_task(limiter.acquire())
+    await wait_until(lambda: sum(limiter.waiting.values()) == 1)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_waiters_are_served_by_priority_then_arrival() -> None:
+    """An order arriving after queued catalogue pages is served before them; equal priorities keep order."""
+    limiter = PriorityRateLimiter(FAST_RATE)
+    await limiter.acquire(Priority.CATALOG)
+    limiter.pause_for(0.05)  # keep everyone queued until all have arrived
+    served: list[str] = []
+    tasks = await queue_waiters(
+        limiter,
+        [
+            ("catalog-1", Priority.CATALOG),
+            ("catalog-2", Priority.CATALOG),
+            ("poll-1", Priority.POLL),
+            ("catalog-3", Priority.CATALOG),
+            ("order-1", Priority.ORDER),
+            ("ping-1", Priority.PING),
+            ("order-2", Priority.ORDER),
+        ],
+        served,
+    )
+    await asyncio.wait_for(asyncio.gather(*tasks), DEADLINE_SECONDS)
+    assert served == ["order-1", "order-2", "ping-1", "poll-1", "catalog-1", "catalog-2", "catalog-3"]
+
+
+async def test_late_order_overtakes_waiting_catalogue_pages() -> None:
+    """While catalogue pages are being served one by one, a new order is served next."""
+    limiter = PriorityRateLimiter(20.0)
+    await limiter.acquire(Priority.CATALOG)
+    served: list[str] = []
+    limiter.pause_for(0.05)
+    catalog = await queue_waiters(limiter, [(f"catalog-{n}", Priority.CATALOG) for n in range(5)], served)
+    await wait_until(lambda: len(served) >= 1)
+    served_when_order_arrived: list[int] = []
+
+    async def order() -> None:
+        served_when_order_arrived.append(len(served))
+        await limiter.acquire(Priority.ORDER)
+        served.append("order")
+
+    await asyncio.wait_for(asyncio.gather(*catalog, order()), DEADLINE_SECONDS)
+    # At most one catalogue page can have been granted without having resumed yet when the order arrived.
+    assert served.index("order") <= served_when_order_arrived[0] + 1
+    assert [label for label in served if label != "order"] == [f"catalog-{n}" for n in range(5)]
+
+
+async def test_cancelled_waiter_takes_no_slot() -> None:
+    """Cancelling a queued waiter neither consumes a token nor blocks those behind it."""
+    limiter = PriorityRateLimiter(FAST_RATE)
+    await limiter.acquire()
+    limiter.pause_for(0.05)
+    served: list[str] = []
+    tasks = await queue_waiters(
+        limiter, [("a", Priority.ORDER), ("b", Priority.ORDER), ("c", Priority.CATALOG)], served
+    )
+    tasks[0].cancel()
+    await asyncio.wait_for(asyncio.gather(*tasks[1:]), DEADLINE_SECONDS)
+    assert served == ["b", "c"]
+    assert tasks[0].cancelled()
+    assert sum(limiter.waiting.values()) == 0
+
+
+async def test_waiter_cancelled_after_being_served_returns_its_token() -> None:
+    """A waiter cancelled between being granted and resuming gives its token back to the next one."""
+    clock = FakeClock()
+    limiter = PriorityRateLimiter(50.0, clock=clock)
+    await limiter.acquire()
+    first = asyncio.create_task(limiter.acquire(Priority.ORDER))
+    second = asyncio.create_task(limiter.acquire(Priority.CATALOG))
+    await wait_until(lambda: sum(limiter.waiting.values()) == 2)
+
+    def cancel_first_once_granted() -> None:
+        # The limiter reads the clock again right after granting "first", before "first" can resume.
+        if limiter.waiting[Priority.ORDER] == 0 and not first.done():
+            first.cancel()
+
+    clock.on_read = cancel_first_once_granted
+    clock.now += 1 / 50  # exactly one token; the clock does not move again
+    await asyncio.wait_for(second, DEADLINE_SECONDS)
+    assert first.cancelled()
+    assert sum(limiter.waiting.values()) == 0
+
+
+async def test_pause_holds_everyone_until_it_ends() -> None:
+    """After pause_for nobody is served, even with tokens in the bucket, until the pause is over."""
+    limiter = PriorityRateLimiter(FAST_RATE, burst=5)
+    pause_ends_no_earlier_than = time.monotonic() + 0.05
+    limiter.pause_for(0.05)
+    served_at: list[float] = []
+
+    async def send(priority: Priority) -> None:
+        await limiter.acquire(priority)
+        served_at.append(time.monotonic())
+
+    await asyncio.wait_for(asyncio.gather(send(Priority.ORDER), send(Priority.CATALOG)), DEADLINE_SECONDS)
+    assert min(served_at) >= pause_ends_no_earlier_than
+
+
+async def test_paused_limiter_queues_even_the_first_caller() -> None:
+    """While paused, a caller is queued although the bucket is full."""
+    clock = FakeClock()
+    limiter = PriorityRateLimiter(100.0, burst=5, clock=clock)
+    limiter.pause_for(30)
+    assert limiter.paused_for == pytest.approx(30)
+    task = asyncio.create_task(limiter.acquire(Priority.ORDER))
+    await wait_until(lambda: limiter.waiting[Priority.ORDER] == 1)
+    assert not task.done()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_shorter_pause_does_not_shorten_a_longer_one() -> None:
+    """A pause only ever grows."""
+    clock = FakeClock()
+    limiter = PriorityRateLimiter(1.0, clock=clock)
+    limiter.pause_for(30)
+    limiter.pause_for(5)
+    assert limiter.paused_for == pytest.approx(30)
+
+
+def test_waiting_lists_every_priority() -> None:
+    """The waiting counts (for metrics) have an entry per priority, zero when idle."""
+    assert PriorityRateLimiter(1.0).waiting == dict.fromkeys(Priority, 0)
+
+
+def test_priorities_are_ordered() -> None:
+    """Orders go before pings, pings before polls, polls before catalogue pages."""
+    assert Priority.ORDER < Priority.PING < Priority.POLL < Priority.CATALOG
+
+
+@pytest.mark.parametrize(("rate", "burst"), [(0, 1), (-1, 1), (1, 0)])
+def test_invalid_settings_are_refused(rate: float, burst: int) -> None:
+    """A rate must be positive and a burst at least one."""
+    with pytest.raises(ValueError, match="must be"):
+        PriorityRateLimiter(rate, burst=burst)
