@@ -1,0 +1,431 @@
+"""Every way a call to an upstream can fail, and the pure functions that classify an answer.
+
+``retryable`` says whether sending the same request again may succeed: transport failures, timeouts, server
+errors, rate limiting and answers we cannot understand (the outcome is unknown) are retryable; authentication
+and business errors are not. Messages name the upstream, the endpoint, the HTTP status and what the upstream
+said (truncated); they never contain secrets, signatures or delivered goods.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from decimal import Decimal
+from email.utils import parsedate_to_datetime
+from typing import Any, ClassVar, TypedDict
+
+MAX_MESSAGE_CHARS = 200
+DEFAULT_RETRY_AFTER_SECONDS = 30.0
+
+AUTH_ERROR_CODES = frozenset(
+    {
+        "missing_auth_headers",
+        "invalid_timestamp",
+        "timestamp_expired",
+        "invalid_signature",
+        "invalid_api_key",
+        "user_disabled",
+    }
+)
+CLOCK_ERROR_CODES = frozenset({"invalid_timestamp", "timestamp_expired"})
+BUSINESS_ERROR_CODES = frozenset(
+    {
+        "bad_request",
+        "invalid_callback_url",
+        "sku_unavailable",
+        "product_unavailable",
+        "product_not_found",
+        "order_not_found",
+        "insufficient_balance",
+        "insufficient_stock",
+        "cancel_not_allowed",
+        "payment_failed",
+    }
+)
+SERVER_ERROR_CODES = frozenset({"internal_error"})
+
+
+class UpstreamError(Exception):
+    """Base of every upstream failure."""
+
+    retryable: ClassVar[bool] = False
+    default_code: ClassVar[str] = "upstream_error"
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        code: str | None = None,
+        http_status: int | None = None,
+        upstream: str = "",
+        endpoint: str = "",
+    ) -> None:
+        self.code = code or self.default_code
+        self.message = truncate(message)
+        self.http_status = http_status
+        self.upstream = upstream
+        self.endpoint = endpoint
+        super().__init__(self._describe())
+
+    def _describe(self) -> str:
+        where = " ".join(part for part in (self.upstream, self.endpoint) if part) or "upstream"
+        status = f"HTTP {self.http_status} " if self.http_status is not None else ""
+        text = f": {self.message}" if self.message else ""
+        return f"{where}: {status}{self.code}{text}"
+
+    def __str__(self) -> str:
+        return self._describe()
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(code={self.code!r}, http_status={self.http_status!r}, "
+            f"upstream={self.upstream!r}, endpoint={self.endpoint!r}, message={self.message!r})"
+        )
+
+
+class UpstreamUnavailable(UpstreamError):
+    """The upstream could not be reached or did not answer usefully; trying again later may work."""
+
+    retryable = True
+    default_code = "unavailable"
+
+
+class TransportError(UpstreamUnavailable):
+    """Connection refused or reset, DNS or TLS failure."""
+
+    default_code = "network_error"
+
+
+class UpstreamTimeout(UpstreamUnavailable):
+    """No complete answer within the configured timeout; the request may or may not have been applied."""
+
+    default_code = "timeout"
+
+
+class ServerError(UpstreamUnavailable):
+    """HTTP 5xx or ``internal_error``."""
+
+    default_code = "internal_error"
+
+
+class RateLimited(UpstreamUnavailable):
+    """The upstream refused the request for sending too much; nobody should send before ``retry_after``."""
+
+    default_code = "rate_limited"
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        retry_after: float = DEFAULT_RETRY_AFTER_SECONDS,
+        code: str | None = None,
+        http_status: int | None = None,
+        upstream: str = "",
+        endpoint: str = "",
+    ) -> None:
+        self.retry_after = retry_after
+        super().__init__(message, code=code, http_status=http_status, upstream=upstream, endpoint=endpoint)
+
+    def _describe(self) -> str:
+        return f"{super()._describe()} (retry after {self.retry_after:g} s)"
+
+
+class ProtocolError(UpstreamUnavailable):
+    """An answer that is not what the protocol promises; whether the request took effect is unknown."""
+
+    default_code = "bad_response"
+
+
+class AuthError(UpstreamError):
+    """The upstream refused our credentials or signature; a person has to fix the configuration."""
+
+    default_code = "auth_error"
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        code: str | None = None,
+        http_status: int | None = None,
+        upstream: str = "",
+        endpoint: str = "",
+        header_prefix: str | None = None,
+        clock_offset_seconds: float | None = None,
+    ) -> None:
+        self.header_prefix = header_prefix
+        self.clock_offset_seconds = clock_offset_seconds
+        super().__init__(message, code=code, http_status=http_status, upstream=upstream, endpoint=endpoint)
+
+    @property
+    def hint(self) -> str:
+        """What a person should check to fix this."""
+        name = self.upstream or "this upstream"
+        prefix = self.header_prefix or "the configured prefix"
+        if self.code == "missing_auth_headers":
+            return (
+                f"the upstream did not find the signature headers: check header_prefix of {name} "
+                f"(headers sent as {prefix}-Api-Key, {prefix}-Timestamp, {prefix}-Signature) and that no "
+                "proxy strips them"
+            )
+        if self.code in CLOCK_ERROR_CODES:
+            return f"check this machine's clock (NTP) and header_prefix of {name}; {self._offset_text()}"
+        if self.code == "invalid_signature":
+            return (
+                f"check api_secret of {name} (it is shown once, when the key is created) and that base_url "
+                "is the site root without /api/v1/upstream"
+            )
+        if self.code == "invalid_api_key":
+            return f"check api_key of {name}: it must exist, be approved and be active on the upstream"
+        if self.code == "user_disabled":
+            return f"the upstream account that owns the api_key of {name} is disabled: contact the upstream"
+        return f"check api_key, api_secret and header_prefix of {name}"
+
+    def _offset_text(self) -> str:
+        offset = self.clock_offset_seconds
+        if offset is None:
+            return "the upstream sent no Date header to measure the offset"
+        direction = "ahead of" if offset >= 0 else "behind"
+        return f"this machine's clock is about {abs(offset):.0f} s {direction} the upstream's"
+
+
+class ClockSkew(AuthError):
+    """``invalid_timestamp`` or ``timestamp_expired``: the timestamp is unreadable or outside 60 s."""
+
+
+class BusinessError(UpstreamError):
+    """The upstream understood the request and refused it; sending it again will not help."""
+
+    default_code = "business_error"
+
+
+class PaymentFailed(BusinessError):
+    """The order was created but the wallet payment failed, so the upstream canceled it (HTTP 200)."""
+
+    default_code = "payment_failed"
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        order_id: int | None = None,
+        order_no: str | None = None,
+        status: str | None = None,
+        code: str | None = None,
+        http_status: int | None = None,
+        upstream: str = "",
+        endpoint: str = "",
+    ) -> None:
+        self.order_id = order_id
+        self.order_no = order_no
+        self.status = status
+        super().__init__(message, code=code, http_status=http_status, upstream=upstream, endpoint=endpoint)
+
+
+def truncate(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """One line of at most ``limit`` characters."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+def redact(text: str, sensitive: Sequence[str]) -> str:
+    """``text`` with every occurrence of a sensitive value replaced."""
+    for value in sensitive:
+        if value:
+            text = text.replace(value, "[redacted]")
+    return text
+
+
+def error_class_for(error_code: str | None, http_status: int | None) -> type[UpstreamError]:
+    """The error class for a failure answer with this ``error_code`` and HTTP status."""
+    if http_status == 429:
+        return RateLimited
+    if http_status is not None and http_status >= 500:
+        return ServerError
+    if error_code == "payment_failed":
+        return PaymentFailed
+    if error_code in CLOCK_ERROR_CODES:
+        return ClockSkew
+    if error_code in AUTH_ERROR_CODES:
+        return AuthError
+    if error_code in BUSINESS_ERROR_CODES:
+        return BusinessError
+    if error_code in SERVER_ERROR_CODES:
+        return ServerError
+    if http_status in (401, 403):
+        return AuthError
+    if http_status is not None and 400 <= http_status < 500 and error_code:
+        return BusinessError
+    return ProtocolError
+
+
+def parse_retry_after(value: str | None, now: float | None = None) -> float:
+    """Seconds from a Retry-After header (seconds or an HTTP date); 30 s when absent or unreadable."""
+    if not value:
+        return DEFAULT_RETRY_AFTER_SECONDS
+    text = value.strip()
+    seconds: float | None
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = _seconds_until_http_date(text, now)
+    if seconds is None or not math.isfinite(seconds) or seconds < 0:
+        return DEFAULT_RETRY_AFTER_SECONDS
+    return seconds
+
+
+def _seconds_until_http_date(text: str, now: float | None) -> float | None:
+    at = http_date_timestamp(text)
+    if at is None or now is None:
+        return None
+    return max(0.0, at - now)
+
+
+def http_date_timestamp(value: str | None) -> float | None:
+    """Unix seconds of an HTTP date header, or ``None``."""
+    if not value:
+        return None
+    try:
+        return parsedate_to_datetime(value).timestamp()
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+
+
+def loads_exact(raw: bytes) -> Any:
+    """Parse JSON keeping every number with a fraction or exponent as an exact ``Decimal``."""
+    return json.loads(raw, parse_float=Decimal, parse_constant=_reject_constant)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def classify_response(
+    *,
+    http_status: int,
+    body: bytes,
+    upstream: str = "",
+    endpoint: str = "",
+    content_type: str | None = None,
+    retry_after: str | None = None,
+    server_date: str | None = None,
+    local_time: float | None = None,
+    header_prefix: str | None = None,
+    sensitive: Sequence[str] = (),
+) -> dict[str, Any] | UpstreamError:
+    """The success body of an answer (``ok`` true, HTTP 2xx), or the error it stands for.
+
+    Pure: everything the decision needs is passed in. ``local_time`` and ``server_date`` measure the
+    clock offset reported by authentication errors; ``sensitive`` values are scrubbed from messages.
+    """
+    where = _Where(upstream=upstream, endpoint=endpoint, http_status=http_status)
+    parsed = _parse_json(body)
+    if http_status == 429 or _is_rate_limit_envelope(parsed):
+        return RateLimited(
+            _failure_text(parsed, sensitive) or "too many requests",
+            retry_after=parse_retry_after(retry_after, local_time),
+            **where,
+        )
+    if not isinstance(parsed, dict):
+        if http_status >= 500:
+            return ServerError(_describe_body(body, content_type), **where)
+        return ProtocolError(_describe_body(body, content_type), **where)
+    ok = parsed.get("ok")
+    if ok is True and 200 <= http_status < 300:
+        return parsed
+    error_code = parsed.get("error_code")
+    code = error_code if isinstance(error_code, str) and error_code else None
+    message = _failure_text(parsed, sensitive)
+    if ok is not False and http_status < 500:
+        if ok is True:
+            return ProtocolError(f"ok true with a non-success status{_suffix(message)}", **where)
+        if "status_code" in parsed:
+            return ProtocolError(f"unexpected storefront envelope{_suffix(message)}", **where)
+        return ProtocolError(f"answer without ok true or false{_suffix(message)}", **where)
+    error_class = error_class_for(code, http_status)
+    if error_class is ProtocolError:
+        what = f"unexpected error_code {code}" if code else "failure without error_code"
+        return ProtocolError(f"{what}{_suffix(message)}", **where)
+    if error_class is PaymentFailed:
+        return PaymentFailed(
+            message,
+            code=code,
+            order_id=_int_or_none(parsed.get("order_id")),
+            order_no=_str_or_none(parsed.get("order_no")),
+            status=_str_or_none(parsed.get("status")),
+            **where,
+        )
+    if issubclass(error_class, AuthError):
+        return error_class(
+            message,
+            code=code,
+            header_prefix=header_prefix,
+            clock_offset_seconds=clock_offset(local_time, server_date),
+            **where,
+        )
+    return error_class(message, code=code, **where)
+
+
+class _Where(TypedDict):
+    upstream: str
+    endpoint: str
+    http_status: int | None
+
+
+def clock_offset(local_time: float | None, server_date: str | None) -> float | None:
+    """How far our clock is ahead of the upstream's (negative: behind), from its Date header."""
+    server_time = http_date_timestamp(server_date)
+    if local_time is None or server_time is None:
+        return None
+    return local_time - server_time
+
+
+def _parse_json(body: bytes) -> Any:
+    if not body.strip():
+        return None
+    try:
+        return loads_exact(body)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+
+
+def _is_rate_limit_envelope(parsed: Any) -> bool:
+    if not isinstance(parsed, dict) or "ok" in parsed:
+        return False
+    status_code = parsed.get("status_code")
+    return not isinstance(status_code, bool) and status_code in (429, "429")
+
+
+def _failure_text(parsed: Any, sensitive: Sequence[str]) -> str:
+    if not isinstance(parsed, Mapping):
+        return ""
+    for key in ("error_message", "msg", "message"):
+        value = parsed.get(key)
+        if isinstance(value, str) and value:
+            return truncate(redact(value, sensitive))
+    return ""
+
+
+def _describe_body(body: bytes, content_type: str | None) -> str:
+    kind = content_type or "no content type"
+    if not body.strip():
+        return f"empty body ({kind})"
+    try:
+        parsed = loads_exact(body)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return f"body is not JSON ({kind}, {len(body)} bytes)"
+    return f"body is a JSON {type(parsed).__name__}, not an object ({kind})"
+
+
+def _suffix(message: str) -> str:
+    return f": {message}" if message else ""
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _str_or_none(value: Any) -> str | None:
+    if isinstance(value, str):
+        return value
+    return None
