@@ -1,0 +1,1 @@
+"""Procurement: the pure state machine and the services that apply it."""

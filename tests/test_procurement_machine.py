@@ -1,0 +1,327 @@
+"""The pure procurement state machine: every rule of seed 000 parts 1 and 3, without I/O."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from procurd.procurement.backoff import next_poll_interval, retry_delay
+from procurd.procurement.machine import NotAllowed, Policy, cancel_refusal, decide, needs_upstream_cancel
+from procurd.procurement.model import (
+    Cancel,
+    GiveUp,
+    PollFailed,
+    Reason,
+    Resolve,
+    Retry,
+    Snapshot,
+    State,
+    SubmitAccepted,
+    SubmitRejected,
+    SubmitUnavailable,
+    UpstreamReport,
+)
+from procurd.procurement.numbers import item_number, retry_number
+from procurd.procurement.order_status import ItemState, derive_status, event_for
+
+NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+POLICY = Policy(max_attempts=3, retry_base_seconds=1, retry_max_seconds=8, poll_initial_seconds=30,
+                poll_max_seconds=900)  # fmt: skip
+FULFILLMENT = {"type": "auto", "status": "delivered", "payload": "CARD-1", "delivery_data": None,
+               "delivered_at": "2026-11-22T12:00:00Z"}  # fmt: skip
+
+QUEUED_CLAIMED = Snapshot(
+    state=State.QUEUED,
+    downstream_order_no="A1001",
+    attempts=1,
+    upstream_may_exist=True,
+    number_canceled_upstream=False,
+    lease_owner="w1",
+)
+SUBMITTED = Snapshot(
+    state=State.SUBMITTED,
+    downstream_order_no="A1001",
+    attempts=1,
+    upstream_may_exist=True,
+    number_canceled_upstream=False,
+    upstream_order_id=101,
+    upstream_order_no="DJ1",
+    upstream_status="paid",
+    submitted_at=NOW,
+    poll_interval_seconds=30,
+)
+DELIVERED = replace(SUBMITTED, state=State.DELIVERED, upstream_status="delivered", fulfillment=FULFILLMENT)
+
+
+def accepted(status: str = "paid", worker: str = "w1") -> SubmitAccepted:
+    return SubmitAccepted(worker, 101, "DJ1", status, "9.90", "CNY")
+
+
+def report(status: str, fulfillment: dict[str, object] | None = None) -> UpstreamReport:
+    return UpstreamReport(order_id=101, status=status, order_no="DJ1", fulfillment=fulfillment)
+
+
+def test_success_submits_with_upstream_ids_and_schedules_first_poll() -> None:
+    """A paid answer makes the procurement submitted with the upstream's ids, amount and currency."""
+    decision = decide(QUEUED_CLAIMED, accepted(), NOW, POLICY)
+    assert decision.state is State.SUBMITTED
+    assert decision.changes["upstream_order_id"] == 101
+    assert decision.changes["amount"] == "9.90"
+    assert decision.changes["lease_owner"] is None
+    assert decision.changes["next_poll_at"] == NOW + timedelta(seconds=30)
+
+
+def test_success_answer_with_canceled_status_is_an_exception() -> None:
+    """A repeated number answered with a canceled order is exception upstream_canceled, number burned."""
+    decision = decide(QUEUED_CLAIMED, accepted("canceled"), NOW, POLICY)
+    assert decision.state is State.EXCEPTION
+    assert decision.changes["exception_reason"] == Reason.UPSTREAM_CANCELED
+    assert decision.burn_number
+
+
+def test_success_answer_already_delivered_fetches_at_once() -> None:
+    """A repeat of a delivered order is submitted and polled immediately to fetch its fulfillment."""
+    decision = decide(QUEUED_CLAIMED, accepted("delivered"), NOW, POLICY)
+    assert decision.state is State.SUBMITTED
+    assert decision.changes["next_poll_at"] == NOW
+
+
+def test_payment_failed_is_exception_keeping_upstream_ids() -> None:
+    """payment_failed keeps the canceled upstream order's ids and burns the number."""
+    event = SubmitRejected("w1", "payment_failed", "payment_failed", "balance", 7, "DJ7", "canceled")
+    decision = decide(QUEUED_CLAIMED, event, NOW, POLICY)
+    assert decision.state is State.EXCEPTION
+    assert decision.changes["exception_reason"] == "payment_failed"
+    assert (decision.changes["upstream_order_id"], decision.changes["upstream_order_no"]) == (7, "DJ7")
+    assert decision.burn_number
+
+
+@pytest.mark.parametrize(
+    "code",
+    ["insufficient_balance", "insufficient_stock", "sku_unavailable", "product_unavailable", "bad_request",
+     "invalid_callback_url"],
+)  # fmt: skip
+def test_business_errors_are_exceptions_at_once(code: str) -> None:
+    """Business errors become an exception with the upstream's code on the first answer."""
+    decision = decide(QUEUED_CLAIMED, SubmitRejected("w1", "business", code, "no"), NOW, POLICY)
+    assert decision.state is State.EXCEPTION
+    assert decision.changes["exception_reason"] == code
+    assert not decision.burn_number
+
+
+def test_auth_error_is_exception() -> None:
+    """An auth error becomes an exception with its code."""
+    decision = decide(QUEUED_CLAIMED, SubmitRejected("w1", "auth", "invalid_signature", "bad"), NOW, POLICY)
+    assert decision.state is State.EXCEPTION
+    assert decision.changes["exception_reason"] == "invalid_signature"
+
+
+def test_unavailable_retries_with_backoff_then_gives_up() -> None:
+    """Network errors requeue with backoff until max_attempts, then max_attempts_exceeded."""
+    first = decide(QUEUED_CLAIMED, SubmitUnavailable("w1", "timeout", "t"), NOW, POLICY, random.Random(1))
+    assert first.state is State.QUEUED
+    assert NOW < first.changes["next_attempt_at"] <= NOW + timedelta(seconds=1)
+    assert first.changes["upstream_may_exist"] is True
+    last = decide(replace(QUEUED_CLAIMED, attempts=3), SubmitUnavailable("w1", "timeout", "t"), NOW, POLICY)
+    assert last.state is State.EXCEPTION
+    assert last.changes["exception_reason"] == Reason.MAX_ATTEMPTS_EXCEEDED
+
+
+def test_rate_limited_is_not_an_attempt() -> None:
+    """Being rate limited waits retry_after and gives the attempt back."""
+    event = SubmitUnavailable("w1", "rate_limited", "slow down", rate_limited=True, retry_after=30)
+    decision = decide(replace(QUEUED_CLAIMED, attempts=3), event, NOW, POLICY)
+    assert decision.state is State.QUEUED
+    assert decision.changes["attempts"] == 2
+    assert decision.changes["next_attempt_at"] == NOW + timedelta(seconds=30)
+
+
+def test_outcome_of_a_lost_claim_is_ignored() -> None:
+    """A worker whose claim is gone (settled by a callback meanwhile) changes nothing."""
+    decision = decide(SUBMITTED, accepted(worker="w1"), NOW, POLICY)
+    assert decision.noop
+    assert decide(replace(QUEUED_CLAIMED, lease_owner="w2"), accepted(), NOW, POLICY).noop
+
+
+def test_delivery_report_delivers_with_fulfillment() -> None:
+    """delivered or completed with a fulfillment makes the procurement delivered."""
+    for status in ("delivered", "completed"):
+        decision = decide(SUBMITTED, report(status, FULFILLMENT), NOW, POLICY)
+        assert decision.state is State.DELIVERED
+        assert decision.changes["fulfillment"] == FULFILLMENT
+
+
+def test_delivery_without_content_fetches_order() -> None:
+    """A delivered status without fulfillment stays submitted and is polled at once."""
+    decision = decide(SUBMITTED, report("delivered"), NOW, POLICY)
+    assert decision.state is State.SUBMITTED
+    assert decision.changes["next_poll_at"] == NOW
+
+
+def test_duplicate_report_changes_nothing() -> None:
+    """The same status twice is a no-op."""
+    assert decide(SUBMITTED, report("paid"), NOW, POLICY).noop
+    assert decide(DELIVERED, report("delivered", FULFILLMENT), NOW, POLICY).noop
+
+
+def test_late_paid_after_delivered_is_recorded_not_applied() -> None:
+    """A state never moves backwards: a late paid is recorded in the audit only."""
+    decision = decide(DELIVERED, report("paid"), NOW, POLICY)
+    assert decision.state is State.DELIVERED
+    assert decision.record
+    assert decision.changes == {}
+
+
+def test_canceled_after_delivered_is_conflicting() -> None:
+    """canceled after delivered is an exception conflicting_callback for a person."""
+    decision = decide(DELIVERED, report("canceled"), NOW, POLICY)
+    assert decision.state is State.EXCEPTION
+    assert decision.changes["exception_reason"] == Reason.CONFLICTING_CALLBACK
+
+
+def test_upstream_cancel_seen_is_exception_not_local_cancel() -> None:
+    """An order the upstream canceled by itself becomes an exception (no automatic local cancel)."""
+    decision = decide(SUBMITTED, report("canceled"), NOW, POLICY)
+    assert decision.state is State.EXCEPTION
+    assert decision.changes["exception_reason"] == Reason.UPSTREAM_CANCELED
+    assert decision.burn_number
+
+
+@pytest.mark.parametrize("status", ["refunded", "partially_refunded"])
+def test_refund_is_exception(status: str) -> None:
+    """A refund reported upstream is an exception upstream_refunded."""
+    for snapshot in (SUBMITTED, DELIVERED):
+        decision = decide(snapshot, report(status), NOW, POLICY)
+        assert decision.state is State.EXCEPTION
+        assert decision.changes["exception_reason"] == Reason.UPSTREAM_REFUNDED
+
+
+def test_report_heals_timed_out_exception() -> None:
+    """A callback for an order whose submission timed out heals max_attempts_exceeded."""
+    lost = replace(QUEUED_CLAIMED, state=State.EXCEPTION, exception_reason="max_attempts_exceeded",
+                   lease_owner=None)  # fmt: skip
+    assert decide(lost, report("paid"), NOW, POLICY).state is State.SUBMITTED
+    assert decide(lost, report("delivered", FULFILLMENT), NOW, POLICY).state is State.DELIVERED
+
+
+def test_report_while_queued_means_the_order_exists() -> None:
+    """A callback that arrives before the worker's answer settles the procurement as submitted."""
+    decision = decide(QUEUED_CLAIMED, report("paid"), NOW, POLICY)
+    assert decision.state is State.SUBMITTED
+    assert decision.changes["upstream_order_id"] == 101
+    assert decision.changes["lease_owner"] is None
+
+
+def test_poll_failures_back_off_and_missing_order_is_exception() -> None:
+    """Failed polls double the interval up to the cap; an order the upstream does not know is an exception."""
+    decision = decide(SUBMITTED, PollFailed("timeout", "t"), NOW, POLICY)
+    assert decision.changes["poll_interval_seconds"] == 60
+    assert not decision.record
+    missing = decide(SUBMITTED, PollFailed("order_not_found", "gone", not_found=True), NOW, POLICY)
+    assert missing.changes["exception_reason"] == Reason.UPSTREAM_ORDER_MISSING
+
+
+def test_give_up_makes_stale_exception() -> None:
+    """A submitted order not delivered in time becomes exception stale."""
+    decision = decide(SUBMITTED, GiveUp(604801), NOW, POLICY)
+    assert decision.changes["exception_reason"] == Reason.STALE
+
+
+def test_retry_keeps_number_while_upstream_order_may_live() -> None:
+    """Retry of an exception whose number is not canceled upstream reuses the same number."""
+    lost = replace(
+        QUEUED_CLAIMED, state=State.EXCEPTION, exception_reason="max_attempts_exceeded", attempts=6
+    )
+    decision = decide(lost, Retry(), NOW, POLICY)
+    assert decision.state is State.QUEUED
+    assert decision.new_number is None
+    assert decision.changes["attempts"] == 0
+
+
+def test_retry_after_upstream_cancel_takes_derived_number() -> None:
+    """Retry once the upstream canceled the number uses a new number derived from the first."""
+    burned = replace(SUBMITTED, state=State.EXCEPTION, exception_reason="payment_failed",
+                     number_canceled_upstream=True, upstream_may_exist=False)  # fmt: skip
+    decision = decide(burned, Retry(), NOW, POLICY)
+    assert decision.new_number == "A1001-r2"
+    assert decision.changes["upstream_order_id"] is None
+    again = replace(burned, downstream_order_no="A1001-r2", numbers_used=2)
+    assert decide(again, Retry(), NOW, POLICY).new_number == "A1001-r3"
+
+
+def test_retry_and_resolve_only_apply_to_exceptions() -> None:
+    """Admin actions on a procurement that is not an exception are refused."""
+    with pytest.raises(NotAllowed):
+        decide(SUBMITTED, Retry(), NOW, POLICY)
+    with pytest.raises(NotAllowed):
+        decide(DELIVERED, Resolve("done"), NOW, POLICY)
+
+
+def test_resolve_is_terminal_with_note() -> None:
+    """Resolve closes the exception with the person's note."""
+    exception = replace(SUBMITTED, state=State.EXCEPTION, exception_reason="stale")
+    decision = decide(exception, Resolve("refunded the buyer"), NOW, POLICY)
+    assert decision.state is State.RESOLVED
+    assert decision.changes["resolution_note"] == "refunded the buyer"
+
+
+def test_cancel_rules() -> None:
+    """Never-sent procurements cancel locally; whatever may exist upstream is canceled there first."""
+    never_sent = replace(QUEUED_CLAIMED, attempts=0, lease_owner=None, upstream_may_exist=False)
+    assert decide(never_sent, Cancel(upstream_confirmed=False), NOW, POLICY).state is State.CANCELED
+    assert cancel_refusal(QUEUED_CLAIMED) == "a submission is in flight"
+    lost = replace(QUEUED_CLAIMED, lease_owner=None)
+    assert cancel_refusal(lost) is not None
+    assert cancel_refusal(DELIVERED) == "delivered"
+    assert needs_upstream_cancel(SUBMITTED)
+    with pytest.raises(NotAllowed):
+        decide(SUBMITTED, Cancel(upstream_confirmed=False), NOW, POLICY)
+    assert decide(SUBMITTED, Cancel(upstream_confirmed=True), NOW, POLICY).state is State.CANCELED
+
+
+def test_backoff_schedule() -> None:
+    """Retry delays grow exponentially with jitter and stay under the cap; polls double to the cap."""
+    rng = random.Random(3)
+    for attempt, step in [(1, 1), (2, 2), (3, 4), (4, 8), (9, 8)]:
+        delay = retry_delay(attempt, 1, 8, rng)
+        assert step / 2 <= delay <= step
+    assert next_poll_interval(None, 30, 900) == 30
+    assert next_poll_interval(600, 30, 900) == 900
+
+
+def test_numbers_are_deterministic() -> None:
+    """Downstream numbers derive from the order number and item position."""
+    assert item_number("A1001", 0) == "A1001"
+    assert item_number("A1001", 2) == "A1001-3"
+    assert retry_number("A1001", 1) == "A1001-r2"
+
+
+def test_order_status_derivation() -> None:
+    """Seed 001 order statuses follow from the procurements."""
+    queued = ItemState(State.QUEUED, attempted=False, delivered=False)
+    submitted = ItemState(State.SUBMITTED, attempted=True, delivered=False)
+    delivered = ItemState(State.DELIVERED, attempted=True, delivered=True)
+    canceled = ItemState(State.CANCELED, attempted=False, delivered=False)
+    exception = ItemState(State.EXCEPTION, attempted=False, delivered=False)
+    assert derive_status([queued]) == ("paid", False)
+    assert derive_status([submitted, queued]) == ("fulfilling", False)
+    assert derive_status([delivered, submitted]) == ("partially_delivered", False)
+    assert derive_status([delivered, delivered]) == ("delivered", False)
+    assert derive_status([delivered, canceled]) == ("delivered", False)
+    assert derive_status([canceled, canceled]) == ("canceled", False)
+    assert derive_status([exception]) == ("paid", True)
+    assert derive_status([delivered, exception]) == ("partially_delivered", True)
+
+
+def test_storefront_event_names() -> None:
+    """Each change of status or exception flag maps to one storefront event."""
+    assert event_for(("paid", False), ("paid", False)) is None
+    assert event_for(("fulfilling", False), ("delivered", False)) == "order.delivered"
+    assert event_for(("fulfilling", False), ("partially_delivered", False)) == "order.partially_delivered"
+    assert event_for(("paid", False), ("canceled", False)) == "order.canceled"
+    assert event_for(("paid", False), ("paid", True)) == "order.exception"
+    assert event_for(("paid", False), ("fulfilling", False)) == "order.status_changed"
+    assert event_for(("paid", True), ("fulfilling", False)) == "order.status_changed"
