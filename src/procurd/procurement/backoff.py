@@ -13,8 +13,8 @@ def retry_delay(attempt: int, base: float, cap: float, rng: random.Random | None
     sooner than half the nominal step.
     """
     step = min(cap, base * (2 ** max(0, attempt - 1)))
-    jitter: float = (rng or random.Random()).uniform(0, step / 2)
-    return step / 2 + jitter
+    source = rng if rng is not None else random.Random()
+    return float(step / 2 + source.uniform(0, step / 2))
 
 
 def next_poll_interval(previous: float | None, initial: float, cap: float) -> float:
