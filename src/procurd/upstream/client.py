@@ -1,0 +1,333 @@
+"""The asyncio client of one upstream's signed procurement API (seed 000)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Self, TypeVar
+from urllib.parse import urlsplit
+
+import aiohttp
+import structlog
+from pydantic import ValidationError
+
+from procurd import __version__
+from procurd.config import UpstreamSettings
+from procurd.signing import HeaderNames, signed_headers
+from procurd.upstream.errors import (
+    AuthError,
+    ProtocolError,
+    RateLimited,
+    TransportError,
+    UpstreamError,
+    UpstreamTimeout,
+    classify_response,
+    truncate,
+)
+from procurd.upstream.models import (
+    CancelResult,
+    Category,
+    CreateOrderRequest,
+    OrderCreated,
+    PingResult,
+    Product,
+    ProductPage,
+    UpstreamModel,
+    UpstreamOrder,
+)
+from procurd.upstream.ratelimit import Priority, PriorityRateLimiter
+
+LOGGER_NAME = "procurd.upstream"
+
+API_PREFIX = "/api/v1/upstream"
+CONNECTION_LIMIT = 8
+MAX_PAGE_SIZE = 100
+
+ModelT = TypeVar("ModelT", bound=UpstreamModel)
+
+
+RequestObserver = Callable[[str, str, str, float], None]
+"""``observer(upstream, endpoint, outcome, seconds)``, once per request: ``outcome`` is ``"ok"``, the error
+code, or ``"cancelled"``."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Call:
+    endpoint: str
+    method: str
+    path: str
+    priority: Priority
+    query: Mapping[str, str] | None = None
+    body: bytes = b""
+
+
+@dataclass(frozen=True, slots=True)
+class _Answer:
+    body: dict[str, Any]
+    seconds: float
+
+
+class UpstreamClient:
+    """Talks to one upstream: signs every request, honours the shared rate limit, maps every failure.
+
+    One HTTP session per client, opened on first use inside the running loop; ``await close()`` or
+    ``async with`` releases it. Every method raises an :class:`~procurd.upstream.errors.UpstreamError`
+    subclass on failure.
+    """
+
+    def __init__(
+        self,
+        settings: UpstreamSettings,
+        *,
+        limiter: PriorityRateLimiter | None = None,
+        clock: Callable[[], float] = time.time,
+        observer: RequestObserver | None = None,
+    ) -> None:
+        self._settings = settings
+        self._limiter = limiter or PriorityRateLimiter(settings.max_requests_per_second)
+        self._clock = clock
+        self._observer = observer
+        self._header_names = HeaderNames.for_prefix(settings.header_prefix)
+        self._api_root = settings.api_root
+        self._path_root = urlsplit(self._api_root).path
+        self._session: aiohttp.ClientSession | None = None
+        self._closed = False
+        self._log = structlog.get_logger(LOGGER_NAME).bind(upstream=settings.name)
+
+    def __repr__(self) -> str:
+        return f"UpstreamClient(name={self.name!r}, api_root={self._api_root!r})"
+
+    @property
+    def name(self) -> str:
+        return self._settings.name
+
+    @property
+    def settings(self) -> UpstreamSettings:
+        return self._settings
+
+    @property
+    def limiter(self) -> PriorityRateLimiter:
+        return self._limiter
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the HTTP session; the client cannot be used afterwards."""
+        self._closed = True
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+
+    async def ping(self, *, priority: Priority = Priority.PING) -> PingResult:
+        """Connectivity check: site, protocol version, the API user's balance and member level."""
+        answer = await self._send(_Call("ping", "POST", "/ping", priority))
+        body = {**answer.body, "latency_ms": round(answer.seconds * 1000, 1)}
+        return self._model(PingResult, body, "ping")
+
+    async def categories(self, *, priority: Priority = Priority.CATALOG) -> list[Category]:
+        """Every category."""
+        answer = await self._send(_Call("categories", "GET", "/categories", priority))
+        items = answer.body.get("categories")
+        if items is None:
+            items = []
+        if not isinstance(items, list):
+            raise self._protocol_error("categories", "categories is not a list")
+        return [self._model(Category, item, "categories") for item in items]
+
+    async def products(
+        self, page: int = 1, page_size: int = 20, *, priority: Priority = Priority.CATALOG
+    ) -> ProductPage:
+        """One page of active products; the answer says which page size the upstream actually used."""
+        if page < 1 or not 1 <= page_size <= MAX_PAGE_SIZE:
+            raise ValueError(f"page must be at least 1 and page_size 1 to {MAX_PAGE_SIZE}")
+        query = {"page": str(page), "page_size": str(page_size)}
+        answer = await self._send(_Call("products", "GET", "/products", priority, query=query))
+        return self._model(ProductPage, answer.body, "products")
+
+    async def product(self, product_id: int, *, priority: Priority = Priority.CATALOG) -> Product:
+        """One product with its SKUs (``is_active`` may be false)."""
+        answer = await self._send(_Call("products.get", "GET", f"/products/{int(product_id)}", priority))
+        return self._model(Product, answer.body.get("product"), "products.get")
+
+    async def create_order(
+        self, request: CreateOrderRequest, *, priority: Priority = Priority.ORDER
+    ) -> OrderCreated:
+        """Create and pay a procurement order; :class:`PaymentFailed` when the wallet payment failed."""
+        call = _Call("orders.create", "POST", "/orders", priority, body=request.body())
+        answer = await self._send(call)
+        return self._model(OrderCreated, answer.body, "orders.create")
+
+    async def get_order(self, order_id: int, *, priority: Priority = Priority.POLL) -> UpstreamOrder:
+        """The order's current status, and its delivery once delivered."""
+        answer = await self._send(_Call("orders.get", "GET", f"/orders/{int(order_id)}", priority))
+        return self._model(UpstreamOrder, answer.body, "orders.get")
+
+    async def cancel_order(self, order_id: int, *, priority: Priority = Priority.ORDER) -> CancelResult:
+        """Cancel an order; ``cancel_not_allowed`` (a :class:`BusinessError`) when it is past that."""
+        call = _Call("orders.cancel", "POST", f"/orders/{int(order_id)}/cancel", priority)
+        answer = await self._send(call)
+        return self._model(CancelResult, answer.body, "orders.cancel")
+
+    async def _send(self, call: _Call) -> _Answer:
+        await self._limiter.acquire(call.priority)
+        started = time.perf_counter()
+        outcome = "cancelled"
+        try:
+            answer = await self._exchange(call, started)
+            outcome = "ok"
+            return answer
+        except UpstreamError as exc:
+            outcome = exc.code
+            self._react_to(exc)
+            raise
+        finally:
+            if self._observer is not None:
+                self._observer(self.name, call.endpoint, outcome, time.perf_counter() - started)
+
+    async def _exchange(self, call: _Call, started: float) -> _Answer:
+        session = self._open_session()
+        path = self._path_root + call.path
+        headers = signed_headers(
+            self._header_names,
+            self._settings.api_key,
+            self._settings.secret(),
+            call.method,
+            path,
+            int(self._clock()),
+            call.body,
+        )
+        headers["Accept"] = "application/json"
+        if call.method != "GET":
+            headers["Content-Type"] = "application/json"
+        status: int | None = None
+        try:
+            async with session.request(
+                call.method,
+                self._api_root + call.path,
+                params=call.query,
+                data=call.body if call.method != "GET" else None,
+                headers=headers,
+                allow_redirects=False,
+            ) as response:
+                status = response.status
+                raw = await response.read()
+                result = classify_response(
+                    http_status=response.status,
+                    body=raw,
+                    upstream=self.name,
+                    endpoint=call.endpoint,
+                    content_type=response.headers.get("Content-Type"),
+                    retry_after=response.headers.get("Retry-After"),
+                    server_date=response.headers.get("Date"),
+                    local_time=self._clock(),
+                    header_prefix=self._settings.header_prefix,
+                    sensitive=(self._settings.secret(), headers[self._header_names.signature]),
+                )
+        except TimeoutError:
+            raise UpstreamTimeout(
+                f"no complete answer within {self._settings.timeout_seconds:g} s",
+                upstream=self.name,
+                endpoint=call.endpoint,
+                http_status=status,
+            ) from None
+        except aiohttp.ClientError as exc:
+            raise TransportError(
+                _describe_transport_failure(exc),
+                upstream=self.name,
+                endpoint=call.endpoint,
+                http_status=status,
+            ) from None
+        except OSError as exc:
+            raise TransportError(
+                _describe_transport_failure(exc),
+                upstream=self.name,
+                endpoint=call.endpoint,
+                http_status=status,
+            ) from None
+        finally:
+            seconds = time.perf_counter() - started
+            self._log.debug(
+                "upstream request",
+                method=call.method,
+                path=path,
+                status=status,
+                ms=round(seconds * 1000, 1),
+            )
+        if isinstance(result, UpstreamError):
+            raise result
+        return _Answer(result, seconds)
+
+    def _open_session(self) -> aiohttp.ClientSession:
+        if self._closed:
+            raise RuntimeError(f"upstream client {self.name} is closed")
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=CONNECTION_LIMIT, limit_per_host=CONNECTION_LIMIT),
+                timeout=aiohttp.ClientTimeout(total=self._settings.timeout_seconds),
+                headers={"User-Agent": f"procurd/{__version__}"},
+                raise_for_status=False,
+            )
+        return self._session
+
+    def _react_to(self, exc: UpstreamError) -> None:
+        if isinstance(exc, RateLimited):
+            self._limiter.pause_for(exc.retry_after)
+            self._log.warning(
+                "upstream rate limited us",
+                endpoint=exc.endpoint,
+                http_status=exc.http_status,
+                retry_after=exc.retry_after,
+            )
+        elif isinstance(exc, AuthError):
+            self._log.warning(
+                "upstream refused our credentials",
+                endpoint=exc.endpoint,
+                http_status=exc.http_status,
+                code=exc.code,
+                hint=exc.hint,
+            )
+
+    def _model(self, model: type[ModelT], data: Any, endpoint: str) -> ModelT:
+        if not isinstance(data, dict):
+            raise self._protocol_error(endpoint, f"expected an object for {model.__name__}")
+        fields = {key: value for key, value in data.items() if key != "ok"}
+        try:
+            return model.model_validate(fields)
+        except ValidationError as exc:
+            raise self._protocol_error(endpoint, _describe_validation(model, exc)) from None
+
+    def _protocol_error(self, endpoint: str, message: str) -> ProtocolError:
+        return ProtocolError(message, upstream=self.name, endpoint=endpoint, http_status=200)
+
+
+def _describe_validation(model: type[UpstreamModel], exc: ValidationError) -> str:
+    problems = [
+        f"{'.'.join(str(part) for part in error['loc']) or '(body)'}: {error['msg']}"
+        for error in exc.errors(include_url=False, include_input=False, include_context=False)[:3]
+    ]
+    more = exc.error_count() - len(problems)
+    suffix = f" (and {more} more)" if more > 0 else ""
+    return truncate(f"invalid {model.__name__}: {'; '.join(problems)}{suffix}")
+
+
+def _describe_transport_failure(exc: BaseException) -> str:
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return f"cannot connect: {exc.os_error.strerror or type(exc.os_error).__name__}"
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return "the server closed the connection without an answer"
+    if isinstance(exc, aiohttp.ClientPayloadError):
+        return "the answer was cut off"
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return type(exc).__name__
