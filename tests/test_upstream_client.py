@@ -459,3 +459,19 @@ async def test_invalid_page_arguments_are_refused(client: UpstreamClient) -> Non
         await client.products(page=0)
     with pytest.raises(ValueError, match="page"):
         await client.products(page_size=101)
+
+
+async def test_failing_observer_does_not_change_the_outcome(canned: tuple[CannedUpstream, str]) -> None:
+    """An observer that raises neither hides a success nor replaces the upstream's error."""
+    upstream, base_url = canned
+
+    def broken(_name: str, _endpoint: str, _outcome: str, _seconds: float) -> None:
+        raise RuntimeError("metrics are broken")
+
+    upstream.reply(PING)
+    upstream.reply({"ok": False, "error_code": "order_not_found", "error_message": "no"}, status=404)
+    with capture_logs():
+        async with UpstreamClient(settings_for(base_url), observer=broken) as client:
+            assert (await client.ping()).user_id == 7
+            with pytest.raises(BusinessError):
+                await client.get_order(1)

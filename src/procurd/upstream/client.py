@@ -192,8 +192,15 @@ class UpstreamClient:
             self._react_to(exc)
             raise
         finally:
-            if self._observer is not None:
-                self._observer(self.name, call.endpoint, outcome, time.perf_counter() - started)
+            self._observe(call.endpoint, outcome, time.perf_counter() - started)
+
+    def _observe(self, endpoint: str, outcome: str, seconds: float) -> None:
+        if self._observer is None:
+            return
+        try:
+            self._observer(self.name, endpoint, outcome, seconds)
+        except Exception:  # noqa: BLE001 - a metrics hook must never change the outcome of a request
+            self._log.exception("request observer failed", endpoint=endpoint)
 
     async def _exchange(self, call: _Call, started: float) -> _Answer:
         session = self._open_session()
@@ -322,12 +329,20 @@ def _describe_validation(model: type[UpstreamModel], exc: ValidationError) -> st
 
 
 def _describe_transport_failure(exc: BaseException) -> str:
+    if isinstance(exc, aiohttp.ClientConnectorCertificateError):
+        return f"TLS certificate not accepted: {type(exc.certificate_error).__name__}"
+    if isinstance(exc, aiohttp.ClientSSLError):
+        return f"TLS failure: {exc.os_error.strerror or type(exc.os_error).__name__}"
+    if isinstance(exc, aiohttp.ClientConnectorDNSError):
+        return f"cannot resolve the host: {exc.os_error.strerror or type(exc.os_error).__name__}"
     if isinstance(exc, aiohttp.ClientConnectorError):
         return f"cannot connect: {exc.os_error.strerror or type(exc.os_error).__name__}"
     if isinstance(exc, aiohttp.ServerDisconnectedError):
         return "the server closed the connection without an answer"
     if isinstance(exc, aiohttp.ClientPayloadError):
         return "the answer was cut off"
+    if isinstance(exc, aiohttp.ClientResponseError):
+        return "the answer is not valid HTTP"
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror
     return type(exc).__name__
