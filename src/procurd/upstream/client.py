@@ -157,8 +157,8 @@ class UpstreamClient:
 
     async def product(self, product_id: int, *, priority: Priority = Priority.CATALOG) -> Product:
         """One product with its SKUs (``is_active`` may be false)."""
-        answer = await self._send(_Call("products.get", "GET", f"/products/{int(product_id)}", priority))
-        return self._model(Product, answer.body.get("product"), "products.get")
+        answer = await self._send(_Call("product", "GET", f"/products/{int(product_id)}", priority))
+        return self._model(Product, answer.body.get("product"), "product")
 
     async def create_order(
         self, request: CreateOrderRequest, *, priority: Priority = Priority.ORDER
