@@ -1,0 +1,223 @@
+"""Every statement of the catalogue mirror: its snapshot, batched writes, the change log and sync runs.
+
+Writes are Core ``executemany`` statements, one per kind of write and table, inside one transaction per
+batch; nothing is read or written one row at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import JSON, RowMapping, Table, bindparam, insert, null, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from procurd.catalog.diff import TRACKED_FIELDS, Entity, Plan, Record, Snapshot, existing_from_row
+from procurd.db.schema import mirror_categories, mirror_changes, mirror_products, mirror_skus, sync_runs
+
+MIRROR_TABLES: dict[Entity, Table] = {
+    "category": mirror_categories,
+    "product": mirror_products,
+    "sku": mirror_skus,
+}
+# Nullable JSON columns get SQL NULL for a missing value (a bare None would be stored as JSON ``null``).
+_NULLABLE_JSON: dict[Entity, frozenset[str]] = {
+    entity: frozenset(column.name for column in table.c if isinstance(column.type, JSON) and column.nullable)
+    for entity, table in MIRROR_TABLES.items()
+}
+SNAPSHOT_PARTITION_ROWS = 5000
+INTERRUPTED_ERROR = "interrupted: the process running this sync stopped before it finished"
+
+
+@dataclass(slots=True)
+class RunTotals:
+    """The counters of one sync run, as ``sync_runs`` stores them."""
+
+    pages: int = 0
+    categories: int = 0
+    products: int = 0
+    skus: int = 0
+    added: int = 0
+    changed: int = 0
+    removed: int = 0
+    rows_written: int = 0
+    violations: list[str] = field(default_factory=list)
+
+    def count(self, plans: Sequence[Plan]) -> None:
+        """Add the effect of written ``plans``."""
+        for plan in plans:
+            self.added += plan.added
+            self.changed += plan.changed
+            self.removed += plan.removed
+            self.rows_written += plan.rows
+
+
+async def load_snapshot(engine: AsyncEngine, upstream: str) -> dict[Entity, Snapshot]:
+    """What the mirror holds for ``upstream``: per entity, id to digest, removal mark and tracked fields."""
+    snapshots: dict[Entity, Snapshot] = {}
+    async with engine.connect() as connection:
+        for entity, table in MIRROR_TABLES.items():
+            snapshots[entity] = await _load_table_snapshot(connection, entity, table, upstream)
+    return snapshots
+
+
+async def _load_table_snapshot(
+    connection: AsyncConnection, entity: Entity, table: Table, upstream: str
+) -> Snapshot:
+    statement = select(
+        table.c.id,
+        table.c.content_hash,
+        table.c.removed_at,
+        *(table.c[name] for name in TRACKED_FIELDS[entity]),
+    ).where(table.c.upstream == upstream)
+    snapshot: Snapshot = {}
+    result = await connection.stream(statement)
+    async for partition in result.partitions(SNAPSHOT_PARTITION_ROWS):
+        for identity, content_hash, removed_at, *tracked in partition:
+            snapshot[int(identity)] = existing_from_row(content_hash, removed_at is not None, tracked)
+    return snapshot
+
+
+async def write_plans(
+    engine: AsyncEngine, upstream: str, plans: Sequence[Plan], *, run_id: int, now: datetime
+) -> int:
+    """Write ``plans`` in one transaction; returns the number of mirror rows written."""
+    if not any(plan.rows or plan.changes for plan in plans):
+        return 0
+    async with engine.begin() as connection:
+        return await _write_plans(connection, upstream, plans, run_id, now)
+
+
+async def _write_plans(
+    connection: AsyncConnection, upstream: str, plans: Sequence[Plan], run_id: int, now: datetime
+) -> int:
+    written = 0
+    for plan in plans:
+        table = MIRROR_TABLES[plan.entity]
+        if plan.inserts:
+            await connection.execute(insert(table), [_row(upstream, record, now) for record in plan.inserts])
+        rewrites = plan.updates + plan.restores
+        if rewrites:
+            await connection.execute(
+                _by_key(update(table), table), [_keyed_row(upstream, record, now) for record in rewrites]
+            )
+        if plan.removals:
+            await connection.execute(
+                _by_key(update(table), table).values(is_active=False, removed_at=now),
+                [{"b_upstream": upstream, "b_id": identity} for identity in plan.removals],
+            )
+        if plan.changes:
+            await connection.execute(
+                insert(mirror_changes),
+                [
+                    {
+                        "upstream": upstream,
+                        "entity": change.entity,
+                        "entity_id": change.entity_id,
+                        "kind": change.kind,
+                        "field": change.field,
+                        "old_value": change.old_value,
+                        "new_value": change.new_value,
+                        "changed_at": now,
+                        "sync_run_id": run_id,
+                    }
+                    for change in plan.changes
+                ],
+            )
+        written += plan.rows
+    return written
+
+
+def _by_key(statement: Any, table: Table) -> Any:
+    return statement.where(table.c.upstream == bindparam("b_upstream"), table.c.id == bindparam("b_id"))
+
+
+def _row(upstream: str, record: Record, now: datetime) -> dict[str, Any]:
+    return {"upstream": upstream, "id": record.id, **_column_values(record, now)}
+
+
+def _keyed_row(upstream: str, record: Record, now: datetime) -> dict[str, Any]:
+    return {"b_upstream": upstream, "b_id": record.id, **_column_values(record, now)}
+
+
+def _column_values(record: Record, now: datetime) -> dict[str, Any]:
+    values = dict(record.values)
+    for name in _NULLABLE_JSON[record.entity]:
+        if values.get(name) is None:
+            values[name] = null()
+    values["content_hash"] = record.content_hash
+    values["synced_at"] = now
+    values["removed_at"] = None
+    return values
+
+
+async def start_run(engine: AsyncEngine, upstream: str, started_at: datetime) -> int:
+    """Record a sync run of ``upstream`` as running; returns its id."""
+    async with engine.begin() as connection:
+        result = await connection.execute(
+            insert(sync_runs).values(upstream=upstream, started_at=started_at, status="running")
+        )
+        (run_id,) = result.inserted_primary_key or (None,)
+    if run_id is None:
+        raise RuntimeError("the database returned no id for the new sync run")
+    return int(run_id)
+
+
+async def close_interrupted_runs(engine: AsyncEngine, upstream: str, now: datetime) -> int:
+    """Mark runs of ``upstream`` still shown as running as failed; call only while holding its sync lease."""
+    async with engine.begin() as connection:
+        result = await connection.execute(
+            update(sync_runs)
+            .where(sync_runs.c.upstream == upstream, sync_runs.c.status == "running")
+            .values(status="failed", finished_at=now, error=INTERRUPTED_ERROR)
+        )
+        return int(result.rowcount)
+
+
+async def finish_run(
+    engine: AsyncEngine,
+    run_id: int,
+    *,
+    upstream: str,
+    status: str,
+    finished_at: datetime,
+    totals: RunTotals,
+    error: str | None,
+    plans: Sequence[Plan] = (),
+) -> int:
+    """Write ``plans`` (the removals of a complete listing) and close the run, in one transaction.
+
+    ``totals`` must already count ``plans``. Returns the mirror rows ``plans`` wrote.
+    """
+    async with engine.begin() as connection:
+        written = await _write_plans(connection, upstream, plans, run_id, finished_at)
+        await connection.execute(
+            update(sync_runs)
+            .where(sync_runs.c.id == run_id)
+            .values(
+                status=status,
+                finished_at=finished_at,
+                pages=totals.pages,
+                categories=totals.categories,
+                products=totals.products,
+                skus=totals.skus,
+                added=totals.added,
+                changed=totals.changed,
+                removed=totals.removed,
+                rows_written=totals.rows_written,
+                violations=list(totals.violations),
+                error=error,
+            )
+        )
+    return written
+
+
+async def last_run(engine: AsyncEngine, upstream: str) -> RowMapping | None:
+    """The most recent ``sync_runs`` row of ``upstream`` (running or finished), or ``None``."""
+    async with engine.connect() as connection:
+        result = await connection.execute(
+            select(sync_runs).where(sync_runs.c.upstream == upstream).order_by(sync_runs.c.id.desc()).limit(1)
+        )
+        return result.mappings().first()

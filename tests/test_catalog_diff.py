@@ -1,0 +1,302 @@
+"""The pure catalogue diff: records from upstream payloads, what to write, and the change log."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+from procurd.catalog.diff import (
+    CATEGORY_FIELDS,
+    PRODUCT_FIELDS,
+    ROW_FIELDS,
+    SKU_FIELDS,
+    CategoryRules,
+    Change,
+    Existing,
+    apply_plan,
+    category_record,
+    content_digest,
+    diff_listed,
+    diff_unlisted,
+    existing_from_row,
+    product_records,
+    value_text,
+)
+from procurd.db.schema import mirror_categories, mirror_products, mirror_skus
+
+BOOKKEEPING = {"upstream", "id", "synced_at", "removed_at", "extra", "content_hash"}
+
+
+def product_payload(product_id: int = 1, **changes: Any) -> dict[str, Any]:
+    payload: dict[str, Any] = {
+        "id": product_id,
+        "slug": f"product-{product_id}",
+        "title": {"en": "Gift card", "zh-CN": "礼品卡"},
+        "description": {"en": "A card"},
+        "content": {"en": "<p>card</p>"},
+        "seo_meta": {},
+        "images": ["https://img.example/1.png"],
+        "tags": ["gift"],
+        "price_amount": "9.90",
+        "fulfillment_type": "auto",
+        "manual_form_schema": None,
+        "is_active": True,
+        "category_id": 11,
+        "created_at": "2026-01-01T00:00:00Z",
+        "updated_at": "2026-01-02T00:00:00Z",
+        "skus": [sku_payload(product_id * 10 + 1), sku_payload(product_id * 10 + 2)],
+    }
+    payload.update(changes)
+    return payload
+
+
+def sku_payload(sku_id: int, **changes: Any) -> dict[str, Any]:
+    payload: dict[str, Any] = {
+        "id": sku_id,
+        "sku_code": f"SKU-{sku_id}",
+        "spec_values": {"region": "EU"},
+        "price_amount": "9.90",
+        "stock_status": "in_stock",
+        "stock_quantity": 50,
+        "is_active": True,
+    }
+    payload.update(changes)
+    return payload
+
+
+def snapshot_of(*records: Any, removed: bool = False) -> dict[int, Existing]:
+    return {record.id: Existing(record.content_hash, removed, record.tracked) for record in records}
+
+
+def test_row_fields_match_the_schema_columns() -> None:
+    """Every seed field has a mirror column of the same name and every data column is filled by a record."""
+    for entity, table in (
+        ("category", mirror_categories),
+        ("product", mirror_products),
+        ("sku", mirror_skus),
+    ):
+        assert set(ROW_FIELDS[entity]) == {column.name for column in table.c} - BOOKKEEPING  # type: ignore[index]
+    assert set(CATEGORY_FIELDS) <= set(ROW_FIELDS["category"])
+    assert set(PRODUCT_FIELDS) <= set(ROW_FIELDS["product"])
+    assert set(SKU_FIELDS) <= set(ROW_FIELDS["sku"])
+
+
+def test_product_payload_becomes_product_and_sku_records() -> None:
+    """A product's seed fields land in its columns, its SKUs become records carrying product_id."""
+    listed = product_records(product_payload(7))
+    assert listed.record is not None
+    assert listed.record.values["title"] == {"en": "Gift card", "zh-CN": "礼品卡"}
+    assert listed.record.values["price_amount"] == "9.90"
+    assert listed.record.values["original_price"] is None
+    assert "skus" not in listed.record.values
+    assert [sku.id for sku in listed.skus] == [71, 72]
+    assert listed.sku_ids == (71, 72)
+    assert all(sku.values["product_id"] == 7 for sku in listed.skus)
+    assert listed.problems == ()
+
+
+def test_fields_beyond_the_seed_go_to_extra() -> None:
+    """Unknown fields are kept under extra; a record without any has no extra."""
+    listed = product_records(product_payload(1, sales_count=12, badge={"en": "hot"}))
+    assert listed.record is not None
+    assert listed.record.values["extra"] == {"sales_count": 12, "badge": {"en": "hot"}}
+    assert listed.skus[0].values["extra"] is None
+
+
+def test_amounts_keep_their_exact_text() -> None:
+    """Amount strings pass through unchanged, and Decimals become their exact text."""
+    listed = product_records(
+        product_payload(1, price_amount="10.00", skus=[sku_payload(5, price_amount=Decimal("0.10"))])
+    )
+    assert listed.record is not None
+    assert listed.record.values["price_amount"] == "10.00"
+    assert listed.skus[0].values["price_amount"] == "0.10"
+
+
+def test_category_defaults_fill_missing_optional_fields() -> None:
+    """A category that leaves out icon and sort_order still makes a complete, active row."""
+    record = category_record({"id": 3, "parent_id": 0, "slug": "games", "name": {"en": "Games"}})
+    assert record.values["icon"] == ""
+    assert record.values["sort_order"] == 0
+    assert record.values["is_active"] is True
+
+
+def test_digest_ignores_key_order_but_not_values() -> None:
+    """The content digest depends on what was sent, not on the order of the keys."""
+    assert content_digest({"a": 1, "b": "x"}) == content_digest({"b": "x", "a": 1})
+    assert content_digest({"a": 1}) != content_digest({"a": 2})
+    assert len(content_digest({})) == 32
+
+
+def test_product_without_a_price_is_reported_not_mirrored() -> None:
+    """A product lacking price_amount has no record, but its id and SKU ids still count as listed."""
+    payload = product_payload(4)
+    del payload["price_amount"]
+    listed = product_records(payload)
+    assert listed.record is None
+    assert listed.skus == []
+    assert listed.sku_ids == (41, 42)
+    assert listed.problems == ("product 4 lacks price_amount: not mirrored",)
+
+
+def test_sku_without_stock_is_reported_and_skipped() -> None:
+    """One unusable SKU is left out while the product and its other SKUs are mirrored."""
+    bad = sku_payload(2)
+    del bad["stock_quantity"]
+    listed = product_records(product_payload(1, skus=[sku_payload(1), bad]))
+    assert listed.record is not None
+    assert [sku.id for sku in listed.skus] == [1]
+    assert listed.sku_ids == (1, 2)
+    assert listed.problems == ("sku 2 lacks stock_quantity: not mirrored",)
+
+
+def test_new_records_are_inserted_with_added_entries() -> None:
+    """Against an empty snapshot every record is an insert logged as added."""
+    listed = product_records(product_payload(1))
+    plan = diff_listed("sku", listed.skus, {})
+    assert [record.id for record in plan.inserts] == [11, 12]
+    assert plan.changes == [Change("sku", 11, "added"), Change("sku", 12, "added")]
+    assert plan.rows == 2
+    assert plan.added == 2
+
+
+def test_unchanged_records_write_nothing() -> None:
+    """Records whose digest matches the snapshot produce no writes and no changes."""
+    listed = product_records(product_payload(1))
+    assert listed.record is not None
+    plan = diff_listed("product", [listed.record], snapshot_of(listed.record))
+    assert plan.rows == 0
+    assert plan.changes == []
+
+
+def test_price_and_stock_changes_are_logged_field_by_field() -> None:
+    """A changed SKU is updated and each tracked field that moved gets one changed entry."""
+    before = product_records(product_payload(1)).skus[0]
+    after = product_records(
+        product_payload(
+            1,
+            skus=[
+                sku_payload(
+                    11, price_amount="8.50", stock_quantity=3, stock_status="low_stock", original_price="9.90"
+                )
+            ],
+        )
+    ).skus[0]
+    plan = diff_listed("sku", [after], snapshot_of(before))
+    assert plan.updates == [after]
+    assert plan.changes == [
+        Change("sku", 11, "changed", "price_amount", "9.90", "8.50"),
+        Change("sku", 11, "changed", "original_price", None, "9.90"),
+        Change("sku", 11, "changed", "stock_status", "in_stock", "low_stock"),
+        Change("sku", 11, "changed", "stock_quantity", "50", "3"),
+    ]
+
+
+def test_untracked_change_updates_without_log_entries() -> None:
+    """A new title rewrites the row but is not a price, stock or activity change."""
+    before = product_records(product_payload(1)).record
+    after = product_records(product_payload(1, title={"en": "New"})).record
+    assert before is not None
+    assert after is not None
+    plan = diff_listed("product", [after], snapshot_of(before))
+    assert plan.updates == [after]
+    assert plan.changes == []
+
+
+def test_activity_change_is_logged() -> None:
+    """A SKU listed as inactive logs is_active true to false."""
+    before = product_records(product_payload(1)).skus[0]
+    after = product_records(product_payload(1, skus=[sku_payload(11, is_active=False)])).skus[0]
+    plan = diff_listed("sku", [after], snapshot_of(before))
+    assert plan.changes == [Change("sku", 11, "changed", "is_active", "true", "false")]
+
+
+def test_unlisted_rows_are_removed() -> None:
+    """Rows the complete listing lacks are removed with an is_active entry; removed rows stay removed."""
+    skus = product_records(product_payload(1)).skus
+    snapshot = snapshot_of(*skus)
+    snapshot[99] = Existing("x" * 32, True, ("1.00", None, None, "in_stock", "5", "false"))
+    plan = diff_unlisted("sku", snapshot, {11})
+    assert plan.removals == [12]
+    assert plan.changes == [Change("sku", 12, "removed", "is_active", "true", "false")]
+    assert plan.removed == 1
+
+
+def test_reappearing_rows_are_restored() -> None:
+    """A removed row listed again is rewritten, logged as restored, plus any tracked field that moved."""
+    before = product_records(product_payload(1)).skus[0]
+    snapshot = snapshot_of(before)
+    apply_plan(snapshot, diff_unlisted("sku", snapshot, set()))
+    assert snapshot[11].removed
+    again = product_records(product_payload(1, skus=[sku_payload(11, price_amount="7.00")])).skus[0]
+    plan = diff_listed("sku", [again], snapshot)
+    assert plan.restores == [again]
+    assert plan.changes == [
+        Change("sku", 11, "restored", "is_active", "false", "true"),
+        Change("sku", 11, "changed", "price_amount", "9.90", "7.00"),
+    ]
+    assert plan.added == 1
+
+
+def test_restore_with_identical_content_still_writes() -> None:
+    """A row restored with the same digest is rewritten so removed_at is cleared."""
+    record = product_records(product_payload(1)).record
+    assert record is not None
+    plan = diff_listed("product", [record], snapshot_of(record, removed=True))
+    assert plan.restores == [record]
+
+
+def test_apply_plan_makes_a_second_diff_empty() -> None:
+    """After applying a plan to the snapshot, the same records diff to nothing."""
+    listed = product_records(product_payload(1))
+    snapshot: dict[int, Existing] = {}
+    apply_plan(snapshot, diff_listed("sku", listed.skus, snapshot))
+    assert diff_listed("sku", listed.skus, snapshot).rows == 0
+
+
+def test_existing_from_row_matches_record_text() -> None:
+    """Stored tracked values read back compare equal to the same values from the upstream."""
+    sku = product_records(product_payload(1)).skus[0]
+    stored = existing_from_row(sku.content_hash, False, ["9.90", None, None, "in_stock", 50, True])
+    assert stored.tracked == sku.tracked
+
+
+@pytest.mark.parametrize(
+    ("value", "text"), [(True, "true"), (False, "false"), (None, None), (-1, "-1"), ("9.90", "9.90")]
+)
+def test_value_text(value: object, text: str | None) -> None:
+    """Change-log values are text: booleans lower-case, numbers and strings as written."""
+    assert value_text(value) == text
+
+
+def _rules(*categories: tuple[int, int]) -> CategoryRules:
+    return CategoryRules.from_records(
+        category_record({"id": identity, "parent_id": parent, "slug": f"c{identity}", "name": {}})
+        for identity, parent in categories
+    )
+
+
+def test_two_level_categories_break_no_rule() -> None:
+    """Top-level and sub-categories with products on leaves are fine."""
+    rules = _rules((1, 0), (2, 1), (3, 0))
+    assert rules.category_violations() == []
+    assert rules.product_violation(10, 2) is None
+    assert rules.product_violation(11, 3) is None
+
+
+def test_third_level_and_orphan_categories_are_violations() -> None:
+    """A sub-category of a sub-category and a category under an unlisted parent are reported."""
+    rules = _rules((1, 0), (2, 1), (3, 2), (4, 99))
+    assert rules.category_violations() == [
+        "category 3 (c3) is more than two levels deep: its parent 2 is itself a sub-category",
+        "category 4 (c4) has parent 99, which is not listed",
+    ]
+
+
+def test_products_on_unknown_or_non_leaf_categories_are_violations() -> None:
+    """Products must sit on a listed leaf category."""
+    rules = _rules((1, 0), (2, 1))
+    assert rules.product_violation(10, 1) == "product 10 is on category 1 (c1), which is not a leaf"
+    assert rules.product_violation(11, 42) == "product 11 is on unknown category 42"
