@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 import struct
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+import structlog
 from aiohttp import web
 from pydantic import SecretStr
 from pytest_aiohttp import AiohttpServer
@@ -39,6 +41,20 @@ API_KEY = "canned-key"
 NOW = 1772366400.0
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@pytest.fixture
+def debug_logs() -> Iterator[list[MutableMapping[str, Any]]]:
+    """Every structlog line, debug included, whatever logging configuration other tests left behind."""
+    previous = structlog.get_config()
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG), cache_logger_on_first_use=False
+    )
+    try:
+        with capture_logs() as logs:
+            yield logs
+    finally:
+        structlog.configure(**previous)
 
 
 @dataclass
@@ -397,7 +413,9 @@ async def test_observer_sees_every_request_once(canned: tuple[CannedUpstream, st
     assert calls == [("main", "ping", "ok"), ("main", "orders.get", "order_not_found")]
 
 
-async def test_logs_and_errors_never_carry_secrets(canned: tuple[CannedUpstream, str]) -> None:
+async def test_logs_and_errors_never_carry_secrets(
+    canned: tuple[CannedUpstream, str], debug_logs: list[MutableMapping[str, Any]]
+) -> None:
     """A debug line per request and a warning on auth errors, never with the secret or the signature."""
     upstream, base_url = canned
     upstream.reply(PING)
@@ -406,11 +424,11 @@ async def test_logs_and_errors_never_carry_secrets(canned: tuple[CannedUpstream,
         status=401,
         headers={"Date": "Sun, 01 Mar 2026 11:58:30 GMT"},
     )
-    with capture_logs() as logs:
-        async with UpstreamClient(settings_for(base_url), clock=lambda: NOW) as client:
+    async with UpstreamClient(settings_for(base_url), clock=lambda: NOW) as client:
+        await client.ping()
+        with pytest.raises(ClockSkew) as caught:
             await client.ping()
-            with pytest.raises(ClockSkew) as caught:
-                await client.ping()
+    logs = debug_logs
     signatures = [r.headers["Service-Signature"] for r in upstream.requests]
     debug_lines = [line for line in logs if line["log_level"] == "debug"]
     assert [(line["method"], line["path"], line["status"]) for line in debug_lines] == [
@@ -461,7 +479,9 @@ async def test_invalid_page_arguments_are_refused(client: UpstreamClient) -> Non
         await client.products(page_size=101)
 
 
-async def test_failing_observer_does_not_change_the_outcome(canned: tuple[CannedUpstream, str]) -> None:
+async def test_failing_observer_does_not_change_the_outcome(
+    canned: tuple[CannedUpstream, str], debug_logs: list[MutableMapping[str, Any]]
+) -> None:
     """An observer that raises neither hides a success nor replaces the upstream's error."""
     upstream, base_url = canned
 
@@ -470,8 +490,10 @@ async def test_failing_observer_does_not_change_the_outcome(canned: tuple[Canned
 
     upstream.reply(PING)
     upstream.reply({"ok": False, "error_code": "order_not_found", "error_message": "no"}, status=404)
-    with capture_logs():
-        async with UpstreamClient(settings_for(base_url), observer=broken) as client:
-            assert (await client.ping()).user_id == 7
-            with pytest.raises(BusinessError):
-                await client.get_order(1)
+    async with UpstreamClient(settings_for(base_url), observer=broken) as client:
+        assert (await client.ping()).user_id == 7
+        with pytest.raises(BusinessError):
+            await client.get_order(1)
+    assert [line["event"] for line in debug_logs if line["log_level"] == "error"] == [
+        "request observer failed"
+    ] * 2
