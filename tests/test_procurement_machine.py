@@ -325,3 +325,13 @@ def test_storefront_event_names() -> None:
     assert event_for(("paid", False), ("paid", True)) == "order.exception"
     assert event_for(("paid", False), ("fulfilling", False)) == "order.status_changed"
     assert event_for(("paid", True), ("fulfilling", False)) == "order.status_changed"
+
+
+def test_unchanged_poll_backs_off() -> None:
+    """A poll that sees the same status schedules the next poll at double the interval, without audit."""
+    event = UpstreamReport(order_id=101, status="paid", order_no="DJ1", polled=True)
+    decision = decide(SUBMITTED, event, NOW, POLICY)
+    assert decision.state is State.SUBMITTED
+    assert not decision.record
+    assert decision.changes["poll_interval_seconds"] == 60
+    assert decision.changes["next_poll_at"] == NOW + timedelta(seconds=60)

@@ -43,7 +43,6 @@ async def _sync_all(settings: Settings, upstreams: list[UpstreamSettings], show_
         BarColumn,
         MofNCompleteColumn,
         Progress,
-        TaskID,
         TextColumn,
         TimeElapsedColumn,
     )

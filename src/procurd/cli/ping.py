@@ -44,8 +44,8 @@ async def _ping_one(upstream: UpstreamSettings) -> bool:
             return False
     level = "none"
     if result.member_level is not None:
-        names = result.member_level.name
-        level = next(iter(names.values()), result.member_level.slug) if names else result.member_level.slug
+        names = result.member_level.name or {}
+        level = next(iter(names.values()), None) or result.member_level.slug or "unnamed"
     click.echo(f"{upstream.name}: ok ({upstream.base_url})")
     click.echo(f"  site name:        {result.site_name}")
     click.echo(f"  protocol version: {result.protocol_version}")

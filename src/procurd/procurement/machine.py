@@ -107,7 +107,7 @@ def _holds_claim(snapshot: Snapshot, worker: str) -> bool:
     return snapshot.state is State.QUEUED and snapshot.lease_owner == worker
 
 
-# --- worker outcomes -----------------------------------------------------------------------------------
+# --- worker outcomes --------------------------------------------------------------------------------------
 
 
 def _submit_accepted(snapshot: Snapshot, event: SubmitAccepted, now: datetime, policy: Policy) -> Decision:
@@ -197,7 +197,7 @@ def _submit_unavailable(
     return Decision(State.QUEUED, "retry_scheduled", release, detail)
 
 
-# --- what the upstream says (callback or poll) ---------------------------------------------------------
+# --- what the upstream says (callback or poll) ------------------------------------------------------------
 
 
 def _upstream_report(snapshot: Snapshot, event: UpstreamReport, now: datetime, policy: Policy) -> Decision:
@@ -263,7 +263,10 @@ def _upstream_report(snapshot: Snapshot, event: UpstreamReport, now: datetime, p
     if status in DELIVERED_STATUSES:
         if event.fulfillment:
             return _delivered(known, event, now, detail, healed=healing)
-        # Delivered without the content (a status-only report): fetch the order at once.
+        # Delivered without the content (a status-only report): fetch the order at once, unless this was
+        # the fetch itself, which then backs off like any unchanged poll.
+        if event.polled:
+            return _poll_unchanged(snapshot, known, now, policy, detail)
         changes = dict(known, next_poll_at=now, poll_interval_seconds=snapshot.poll_interval_seconds)
         return _live(snapshot, changes, now, detail, healing, "delivery_pending_fetch")
     if status == CANCELED_STATUS:
@@ -273,10 +276,24 @@ def _upstream_report(snapshot: Snapshot, event: UpstreamReport, now: datetime, p
     if status in REFUNDED_STATUSES:
         return _refunded(event, detail, known)
     if same_status and snapshot.state is State.SUBMITTED:
+        if event.polled:
+            return _poll_unchanged(snapshot, known, now, policy, detail)
         return _ignored(snapshot, "duplicate")
     interval = snapshot.poll_interval_seconds or policy.poll_initial_seconds
     changes = dict(known, next_poll_at=now + _seconds(interval), poll_interval_seconds=interval)
     return _live(snapshot, changes, now, detail, healing, "status_changed")
+
+
+def _poll_unchanged(
+    snapshot: Snapshot, known: dict[str, Any], now: datetime, policy: Policy, detail: dict[str, Any]
+) -> Decision:
+    interval = backoff.next_poll_interval(
+        snapshot.poll_interval_seconds, policy.poll_initial_seconds, policy.poll_max_seconds
+    )
+    changes = dict(known, next_poll_at=now + _seconds(interval), poll_interval_seconds=interval)
+    if snapshot.state is not State.SUBMITTED:
+        return _live(snapshot, changes, now, detail, snapshot.state is State.EXCEPTION, "status_changed")
+    return Decision(State.SUBMITTED, "poll_unchanged", changes, detail, record=False)
 
 
 def _live(
@@ -347,7 +364,7 @@ def _give_up(snapshot: Snapshot, event: GiveUp) -> Decision:
     return Decision(State.EXCEPTION, "stale", _exception(Reason.STALE, message=message), {"message": message})
 
 
-# --- people --------------------------------------------------------------------------------------------
+# --- people -----------------------------------------------------------------------------------------------
 
 
 def _retry(snapshot: Snapshot, event: Retry, now: datetime) -> Decision:
@@ -400,7 +417,7 @@ def _resolve(snapshot: Snapshot, event: Resolve) -> Decision:
 
 
 def _cancel(snapshot: Snapshot, event: Cancel) -> Decision:
-    if snapshot.state is State.CANCELED:
+    if snapshot.state in (State.CANCELED, State.RESOLVED):
         return _ignored(snapshot, "duplicate")
     if event.upstream_confirmed:
         changes = {"upstream_status": CANCELED_STATUS, "upstream_may_exist": False, "next_poll_at": None,
@@ -417,8 +434,6 @@ def cancel_refusal(snapshot: Snapshot) -> str | None:
     """Why the procurement cannot be canceled without the upstream, or ``None`` when it can be locally."""
     if snapshot.state is State.DELIVERED:
         return "delivered"
-    if snapshot.state is State.RESOLVED:
-        return "resolved by hand"
     if snapshot.state is State.QUEUED and snapshot.lease_owner is not None:
         return "a submission is in flight"
     if snapshot.upstream_may_exist:

@@ -129,6 +129,7 @@ class UpstreamReport:
     amount: str | None = None
     currency: str | None = None
     refunded_amount: str | None = None
+    polled: bool = False  # from a fallback poll: an unchanged answer backs the next poll off
 
 
 @dataclass(frozen=True, slots=True)

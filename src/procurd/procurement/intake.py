@@ -1,0 +1,100 @@
+"""The intake request (``POST /api/v1/orders``): strict parsing, normalisation and its fingerprint."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from decimal import Decimal, InvalidOperation
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError, field_validator
+
+from procurd.procurement.numbers import ORDER_NO_PATTERN
+
+MAX_ITEMS = 100
+
+
+class IntakeError(Exception):
+    """A request procurd refuses; nothing was stored."""
+
+    def __init__(self, code: str, message: str, http_status: int = 400, details: Any = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.http_status = http_status
+        self.details = details
+
+
+def _decimal_text(value: Any) -> str:
+    """An amount as exact decimal text: a string, or a JSON number parsed as Decimal (never a float)."""
+    if isinstance(value, bool | float):
+        raise ValueError('must be a decimal string such as "9.90"')
+    if isinstance(value, int | Decimal):
+        value = str(value)
+    if not isinstance(value, str):
+        raise ValueError('must be a decimal string such as "9.90"')
+    try:
+        amount = Decimal(value.strip())
+    except InvalidOperation:
+        raise ValueError('must be a decimal string such as "9.90"') from None
+    if not amount.is_finite() or amount < 0:
+        raise ValueError("must be a finite, non-negative amount")
+    return value.strip()
+
+
+class ItemRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    upstream: StrictStr | None = None
+    sku_id: Annotated[StrictInt, Field(gt=0)]
+    quantity: Annotated[StrictInt, Field(ge=1, le=100_000)]
+    manual_form_data: dict[str, Any] | None = None
+    max_unit_price: str | None = None
+
+    @field_validator("max_unit_price", mode="before")
+    @classmethod
+    def _exact_amount(cls, value: Any) -> str | None:
+        return None if value is None else _decimal_text(value)
+
+
+class OrderRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    order_no: Annotated[StrictStr, Field(pattern=ORDER_NO_PATTERN.pattern)]
+    trace_id: Annotated[StrictStr, Field(max_length=128)] | None = None
+    items: Annotated[list[ItemRequest], Field(min_length=1, max_length=MAX_ITEMS)]
+
+    def with_upstream(self, default: str | None) -> OrderRequest:
+        """Items without an upstream take ``default`` (only possible when one upstream is configured)."""
+        items = [
+            item if item.upstream else item.model_copy(update={"upstream": default}) for item in self.items
+        ]
+        return self.model_copy(update={"items": items})
+
+    def canonical(self) -> dict[str, Any]:
+        """The normalised request, as stored and compared for repeats."""
+        return self.model_dump(mode="json")
+
+    def fingerprint(self) -> str:
+        """Digest of the canonical request: a repeat with the same body has the same fingerprint."""
+        data = self.canonical()
+        for item in data["items"]:
+            if item.get("max_unit_price") is not None:
+                item["max_unit_price"] = str(Decimal(item["max_unit_price"]).normalize())
+        encoded = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        return hashlib.sha256(encoded.encode()).hexdigest()
+
+
+def parse_order_request(body: Any) -> OrderRequest:
+    """Validate a decoded JSON body; raise :class:`IntakeError` naming every problem."""
+    if not isinstance(body, dict):
+        raise IntakeError("invalid_request", "the body must be a JSON object")
+    try:
+        return OrderRequest.model_validate(body)
+    except ValidationError as exc:
+        problems = [
+            f"{'.'.join(str(part) for part in error['loc']) or 'body'}: "
+            f"{str(error['msg']).removeprefix('Value error, ')}"
+            for error in exc.errors(include_url=False, include_input=False)
+        ]
+        raise IntakeError("invalid_request", "; ".join(problems), 400, problems) from None
