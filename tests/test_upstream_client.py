@@ -497,3 +497,24 @@ async def test_failing_observer_does_not_change_the_outcome(
     assert [line["event"] for line in debug_logs if line["log_level"] == "error"] == [
         "request observer failed"
     ] * 2
+
+
+async def test_cancelled_request_is_observed_as_cancelled(canned: tuple[CannedUpstream, str]) -> None:
+    """A caller cancelling a request in flight gets CancelledError and the observer sees "cancelled"."""
+    upstream, base_url = canned
+    upstream.hang()
+    outcomes: list[str] = []
+
+    def observe(_name: str, _endpoint: str, outcome: str, _seconds: float) -> None:
+        outcomes.append(outcome)
+
+    async with UpstreamClient(settings_for(base_url), observer=observe) as client:
+        task = asyncio.create_task(client.ping())
+        deadline = asyncio.get_running_loop().time() + 5
+        while not upstream.requests:
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.001)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert outcomes == ["cancelled"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -50,7 +51,7 @@ ModelT = TypeVar("ModelT", bound=UpstreamModel)
 
 RequestObserver = Callable[[str, str, str, float], None]
 """``observer(upstream, endpoint, outcome, seconds)``, once per request: ``outcome`` is ``"ok"``, the error
-code, or ``"cancelled"``."""
+code, ``"cancelled"``, or ``"error"`` for an unexpected exception."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,9 +181,11 @@ class UpstreamClient:
         return self._model(CancelResult, answer.body, "orders.cancel")
 
     async def _send(self, call: _Call) -> _Answer:
+        if self._closed:
+            raise RuntimeError(f"upstream client {self.name} is closed")
         await self._limiter.acquire(call.priority)
         started = time.perf_counter()
-        outcome = "cancelled"
+        outcome = "error"
         try:
             answer = await self._exchange(call, started)
             outcome = "ok"
@@ -190,6 +193,9 @@ class UpstreamClient:
         except UpstreamError as exc:
             outcome = exc.code
             self._react_to(exc)
+            raise
+        except asyncio.CancelledError:
+            outcome = "cancelled"
             raise
         finally:
             self._observe(call.endpoint, outcome, time.perf_counter() - started)
@@ -248,14 +254,7 @@ class UpstreamClient:
                 endpoint=call.endpoint,
                 http_status=status,
             ) from None
-        except aiohttp.ClientError as exc:
-            raise TransportError(
-                _describe_transport_failure(exc),
-                upstream=self.name,
-                endpoint=call.endpoint,
-                http_status=status,
-            ) from None
-        except OSError as exc:
+        except (aiohttp.ClientError, OSError) as exc:
             raise TransportError(
                 _describe_transport_failure(exc),
                 upstream=self.name,
