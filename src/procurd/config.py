@@ -73,6 +73,7 @@ class ServerSettings(_Section):
     admin_token: SecretStr = SecretStr("")
     callback_url: HttpUrl = "https://shop.example.com/api/v1/upstream/callback"
     allow_private_callback_url: bool = False
+    shutdown_timeout_seconds: PositiveSeconds = 20
 
     @model_validator(mode="after")
     def _admin_off_loopback_needs_token(self) -> ServerSettings:

@@ -111,8 +111,10 @@ class ProcurementService:
         clock: Clock = utcnow,
         rng: random.Random | None = None,
         wakeups: Wakeups | None = None,
+        on_change: Callable[[Applied, str], None] | None = None,
     ) -> None:
         self.engine = engine
+        self.on_change = on_change
         self.settings = settings
         self.clock = clock
         self.rng = rng
@@ -258,7 +260,7 @@ class ProcurementService:
         async with self.engine.begin() as conn:
             applied = await self._apply_locked(conn, procurement_id, event, source, now)
         if applied is not None:
-            self._after_commit(applied)
+            self._after_commit(applied, source)
         return applied
 
     async def _apply_locked(
@@ -309,7 +311,9 @@ class ProcurementService:
         )
         return applied
 
-    def _after_commit(self, applied: Applied) -> None:
+    def _after_commit(self, applied: Applied, source: Source) -> None:
+        if self.on_change is not None and applied.changed:
+            self.on_change(applied, source.value)
         if applied.decision.state is State.QUEUED and applied.old_state is not State.QUEUED:
             # Retried by a person: wake the upstream's workers.
             for event in self.wakeups.queued.values():
@@ -440,14 +444,18 @@ class ProcurementService:
         events += [(row.id, Cancel(upstream_confirmed=False)) for row in rows if row not in upstream_first]
         try:
             async with self.engine.begin() as conn:
-                for procurement_id, event in events:
+                applied_all = [
                     await self._apply_locked(conn, procurement_id, event, Source.ADMIN, now)
+                    for procurement_id, event in events
+                ]
                 view = await self._order_view(conn, order_no)
         except NotAllowed as exc:
             # The state moved between the check and the write (a worker claimed an item meanwhile).
             await self._record_upstream_cancels(confirmed)
             raise CancelDenied([CancelItem(0, order_no, exc.message)]) from None
-        self.wakeups.events.set()
+        for applied in applied_all:
+            if applied is not None:
+                self._after_commit(applied, Source.ADMIN)
         return view
 
     async def _record_upstream_cancels(self, procurement_ids: list[int]) -> None:

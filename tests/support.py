@@ -1,0 +1,158 @@
+"""Helpers for tests that run procurd against the sandbox: settings, a daemon in-process, waiting."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+import aiohttp
+
+from procurd.catalog.sync import run_sync
+from procurd.config import Settings
+from procurd.daemon import Daemon
+from procurd.runtime import Runtime
+from procurd.sandbox import Sandbox
+from procurd.systemd import Notifier
+
+T = TypeVar("T")
+DEFAULT_TIMEOUT = 20.0
+
+
+async def wait_until(
+    predicate: Callable[[], Awaitable[T] | T], timeout: float = DEFAULT_TIMEOUT, interval: float = 0.02
+) -> T:
+    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if asyncio.iscoroutine(value) or isinstance(value, Awaitable):
+            value = await value
+        if value:
+            return value  # type: ignore[return-value]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout} s")
+        await asyncio.sleep(interval)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def settings_for(database_url: str, *sandboxes: tuple[str, Sandbox], **sections: dict[str, Any]) -> Settings:
+    """Settings for a procurd on loopback with fast schedules, one upstream per named sandbox."""
+    public_port = free_port()
+    data: dict[str, Any] = {
+        "database": {"url": database_url},
+        "server": {
+            "public_host": "127.0.0.1",
+            "public_port": public_port,
+            "admin_host": "127.0.0.1",
+            "admin_port": free_port(),
+            "callback_url": f"http://127.0.0.1:{public_port}/api/v1/upstream/callback",
+            "allow_private_callback_url": True,
+            "shutdown_timeout_seconds": 10,
+        },
+        "upstreams": [
+            {
+                "name": name,
+                "base_url": sandbox.base_url,
+                "api_key": sandbox.config.api_key,
+                "api_secret": sandbox.config.api_secret,
+                "header_prefix": sandbox.config.header_prefix,
+                "timeout_seconds": 5,
+                "max_requests_per_second": 1000,
+                "ping_interval_seconds": 3600,
+            }
+            for name, sandbox in sandboxes
+        ],
+        "catalog": {"sync_interval_seconds": 3600, "page_size": 50, "concurrency": 4},
+        "procurement": {
+            "workers": 4,
+            "max_attempts": 4,
+            "retry_base_seconds": 0.05,
+            "retry_max_seconds": 0.2,
+            "poll_initial_seconds": 0.3,
+            "poll_max_seconds": 1,
+            "poll_give_up_seconds": 3600,
+            "lease_seconds": 10,
+        },
+        "logging": {"level": "warning", "format": "json"},
+    }
+    for section, values in sections.items():
+        if section == "upstream":
+            for block in data["upstreams"]:
+                block.update(values)
+        else:
+            data.setdefault(section, {}).update(values)
+    return Settings(**data)
+
+
+async def mirror(settings: Settings) -> None:
+    """Mirror every upstream's catalogue once (intake validates against the mirror)."""
+    runtime = Runtime.build(settings)
+    try:
+        for upstream in settings.upstreams:
+            report = await run_sync(
+                runtime.engine, runtime.client(upstream.name), upstream.name, holder="test"
+            )
+            assert report.status == "ok", report.error
+    finally:
+        await runtime.close()
+
+
+@asynccontextmanager
+async def running_daemon(settings: Settings, notifier: Notifier | None = None) -> AsyncIterator[Daemon]:
+    daemon = Daemon(settings, notifier=notifier or Notifier({}))
+    await daemon.start()
+    try:
+        yield daemon
+    finally:
+        await daemon.shutdown()
+
+
+class AdminClient:
+    """The storefront's view: JSON calls to the admin listener."""
+
+    def __init__(self, settings: Settings, session: aiohttp.ClientSession) -> None:
+        self.base = f"http://127.0.0.1:{settings.server.admin_port}"
+        self.session = session
+        token = settings.server.admin_token.get_secret_value()
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+
+    async def call(self, method: str, path: str, body: Any = None) -> tuple[int, dict[str, Any]]:
+        async with self.session.request(
+            method, self.base + path, json=body, headers=self.headers
+        ) as response:
+            return response.status, await response.json()
+
+    async def submit(self, order_no: str, *items: dict[str, Any]) -> dict[str, Any]:
+        status, body = await self.call("POST", "/api/v1/orders", {"order_no": order_no, "items": list(items)})
+        assert status in (200, 202), body
+        return body["order"]  # type: ignore[no-any-return]
+
+    async def order(self, order_no: str) -> dict[str, Any]:
+        status, body = await self.call("GET", f"/api/v1/orders/{order_no}")
+        assert status == 200, body
+        return body["order"]  # type: ignore[no-any-return]
+
+    async def wait_status(
+        self, order_no: str, *statuses: str, timeout: float = DEFAULT_TIMEOUT
+    ) -> dict[str, Any]:
+        async def reached() -> dict[str, Any] | None:
+            order = await self.order(order_no)
+            return order if order["status"] in statuses else None
+
+        return await wait_until(reached, timeout)
+
+    async def wait_state(self, order_no: str, state: str, timeout: float = DEFAULT_TIMEOUT) -> dict[str, Any]:
+        async def reached() -> dict[str, Any] | None:
+            order = await self.order(order_no)
+            return order if all(p["state"] == state for p in order["procurements"]) else None
+
+        return await wait_until(reached, timeout)
