@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from procurd.cli import catalog, database, ping, run  # noqa: F401  (modules register their commands)
+from procurd.cli import catalog, database, demo, ping, run  # noqa: F401  (modules register their commands)
 from procurd.cli.base import main
 from procurd.sandbox.cli import sandbox_command
 

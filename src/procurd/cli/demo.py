@@ -1,0 +1,28 @@
+"""``procurd demo``: the whole loop on SQLite and a sandbox upstream."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from procurd.cli.base import main, run_async
+
+
+@main.command()
+@click.option(
+    "--dir",
+    "directory",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("procurd-demo"),
+    show_default=True,
+    help="Where the demo's database and configuration are written (and kept).",
+)
+def demo(directory: Path) -> None:
+    """Mirror a sandbox catalogue, order an automatic and a manual product, follow them to delivery."""
+    from rich.console import Console
+
+    from procurd.demo import run_demo
+
+    sys.exit(run_async(run_demo(directory, Console())))
