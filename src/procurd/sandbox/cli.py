@@ -1,0 +1,192 @@
+"""``procurd sandbox``: run the sandbox upstream on loopback until SIGINT or SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Callable
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+
+import click
+import structlog
+
+from procurd.sandbox.config import DEFAULT_API_SECRET, SandboxConfig
+from procurd.sandbox.server import Sandbox
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def parse_delays(text: str) -> tuple[float, ...]:
+    """``"30,60,120,300"`` to ``(30.0, 60.0, 120.0, 300.0)``; an empty text means no retries."""
+    try:
+        delays = tuple(float(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise click.BadParameter("expected seconds separated by commas, like 30,60,120,300") from None
+    if any(delay < 0 for delay in delays):
+        raise click.BadParameter("delays must not be negative")
+    return delays
+
+
+def _decimal(text: str) -> Decimal:
+    try:
+        value = Decimal(text)
+    except InvalidOperation:
+        raise click.BadParameter(f"{text!r} is not a decimal amount") from None
+    if not value.is_finite() or value < 0:
+        raise click.BadParameter("must be a finite amount of at least 0")
+    return value
+
+
+def _read_secret(api_secret: str | None, api_secret_file: Path | None) -> str:
+    if api_secret is not None and api_secret_file is not None:
+        raise click.UsageError("give --api-secret or --api-secret-file, not both")
+    if api_secret_file is not None:
+        try:
+            secret = api_secret_file.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise click.BadParameter(f"cannot read {api_secret_file}: {type(exc).__name__}") from None
+        if not secret:
+            raise click.BadParameter(f"{api_secret_file} is empty")
+        return secret
+    return api_secret if api_secret is not None else DEFAULT_API_SECRET
+
+
+def _configure_logging(level: str) -> None:
+    """A console log on stderr, unless the application already configured structlog."""
+    if structlog.is_configured():
+        return
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty()),
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        cache_logger_on_first_use=True,
+    )
+
+
+def describe_listener(config: SandboxConfig, base_url: str) -> str:
+    """The one line printed at start: where to connect and with which key (the secret only when it is the
+    well-known default)."""
+    secret = config.api_secret if config.api_secret == DEFAULT_API_SECRET else "(as given)"
+    return (
+        f"procurd sandbox listening on {base_url} (signed API {base_url}/api/v1/upstream, "
+        f"control API {base_url}/_sandbox): api key {config.api_key}, api secret {secret}, "
+        f"header prefix {config.header_prefix}"
+    )
+
+
+async def serve(config: SandboxConfig, host: str, port: int, on_ready: Callable[[str], None]) -> None:
+    """Run the sandbox until SIGINT or SIGTERM, then shut it down cleanly."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    signals = (signal.SIGINT, signal.SIGTERM)
+    for signum in signals:
+        loop.add_signal_handler(signum, stop.set)
+    sandbox = Sandbox(config)
+    try:
+        await sandbox.start(host, port)
+        on_ready(sandbox.base_url)
+        await stop.wait()
+    finally:
+        for signum in signals:
+            loop.remove_signal_handler(signum)
+        await sandbox.close()
+
+
+@click.command("sandbox")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option(
+    "--port", default=9000, show_default=True, type=click.IntRange(0, 65535), help="0 = any free port."
+)
+@click.option("--products", default=40, show_default=True, type=click.IntRange(0), help="Active products.")
+@click.option("--skus-per-product", default=3, show_default=True, type=click.IntRange(1))
+@click.option("--seed", default=1, show_default=True, type=int, help="Same seed, same catalogue.")
+@click.option("--balance", default="1000.00", show_default=True, help="Starting wallet balance.")
+@click.option("--api-key", default="sandbox-key", show_default=True)
+@click.option("--api-secret", default=None, help="Default: sandbox-secret.")
+@click.option(
+    "--api-secret-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Read the API secret from this file.",
+)
+@click.option(
+    "--header-prefix", default="Service", show_default=True, help="Header names <prefix>-Api-Key ..."
+)
+@click.option(
+    "--allow-private-callbacks/--no-allow-private-callbacks",
+    default=True,
+    show_default=True,
+    help="Accept loopback and private callback_url hosts (real sites refuse them).",
+)
+@click.option(
+    "--rate-limit/--no-rate-limit", default=False, show_default=True, help="60 requests a minute per key."
+)
+@click.option("--manual-ratio", default=0.25, show_default=True, type=click.FloatRange(0, 1))
+@click.option(
+    "--callback-retry-delays",
+    default="30,60,120,300",
+    show_default=True,
+    help="Seconds between callback tries.",
+)
+@click.option("--site-name", default="procurd sandbox", show_default=True)
+@click.option("--currency", default="CNY", show_default=True)
+@click.option(
+    "--balance-failure",
+    type=click.Choice(["payment_failed", "insufficient_balance"]),
+    default="payment_failed",
+    show_default=True,
+    help="How an order the wallet cannot pay is answered.",
+)
+@click.option("--log-level", type=click.Choice(LOG_LEVELS), default="info", show_default=True)
+def sandbox_command(
+    host: str,
+    port: int,
+    products: int,
+    skus_per_product: int,
+    seed: int,
+    balance: str,
+    api_key: str,
+    api_secret: str | None,
+    api_secret_file: Path | None,
+    header_prefix: str,
+    allow_private_callbacks: bool,
+    rate_limit: bool,
+    manual_ratio: float,
+    callback_retry_delays: str,
+    site_name: str,
+    currency: str,
+    balance_failure: str,
+    log_level: str,
+) -> None:
+    """Run a faithful upstream site (signed procurement API) on loopback for trying procurd out."""
+    config = SandboxConfig(
+        api_key=api_key,
+        api_secret=_read_secret(api_secret, api_secret_file),
+        header_prefix=header_prefix,
+        site_name=site_name,
+        currency=currency,
+        balance=_decimal(balance),
+        products=products,
+        skus_per_product=skus_per_product,
+        seed=seed,
+        manual_ratio=manual_ratio,
+        allow_private_callbacks=allow_private_callbacks,
+        rate_limit=rate_limit,
+        callback_retry_delays=parse_delays(callback_retry_delays),
+        balance_failure="insufficient_balance"
+        if balance_failure == "insufficient_balance"
+        else "payment_failed",
+    )
+    _configure_logging(log_level)
+    try:
+        asyncio.run(serve(config, host, port, lambda url: click.echo(describe_listener(config, url))))
+    except OSError as exc:
+        raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None

@@ -1,0 +1,44 @@
+"""The real sites' per-API-key rate limit: a sliding window, then a block."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+@dataclass
+class _KeyWindow:
+    hits: deque[float] = field(default_factory=deque)
+    blocked_until: float = 0.0
+
+
+class RateLimiter:
+    """``limit`` requests per ``window`` seconds per key; the one over the limit blocks the key for
+    ``block`` seconds, during which every request is refused."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self._keys: dict[str, _KeyWindow] = {}
+
+    def allow(self, key: str, limit: int, window: float, block: float) -> bool:
+        now = self._clock()
+        state = self._keys.setdefault(key, _KeyWindow())
+        if now < state.blocked_until:
+            return False
+        hits = state.hits
+        while hits and hits[0] <= now - window:
+            hits.popleft()
+        if len(hits) >= limit:
+            hits.clear()
+            state.blocked_until = now + block
+            return False
+        hits.append(now)
+        return True
+
+    def blocked(self, key: str) -> bool:
+        state = self._keys.get(key)
+        return state is not None and self._clock() < state.blocked_until
+
+    def reset(self) -> None:
+        self._keys.clear()
