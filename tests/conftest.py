@@ -15,6 +15,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from procurd.db import migrate
 from procurd.db.engine import create_engine
+from procurd.logs import configure_logging
+
+# Tests that need other logging set it up themselves; the rest log warnings and worse, as JSON.
+configure_logging("warning", "json")
 
 # PROCURD_TEST_POSTGRES_URL=postgresql+asyncpg://user@127.0.0.1:5432/postgres switches the whole suite
 # onto PostgreSQL: every test gets a fresh database cloned from a migrated template.
