@@ -217,7 +217,7 @@ def test_unlisted_rows_are_removed() -> None:
     """Rows the complete listing lacks are removed with an is_active entry; removed rows stay removed."""
     skus = product_records(product_payload(1)).skus
     snapshot = snapshot_of(*skus)
-    snapshot[99] = Existing("x" * 32, True, ("1.00", None, None, "in_stock", "5", "false"))
+    snapshot[99] = Existing("ab" * 16, True, ("1.00", None, None, "in_stock", "5", "false"))
     plan = diff_unlisted("sku", snapshot, {11})
     assert plan.removals == [12]
     assert plan.changes == [Change("sku", 12, "removed", "is_active", "true", "false")]
@@ -260,7 +260,8 @@ def test_existing_from_row_matches_record_text() -> None:
     """Stored tracked values read back compare equal to the same values from the upstream."""
     sku = product_records(product_payload(1)).skus[0]
     stored = existing_from_row(sku.content_hash, False, ["9.90", None, None, "in_stock", 50, True])
-    assert stored.tracked == sku.tracked
+    assert tuple(value_text(value) for value in stored.tracked) == sku.tracked
+    assert diff_listed("sku", [sku], {sku.id: stored}).rows == 0
 
 
 @pytest.mark.parametrize(

@@ -79,6 +79,17 @@ REQUIRED_FIELDS: dict[Entity, tuple[str, ...]] = {
 }
 
 
+_AMOUNTS: dict[Entity, tuple[str, ...]] = {
+    entity: tuple(name for name in fields if name in AMOUNT_FIELDS) for entity, fields in ROW_FIELDS.items()
+}
+# Keys of an upstream payload that are not extras: the row fields, the key, and a product's SKU list.
+_KNOWN_KEYS: dict[Entity, frozenset[str]] = {
+    "category": frozenset((*ROW_FIELDS["category"], "id")),
+    "product": frozenset((*ROW_FIELDS["product"], "id", "skus")),
+    "sku": frozenset((*ROW_FIELDS["sku"], "id")),
+}
+
+
 class IncompleteRecord(ValueError):
     """An upstream record lacks a field the mirror cannot do without."""
 
@@ -100,13 +111,36 @@ class Record:
     tracked: tuple[str | None, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class Existing:
-    """What the mirror holds for one id: enough to decide whether and how a record changes it."""
+class Existing(tuple[Any, ...]):
+    """What the mirror holds for one id: its digest, whether it is marked removed, its tracked values.
 
-    content_hash: str
-    removed: bool
-    tracked: tuple[str | None, ...]
+    A sync keeps one per mirrored row in memory, so it is one flat tuple (digest as 16 bytes) rather than
+    an object holding a string and another tuple. Tracked values are kept as stored and compared as
+    :func:`value_text`.
+    """
+
+    __slots__ = ()
+
+    def __new__(cls, content_hash: str, removed: bool, tracked: Iterable[object]) -> Existing:
+        return super().__new__(cls, (bytes.fromhex(content_hash), removed, *map(_intern, tracked)))
+
+    @property
+    def content_hash(self) -> str:
+        return str(self[0].hex())
+
+    @property
+    def removed(self) -> bool:
+        return bool(self[1])
+
+    @property
+    def tracked(self) -> tuple[object, ...]:
+        return self[2:]
+
+    def same_content(self, content_hash: str) -> bool:
+        return bool(self[0] == bytes.fromhex(content_hash))
+
+    def __repr__(self) -> str:
+        return f"Existing({self.content_hash!r}, removed={self.removed}, tracked={self.tracked!r})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +187,8 @@ class Plan:
 
 Snapshot = dict[int, Existing]
 
+_CANONICAL_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+
 
 def value_text(value: object) -> str | None:
     """How a tracked value is written to the change log: booleans as ``true``/``false``, text unchanged."""
@@ -163,15 +199,37 @@ def value_text(value: object) -> str | None:
     return str(value)
 
 
-def content_digest(payload: Mapping[str, Any]) -> str:
-    """A 32-hex-digit digest of an upstream payload, independent of key order."""
-    text = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+def digest_text(text: str, *implied: object) -> str:
+    """A 32-hex-digit digest of serialized upstream fields and values implied by where they were listed."""
+    for value in implied:
+        text += f"\n{value}"
     return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 
 
-def category_record(payload: Mapping[str, Any]) -> Record:
-    """A Category as the upstream sent it (JSON-like mapping) as a mirror record."""
-    return _record("category", payload, {})
+def content_digest(payload: Mapping[str, Any], *implied: object) -> str:
+    """:func:`digest_text` of a payload's canonical JSON (independent of key order)."""
+    return digest_text(_CANONICAL_JSON.encode(payload), *implied)
+
+
+def category_record(payload: Mapping[str, Any], content_hash: str | None = None) -> Record:
+    """A Category as the upstream sent it (JSON-like mapping) as a mirror record.
+
+    ``content_hash`` defaults to :func:`content_digest` of ``payload``; a caller that digests the upstream's
+    fields another way passes its own, and must do so consistently from one sync to the next.
+    """
+    return _record("category", payload, content_hash or content_digest(payload))
+
+
+def product_record(payload: Mapping[str, Any], content_hash: str | None = None) -> Record:
+    """A Product's own mirror record (its ``skus`` are left to :func:`sku_record`)."""
+    if content_hash is None:
+        content_hash = content_digest({key: value for key, value in payload.items() if key != "skus"})
+    return _record("product", payload, content_hash)
+
+
+def sku_record(payload: Mapping[str, Any], product_id: int, content_hash: str | None = None) -> Record:
+    """A SKU listed under product ``product_id`` as a mirror record (moving products changes the digest)."""
+    return _record("sku", payload, content_hash or content_digest(payload, product_id), product_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,56 +257,58 @@ def product_records(payload: Mapping[str, Any]) -> ListedProduct:
     category_id = payload.get("category_id")
     category = None if category_id is None else int(category_id)
     try:
-        product = _record("product", {key: value for key, value in payload.items() if key != "skus"}, {})
+        product = product_record(payload)
     except IncompleteRecord as exc:
         return ListedProduct(identity, category, None, [], sku_ids, (str(exc),))
     skus: list[Record] = []
     problems: list[str] = []
     for sku in sku_payloads:
         try:
-            skus.append(_record("sku", sku, {"product_id": identity}))
+            skus.append(sku_record(sku, identity))
         except IncompleteRecord as exc:
             problems.append(str(exc))
     return ListedProduct(identity, category, product, skus, sku_ids, tuple(problems))
 
 
-def _record(entity: Entity, payload: Mapping[str, Any], implied: Mapping[str, Any]) -> Record:
+def _record(entity: Entity, payload: Mapping[str, Any], digest: str, product_id: int | None = None) -> Record:
     identity = int(payload["id"])
-    hashed = {**payload, **implied} if implied else payload
-    values = dict(_DEFAULTS[entity])
-    extra: dict[str, Any] = {}
-    fields = ROW_FIELDS[entity]
-    for key, value in hashed.items():
-        if key == "id":
-            continue
-        if key in fields:
-            if value is not None or key not in values:
-                values[key] = _amount_text(value) if key in AMOUNT_FIELDS else value
-        else:
-            extra[key] = value
-    for key in fields:
-        values.setdefault(key, None)
+    values = {name: payload.get(name) for name in ROW_FIELDS[entity]}
+    if product_id is not None:
+        values["product_id"] = product_id
+    for name, default in _DEFAULTS[entity].items():
+        if values[name] is None:
+            values[name] = default
+    for name in _AMOUNTS[entity]:
+        amount = values[name]
+        if amount is not None and type(amount) is not str:
+            # Amounts are decimal strings on the wire; a client may hand over a Decimal, whose str() is exact.
+            values[name] = str(amount)
+    known = _KNOWN_KEYS[entity]
+    values["extra"] = {key: value for key, value in payload.items() if key not in known} or None
     missing = [name for name in REQUIRED_FIELDS[entity] if values[name] is None]
     if missing:
         raise IncompleteRecord(entity, identity, missing)
-    values["extra"] = extra or None
     tracked = tuple(_intern(value_text(values[name])) for name in TRACKED_FIELDS[entity])
-    return Record(entity, identity, values, content_digest(hashed), tracked)
+    return Record(entity, identity, values, digest, tracked)
 
 
-def _amount_text(value: object) -> str | None:
-    # Amounts are decimal strings on the wire; a client may hand them over as Decimal, whose str() is exact.
-    return None if value is None else str(value)
-
-
-def _intern(text: str | None) -> str | None:
+def _intern(value: Any) -> Any:
     # Tracked values repeat endlessly ("true", "in_stock", common prices): share one copy in the snapshot.
-    return None if text is None else sys.intern(text)
+    return sys.intern(value) if type(value) is str else value
 
 
 def existing_from_row(content_hash: str, removed: bool, tracked: Sequence[object]) -> Existing:
-    """A snapshot entry from a stored row's digest, removal mark and tracked columns (in TRACKED order)."""
-    return Existing(content_hash, removed, tuple(_intern(value_text(value)) for value in tracked))
+    """A snapshot entry from a stored row's digest, removal mark and tracked columns (in TRACKED order).
+
+    Tracked values stay as the database returned them; they are compared as :func:`value_text`.
+    """
+    return Existing(content_hash, removed, tracked)
+
+
+def needs_write(snapshot: Mapping[int, Existing], identity: int, content_hash: str) -> bool:
+    """Whether a listed entity with this digest differs from, or is missing or removed in, the mirror."""
+    previous = snapshot.get(identity)
+    return previous is None or previous.removed or not previous.same_content(content_hash)
 
 
 def diff_listed(entity: Entity, records: Iterable[Record], snapshot: Mapping[int, Existing]) -> Plan:
@@ -269,12 +329,12 @@ def diff_listed(entity: Entity, records: Iterable[Record], snapshot: Mapping[int
                     record.id,
                     "restored",
                     "is_active",
-                    previous.tracked[active_index],
+                    value_text(previous.tracked[active_index]),
                     record.tracked[active_index],
                 )
             )
             plan.changes.extend(_tracked_changes(entity, record, previous, skip=active_index))
-        elif previous.content_hash != record.content_hash:
+        elif not previous.same_content(record.content_hash):
             plan.updates.append(record)
             plan.changes.extend(_tracked_changes(entity, record, previous))
     return plan
@@ -282,11 +342,12 @@ def diff_listed(entity: Entity, records: Iterable[Record], snapshot: Mapping[int
 
 def _tracked_changes(entity: Entity, record: Record, previous: Existing, skip: int = -1) -> list[Change]:
     names = TRACKED_FIELDS[entity]
-    return [
-        Change(entity, record.id, "changed", names[index], old, new)
-        for index, (old, new) in enumerate(zip(previous.tracked, record.tracked, strict=True))
-        if index != skip and old != new
-    ]
+    changes = []
+    for index, (stored, new) in enumerate(zip(previous.tracked, record.tracked, strict=True)):
+        old = value_text(stored)
+        if index != skip and old != new:
+            changes.append(Change(entity, record.id, "changed", names[index], old, new))
+    return changes
 
 
 def diff_unlisted(entity: Entity, snapshot: Mapping[int, Existing], listed: Set[int]) -> Plan:
@@ -298,7 +359,9 @@ def diff_unlisted(entity: Entity, snapshot: Mapping[int, Existing], listed: Set[
             continue
         plan.removals.append(identity)
         plan.changes.append(
-            Change(entity, identity, "removed", "is_active", existing.tracked[active_index], "false")
+            Change(
+                entity, identity, "removed", "is_active", value_text(existing.tracked[active_index]), "false"
+            )
         )
     return plan
 
@@ -313,7 +376,7 @@ def apply_plan(snapshot: Snapshot, plan: Plan) -> None:
             previous = snapshot[identity]
             tracked = list(previous.tracked)
             tracked[active_index] = "false"
-            snapshot[identity] = Existing(previous.content_hash, True, tuple(tracked))
+            snapshot[identity] = Existing(previous.content_hash, True, tracked)
 
 
 @dataclass(frozen=True, slots=True)

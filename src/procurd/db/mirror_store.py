@@ -69,14 +69,14 @@ async def _load_table_snapshot(
     statement = select(
         table.c.id,
         table.c.content_hash,
-        table.c.removed_at,
+        table.c.removed_at.is_not(None),
         *(table.c[name] for name in TRACKED_FIELDS[entity]),
     ).where(table.c.upstream == upstream)
     snapshot: Snapshot = {}
     result = await connection.stream(statement)
     async for partition in result.partitions(SNAPSHOT_PARTITION_ROWS):
-        for identity, content_hash, removed_at, *tracked in partition:
-            snapshot[int(identity)] = existing_from_row(content_hash, removed_at is not None, tracked)
+        for identity, content_hash, removed, *tracked in partition:
+            snapshot[identity] = existing_from_row(content_hash, bool(removed), tracked)
     return snapshot
 
 
@@ -93,35 +93,41 @@ async def write_plans(
 async def _write_plans(
     connection: AsyncConnection, upstream: str, plans: Sequence[Plan], run_id: int, now: datetime
 ) -> int:
+    # Values shared by every row of a batch are bound once on the statement, not once per row.
     written = 0
     for plan in plans:
         table = MIRROR_TABLES[plan.entity]
         if plan.inserts:
-            await connection.execute(insert(table), [_row(upstream, record, now) for record in plan.inserts])
-        rewrites = plan.updates + plan.restores
-        if rewrites:
             await connection.execute(
-                _by_key(update(table), table), [_keyed_row(upstream, record, now) for record in rewrites]
+                insert(table).values(upstream=upstream, synced_at=now),
+                [{"id": record.id, **_column_values(record)} for record in plan.inserts],
+            )
+        if plan.updates:
+            await connection.execute(
+                _by_id(update(table), table, upstream).values(synced_at=now),
+                [{"b_id": record.id, **_column_values(record)} for record in plan.updates],
+            )
+        if plan.restores:
+            await connection.execute(
+                _by_id(update(table), table, upstream).values(synced_at=now, removed_at=None),
+                [{"b_id": record.id, **_column_values(record)} for record in plan.restores],
             )
         if plan.removals:
             await connection.execute(
-                _by_key(update(table), table).values(is_active=False, removed_at=now),
-                [{"b_upstream": upstream, "b_id": identity} for identity in plan.removals],
+                _by_id(update(table), table, upstream).values(is_active=False, removed_at=now),
+                [{"b_id": identity} for identity in plan.removals],
             )
         if plan.changes:
             await connection.execute(
-                insert(mirror_changes),
+                insert(mirror_changes).values(upstream=upstream, changed_at=now, sync_run_id=run_id),
                 [
                     {
-                        "upstream": upstream,
                         "entity": change.entity,
                         "entity_id": change.entity_id,
                         "kind": change.kind,
                         "field": change.field,
                         "old_value": change.old_value,
                         "new_value": change.new_value,
-                        "changed_at": now,
-                        "sync_run_id": run_id,
                     }
                     for change in plan.changes
                 ],
@@ -130,26 +136,16 @@ async def _write_plans(
     return written
 
 
-def _by_key(statement: Any, table: Table) -> Any:
-    return statement.where(table.c.upstream == bindparam("b_upstream"), table.c.id == bindparam("b_id"))
+def _by_id(statement: Any, table: Table, upstream: str) -> Any:
+    return statement.where(table.c.upstream == upstream, table.c.id == bindparam("b_id"))
 
 
-def _row(upstream: str, record: Record, now: datetime) -> dict[str, Any]:
-    return {"upstream": upstream, "id": record.id, **_column_values(record, now)}
-
-
-def _keyed_row(upstream: str, record: Record, now: datetime) -> dict[str, Any]:
-    return {"b_upstream": upstream, "b_id": record.id, **_column_values(record, now)}
-
-
-def _column_values(record: Record, now: datetime) -> dict[str, Any]:
+def _column_values(record: Record) -> dict[str, Any]:
     values = dict(record.values)
     for name in _NULLABLE_JSON[record.entity]:
-        if values.get(name) is None:
+        if values[name] is None:
             values[name] = null()
     values["content_hash"] = record.content_hash
-    values["synced_at"] = now
-    values["removed_at"] = None
     return values
 
 

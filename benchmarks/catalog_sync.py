@@ -1,0 +1,226 @@
+"""Benchmark of ``procurd catalog sync`` against the sandbox upstream.
+
+The sandbox (10,000 products x 3 SKUs by default, rate limit off) runs in a child process so it does not
+share this process's event loop or CPU. In this process, in order: one untimed warm-up fetch, a timed
+fetch-only pass (every page fetched and parsed by the same client with the same concurrency, nothing
+stored), the first sync into an empty database, an immediate second sync, and a second fetch-only pass.
+Prints the figures and checks them against the targets; exits 1 when a target is missed.
+
+    python benchmarks/catalog_sync.py [--products 10000] [--database-url postgresql+asyncpg://...]
+
+Peak RSS is ``ru_maxrss`` of this process only: the sandbox and the schema migration (what
+``procurd db upgrade`` does before the daemon starts) run in child processes and are not counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import multiprocessing
+import multiprocessing.connection
+import resource
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+API_KEY = "bench-key"
+API_SECRET = "bench-secret-0123456789"
+UPSTREAM = "bench"
+TARGET_RATIO = 1.2
+TARGET_SECOND_FRACTION = 1 / 3
+TARGET_RSS_MB = 100.0
+
+
+def _serve_sandbox(
+    products: int, skus_per_product: int, ready: multiprocessing.connection.Connection, stop: Any
+) -> None:
+    """Child process: run the sandbox until ``stop`` is set; send its base URL through ``ready``."""
+    from procurd.logs import configure_logging
+    from procurd.sandbox import Sandbox, SandboxConfig
+
+    configure_logging("warning")
+
+    async def serve() -> None:
+        config = SandboxConfig(
+            api_key=API_KEY,
+            api_secret=API_SECRET,
+            products=products,
+            skus_per_product=skus_per_product,
+            seed=7,
+            rate_limit=False,
+        )
+        async with Sandbox(config) as sandbox:
+            ready.send(sandbox.base_url)
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, stop.wait)
+
+    asyncio.run(serve())
+
+
+def _migrate(database_url: str) -> None:
+    """Child process: create the schema, as ``procurd db upgrade`` would before the daemon starts."""
+    from procurd.db import migrate
+    from procurd.db.engine import create_engine
+
+    async def upgrade() -> None:
+        engine = create_engine(database_url)
+        try:
+            await migrate.upgrade(engine)
+        finally:
+            await engine.dispose()
+
+    asyncio.run(upgrade())
+
+
+@dataclass
+class Figures:
+    fetch_seconds: list[float]
+    sync_seconds: float
+    second_sync_seconds: float
+    first_rows: int
+    second_rows: int
+    products: int
+    skus: int
+    pages: int
+    peak_rss_mb: float
+
+
+async def fetch_only(client: Any, page_size: int, concurrency: int) -> int:
+    """Fetch and parse every page exactly as a sync does, storing nothing; returns the products seen."""
+    from procurd.upstream.ratelimit import Priority
+
+    await client.categories(priority=Priority.CATALOG)
+    first = await client.products(1, page_size, priority=Priority.CATALOG)
+    answered = first.page_size
+    numbers = iter(range(2, max(1, math.ceil(first.total / answered)) + 1))
+    seen = [len(first.items)]
+
+    async def worker() -> None:
+        for number in numbers:
+            page = await client.products(number, answered, priority=Priority.CATALOG)
+            seen.append(len(page.items))
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return sum(seen)
+
+
+async def measure(base_url: str, database_url: str, page_size: int, concurrency: int) -> Figures:
+    from procurd.catalog.sync import run_sync
+    from procurd.config import UpstreamSettings
+    from procurd.db.engine import create_engine
+    from procurd.logs import configure_logging
+    from procurd.upstream import UpstreamClient
+
+    configure_logging("warning")
+    settings = UpstreamSettings(
+        name=UPSTREAM,
+        base_url=base_url,
+        api_key=API_KEY,
+        api_secret=API_SECRET,  # type: ignore[arg-type]
+        max_requests_per_second=1_000_000,
+        timeout_seconds=60,
+    )
+    engine = create_engine(database_url)
+    try:
+        async with UpstreamClient(settings) as client:
+            await fetch_only(client, page_size, concurrency)  # warm-up: connections, sandbox caches
+
+            fetch_seconds = []
+            started = time.perf_counter()
+            await fetch_only(client, page_size, concurrency)
+            fetch_seconds.append(time.perf_counter() - started)
+
+            started = time.perf_counter()
+            first = await run_sync(engine, client, UPSTREAM, page_size=page_size, concurrency=concurrency)
+            sync_seconds = time.perf_counter() - started
+
+            started = time.perf_counter()
+            second = await run_sync(engine, client, UPSTREAM, page_size=page_size, concurrency=concurrency)
+            second_sync_seconds = time.perf_counter() - started
+
+            started = time.perf_counter()
+            await fetch_only(client, page_size, concurrency)
+            fetch_seconds.append(time.perf_counter() - started)
+    finally:
+        await engine.dispose()
+    for report in (first, second):
+        if report.status != "ok":
+            raise SystemExit(f"sync {report.run_id} {report.status}: {report.error}")
+    return Figures(
+        fetch_seconds=fetch_seconds,
+        sync_seconds=sync_seconds,
+        second_sync_seconds=second_sync_seconds,
+        first_rows=first.rows_written,
+        second_rows=second.rows_written,
+        products=first.products,
+        skus=first.skus,
+        pages=first.pages,
+        peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    )
+
+
+def report(figures: Figures) -> bool:
+    fetch = min(figures.fetch_seconds)
+    ratio = figures.sync_seconds / fetch
+    fraction = figures.second_sync_seconds / figures.sync_seconds
+    print(f"catalogue           {figures.products} products, {figures.skus} SKUs, {figures.pages} pages")
+    print(f"fetch-only seconds  {fetch:.3f}  (runs: {', '.join(f'{s:.3f}' for s in figures.fetch_seconds)})")
+    print(f"sync seconds        {figures.sync_seconds:.3f}  (rows written {figures.first_rows})")
+    print(f"sync / fetch-only   {ratio:.2f}  (target <= {TARGET_RATIO})")
+    print(f"second sync seconds {figures.second_sync_seconds:.3f}  ({fraction:.2f} of the first)")
+    print(f"second sync rows    {figures.second_rows}  (target 0)")
+    print(f"peak RSS MB         {figures.peak_rss_mb:.1f}  (target < {TARGET_RSS_MB:.0f})")
+    checks = {
+        "sync <= 1.2 x fetch-only": ratio <= TARGET_RATIO,
+        "second sync writes 0 rows": figures.second_rows == 0,
+        "second sync < 1/3 of the first": fraction < TARGET_SECOND_FRACTION,
+        "peak RSS < 100 MB": figures.peak_rss_mb < TARGET_RSS_MB,
+    }
+    for name, passed in checks.items():
+        print(f"{'PASS' if passed else 'MISS'}  {name}")
+    return all(checks.values())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--products", type=int, default=10_000)
+    parser.add_argument("--skus-per-product", type=int, default=3)
+    parser.add_argument("--page-size", type=int, default=50)
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--database-url", default=None, help="default: SQLite in a temporary directory")
+    args = parser.parse_args(argv)
+
+    context = multiprocessing.get_context("spawn")
+    receiver, sender = context.Pipe(duplex=False)
+    stop = context.Event()
+    child = context.Process(
+        target=_serve_sandbox, args=(args.products, args.skus_per_product, sender, stop), daemon=True
+    )
+    child.start()
+    try:
+        if not receiver.poll(120):
+            raise SystemExit("the sandbox did not start within 120 s")
+        base_url = receiver.recv()
+        with tempfile.TemporaryDirectory() as directory:
+            database_url = args.database_url or f"sqlite+aiosqlite:///{Path(directory) / 'bench.db'}"
+            migration = context.Process(target=_migrate, args=(database_url,))
+            migration.start()
+            migration.join()
+            if migration.exitcode != 0:
+                raise SystemExit("the schema migration failed")
+            figures = asyncio.run(measure(base_url, database_url, args.page_size, args.concurrency))
+    finally:
+        stop.set()
+        child.join(30)
+        if child.is_alive():
+            child.terminate()
+            child.join()
+    return 0 if report(figures) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,595 @@
+"""One catalogue sync pass of one upstream: categories, every page of products, their SKUs.
+
+Pages are fetched by ``concurrency`` tasks and handed to a single writer task through a bounded queue; the
+writer diffs them against the snapshot loaded once at the start and writes each batch in one transaction.
+Rows are only marked removed once the listing is known to be complete (every page fetched, as many distinct
+products as the upstream's ``total``); a pass that fails part-way keeps what it wrote and removes nothing.
+
+Only one pass per upstream runs at a time across every process on the database: the pass holds the lease
+``catalog-sync:<upstream>`` and renews it while it runs; when another instance holds it the pass is skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import os
+import secrets
+import socket
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Final, Literal, Protocol
+
+import structlog
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from procurd.catalog.diff import (
+    ENTITIES,
+    CategoryRules,
+    Entity,
+    IncompleteRecord,
+    Plan,
+    Record,
+    Snapshot,
+    apply_plan,
+    category_record,
+    diff_listed,
+    diff_unlisted,
+    digest_text,
+    needs_write,
+    product_record,
+    sku_record,
+)
+from procurd.db import leases, mirror_store
+from procurd.db.mirror_store import RunTotals
+from procurd.db.types import utcnow
+from procurd.logs import scrub
+from procurd.upstream.errors import UpstreamError, truncate
+from procurd.upstream.models import Category, Product, ProductPage, Sku
+from procurd.upstream.ratelimit import Priority
+
+log = structlog.get_logger("procurd.catalog")
+
+LEASE_PREFIX: Final = "catalog-sync:"
+DEFAULT_LEASE_TTL_SECONDS: Final = 60.0
+SKIPPED_BUSY: Final = "another instance is syncing"
+MAX_PAGE_SIZE: Final = 100
+# Rows (products plus SKUs) the writer gathers from queued pages into one transaction at most.
+WRITE_BATCH_ROWS: Final = 500
+MAX_VIOLATIONS: Final = 100
+MAX_ERROR_CHARS: Final = 500
+
+SyncStatus = Literal["running", "ok", "failed", "skipped"]
+ProgressCallback = Callable[[int, int], None]
+"""``progress(pages_done, pages_total)``, called after each batch of pages is stored."""
+
+
+class CatalogClient(Protocol):
+    """What a sync needs of :class:`procurd.upstream.UpstreamClient`."""
+
+    async def categories(self, *, priority: Priority = ...) -> Sequence[Category]: ...
+
+    async def products(
+        self, page: int = ..., page_size: int = ..., *, priority: Priority = ...
+    ) -> ProductPage: ...
+
+
+@dataclass(frozen=True, slots=True)
+class SyncReport:
+    """The outcome of one sync pass (also what ``sync_runs`` records of it)."""
+
+    run_id: int | None
+    upstream: str
+    status: SyncStatus
+    pages: int
+    categories: int
+    products: int
+    skus: int
+    added: int
+    changed: int
+    removed: int
+    rows_written: int
+    violations: list[str]
+    error: str | None
+    started_at: datetime
+    finished_at: datetime | None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @classmethod
+    def from_row(cls, row: Mapping[Any, Any]) -> SyncReport:
+        """The report of a stored ``sync_runs`` row."""
+        return cls(
+            run_id=int(row["id"]),
+            upstream=str(row["upstream"]),
+            status=row["status"],
+            pages=int(row["pages"]),
+            categories=int(row["categories"]),
+            products=int(row["products"]),
+            skus=int(row["skus"]),
+            added=int(row["added"]),
+            changed=int(row["changed"]),
+            removed=int(row["removed"]),
+            rows_written=int(row["rows_written"]),
+            violations=list(row["violations"] or []),
+            error=row["error"],
+            started_at=row["started_at"],
+            finished_at=row["finished_at"],
+        )
+
+
+class IncompleteListing(Exception):
+    """The upstream's listing cannot be trusted to be complete, so nothing may be marked removed."""
+
+
+class LeaseLost(Exception):
+    """Another instance took the sync lease while this pass was running."""
+
+
+def default_holder() -> str:
+    """``host:pid`` of this process."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+async def run_sync(
+    engine: AsyncEngine,
+    client: CatalogClient,
+    upstream_name: str,
+    *,
+    page_size: int = 50,
+    concurrency: int = 4,
+    holder: str | None = None,
+    progress: ProgressCallback | None = None,
+    lease_ttl_seconds: float = DEFAULT_LEASE_TTL_SECONDS,
+) -> SyncReport:
+    """Mirror ``upstream_name``'s catalogue once and report how it went.
+
+    Failures of the upstream, and of the database during the pass, end the pass as ``failed`` and are
+    recorded on its run; only a database too broken to take the lease or record the run raises.
+
+    ``page_size`` is what is asked for; the page size and total the upstream answers with are followed.
+    ``holder`` names this instance in the lease (default ``host:pid``); a pass that finds the lease held
+    elsewhere returns a ``skipped`` report without touching the mirror.
+    """
+    if concurrency < 1:
+        raise ValueError("concurrency must be at least 1")
+    lease_name = LEASE_PREFIX + upstream_name
+    # A token per pass: two passes in one process exclude each other like passes on two machines.
+    lease_holder = f"{holder or default_holder()}#{secrets.token_hex(4)}"
+    if not await leases.acquire(engine, lease_name, lease_holder, lease_ttl_seconds):
+        log.info("catalog_sync_skipped", upstream=upstream_name, reason=SKIPPED_BUSY)
+        now = utcnow()
+        return SyncReport(None, upstream_name, "skipped", 0, 0, 0, 0, 0, 0, 0, 0, [], SKIPPED_BUSY, now, now)
+    try:
+        sync = _SyncPass(
+            engine,
+            client,
+            upstream_name,
+            page_size=min(max(page_size, 1), MAX_PAGE_SIZE),
+            concurrency=concurrency,
+            progress=progress,
+            lease=_Lease(lease_name, lease_holder, lease_ttl_seconds),
+        )
+        return await sync.run()
+    finally:
+        await _release(engine, lease_name, lease_holder)
+
+
+async def last_sync(engine: AsyncEngine, upstream: str) -> SyncReport | None:
+    """The most recent sync pass of ``upstream`` (``running`` while one is under way), or ``None``."""
+    row = await mirror_store.last_run(engine, upstream)
+    return None if row is None else SyncReport.from_row(row)
+
+
+async def _release(engine: AsyncEngine, name: str, holder: str) -> None:
+    try:
+        await leases.release(engine, name, holder)
+    except (OSError, SQLAlchemyError) as exc:
+        # The lease expires on its own; a failed release only delays the next pass.
+        log.warning("catalog_sync_lease_release_failed", lease=name, error=describe_error(exc))
+
+
+@dataclass(frozen=True, slots=True)
+class _Lease:
+    name: str
+    holder: str
+    ttl_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class _ListedSku:
+    id: int
+    digest: str
+    model: Sku
+
+
+@dataclass(frozen=True, slots=True)
+class _ListedProduct:
+    """A listed product, digested; its rows are only built when the digest differs from the mirror's."""
+
+    id: int
+    category_id: int | None
+    digest: str
+    model: Product
+    skus: tuple[_ListedSku, ...]
+
+    @classmethod
+    def of(cls, product: Product) -> _ListedProduct:
+        # Digests of the client's JSON serialization: the upstream's fields, stable from one sync to the next.
+        skus = tuple(
+            _ListedSku(sku.id, digest_text(sku.model_dump_json(), product.id), sku) for sku in product.skus
+        )
+        digest = digest_text(product.model_dump_json(exclude={"skus"}))
+        return cls(product.id, product.category_id, digest, product, skus)
+
+
+@dataclass(frozen=True, slots=True)
+class _FetchedPage:
+    number: int
+    products: list[_ListedProduct]
+
+    @property
+    def rows(self) -> int:
+        return sum(1 + len(listed.skus) for listed in self.products)
+
+
+class _Done:
+    """The end of the page queue."""
+
+
+_DONE: Final = _Done()
+
+
+@dataclass(slots=True)
+class _Listing:
+    """What the upstream listed during this pass."""
+
+    ids: dict[Entity, set[int]] = field(default_factory=lambda: {entity: set() for entity in ENTITIES})
+    totals: set[int] = field(default_factory=set)
+    page_size: int = 0
+    pages_total: int = 0
+
+
+class _SyncPass:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        client: CatalogClient,
+        upstream: str,
+        *,
+        page_size: int,
+        concurrency: int,
+        progress: ProgressCallback | None,
+        lease: _Lease,
+    ) -> None:
+        self._engine = engine
+        self._client = client
+        self._upstream = upstream
+        self._page_size = page_size
+        self._concurrency = concurrency
+        self._progress = progress
+        self._lease = lease
+        self._totals = RunTotals()
+        self._listing = _Listing()
+        self._snapshot: dict[Entity, Snapshot] = {}
+        self._rules = CategoryRules({}, {}, frozenset())
+        self._violations_left_out = 0
+        self._failure: BaseException | None = None
+        self._run_id = 0
+        self._started_at = utcnow()
+        self._finished = asyncio.Event()
+        # Pages fetched but not yet stored: bounded, so memory does not grow when fetching outpaces writing.
+        self._window = asyncio.Semaphore(concurrency + 1)
+
+    async def run(self) -> SyncReport:
+        self._started_at = utcnow()
+        await mirror_store.close_interrupted_runs(self._engine, self._upstream, self._started_at)
+        self._run_id = await mirror_store.start_run(self._engine, self._upstream, self._started_at)
+        log.info("catalog_sync_started", upstream=self._upstream, run_id=self._run_id)
+        keeper = asyncio.create_task(self._keep_lease())
+        try:
+            return await self._execute()
+        finally:
+            self._finished.set()
+            await keeper
+
+    async def _execute(self) -> SyncReport:
+        try:
+            await self._collect()
+            removals = self._removal_plans()
+        except asyncio.CancelledError:
+            await self._finish("failed", "cancelled before it finished", ())
+            raise
+        except Exception as exc:  # noqa: BLE001 - every failure is recorded on the run, never raised
+            return await self._finish("failed", describe_error(exc), ())
+        self._totals.count(removals)
+        return await self._finish("ok", None, removals)
+
+    async def _finish(self, status: SyncStatus, error: str | None, removals: Sequence[Plan]) -> SyncReport:
+        self._totals.categories = len(self._listing.ids["category"])
+        self._totals.products = len(self._listing.ids["product"])
+        self._totals.skus = len(self._listing.ids["sku"])
+        if self._violations_left_out:
+            self._totals.violations.append(f"... and {self._violations_left_out} more violations")
+        finished_at = utcnow()
+        await mirror_store.finish_run(
+            self._engine,
+            self._run_id,
+            upstream=self._upstream,
+            status=status,
+            finished_at=finished_at,
+            totals=self._totals,
+            error=error,
+            plans=removals,
+        )
+        report = self._report(status, error, finished_at)
+        event = "catalog_sync_finished" if status == "ok" else "catalog_sync_failed"
+        emit = log.info if status == "ok" else log.warning
+        emit(
+            event,
+            upstream=self._upstream,
+            run_id=self._run_id,
+            seconds=round((finished_at - self._started_at).total_seconds(), 3),
+            pages=report.pages,
+            products=report.products,
+            skus=report.skus,
+            added=report.added,
+            changed=report.changed,
+            removed=report.removed,
+            rows_written=report.rows_written,
+            violations=len(report.violations),
+            error=error,
+        )
+        return report
+
+    def _report(self, status: SyncStatus, error: str | None, finished_at: datetime) -> SyncReport:
+        totals = self._totals
+        return SyncReport(
+            run_id=self._run_id,
+            upstream=self._upstream,
+            status=status,
+            pages=totals.pages,
+            categories=totals.categories,
+            products=totals.products,
+            skus=totals.skus,
+            added=totals.added,
+            changed=totals.changed,
+            removed=totals.removed,
+            rows_written=totals.rows_written,
+            violations=list(totals.violations),
+            error=error,
+            started_at=self._started_at,
+            finished_at=finished_at,
+        )
+
+    # --- the lease ---------------------------------------------------------------------------------------
+
+    async def _keep_lease(self) -> None:
+        interval = self._lease.ttl_seconds / 3
+        while not self._finished.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._finished.wait(), interval)
+                return
+            try:
+                renewed = await leases.renew(
+                    self._engine, self._lease.name, self._lease.holder, self._lease.ttl_seconds
+                )
+            except (OSError, SQLAlchemyError) as exc:
+                log.warning(
+                    "catalog_sync_lease_renewal_failed", upstream=self._upstream, error=describe_error(exc)
+                )
+                continue
+            if not renewed:
+                self._abort(LeaseLost(f"lease {self._lease.name} was taken by another instance"))
+                return
+
+    def _abort(self, failure: BaseException) -> None:
+        if self._failure is None:
+            self._failure = failure
+
+    # --- fetching and writing ----------------------------------------------------------------------------
+
+    async def _collect(self) -> None:
+        # The snapshot loads from the database while the first answers come from the upstream.
+        async with asyncio.TaskGroup() as tasks:
+            snapshot = tasks.create_task(mirror_store.load_snapshot(self._engine, self._upstream))
+            categories = tasks.create_task(self._client.categories(priority=Priority.CATALOG))
+            first_answer = tasks.create_task(
+                self._client.products(1, self._page_size, priority=Priority.CATALOG)
+            )
+        self._snapshot = snapshot.result()
+        await self._sync_categories(categories.result())
+        first = first_answer.result()
+        self._follow_first_page(first)
+        first_page = self._fetched(1, first)
+        await self._window.acquire()
+        queue: asyncio.Queue[_FetchedPage | _Done] = asyncio.Queue()
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(self._write_pages(queue))
+            tasks.create_task(self._fetch_pages(queue, first_page))
+        if self._failure is not None:
+            raise self._failure
+        self._check_complete()
+
+    async def _sync_categories(self, categories: Sequence[Category]) -> None:
+        records: dict[int, Record] = {}
+        for category in categories:
+            if category.id not in records:
+                digest = digest_text(category.model_dump_json())
+                records[category.id] = category_record(category.model_dump(mode="json"), digest)
+        self._listing.ids["category"].update(records)
+        self._rules = CategoryRules.from_records(records.values())
+        for violation in self._rules.category_violations():
+            self._violation(violation)
+        await self._write([diff_listed("category", records.values(), self._snapshot["category"])])
+
+    def _follow_first_page(self, first: ProductPage) -> None:
+        self._check_page_number(first, 1)
+        answered = first.page_size if first.page_size > 0 else len(first.items) or self._page_size
+        self._listing.page_size = min(answered, MAX_PAGE_SIZE)
+        self._listing.totals.add(first.total)
+        self._listing.pages_total = max(1, math.ceil(max(first.total, 0) / self._listing.page_size))
+        if self._listing.page_size != self._page_size:
+            log.info(
+                "catalog_sync_page_size_clamped",
+                upstream=self._upstream,
+                asked=self._page_size,
+                answered=self._listing.page_size,
+            )
+
+    def _check_page_number(self, page: ProductPage, number: int) -> None:
+        if page.page != number:
+            raise IncompleteListing(f"asked for page {number}, the upstream answered page {page.page}")
+
+    def _fetched(self, number: int, page: ProductPage) -> _FetchedPage:
+        return _FetchedPage(number, [_ListedProduct.of(product) for product in page.items])
+
+    async def _fetch_pages(self, queue: asyncio.Queue[_FetchedPage | _Done], first: _FetchedPage) -> None:
+        queue.put_nowait(first)
+        numbers = iter(range(2, self._listing.pages_total + 1))
+        async with asyncio.TaskGroup() as tasks:
+            for _ in range(min(self._concurrency, self._listing.pages_total - 1)):
+                tasks.create_task(self._fetch_worker(numbers, queue))
+        queue.put_nowait(_DONE)
+
+    async def _fetch_worker(self, numbers: Iterator[int], queue: asyncio.Queue[_FetchedPage | _Done]) -> None:
+        for number in numbers:
+            await self._window.acquire()
+            if self._failure is not None:
+                self._window.release()
+                return
+            try:
+                page = await self._client.products(number, self._listing.page_size, priority=Priority.CATALOG)
+                self._check_page_number(page, number)
+                self._listing.totals.add(page.total)
+                fetched = self._fetched(number, page)
+            except Exception as exc:  # noqa: BLE001 - ends the fetching; the pass records it as failed
+                self._window.release()
+                self._abort(exc)
+                return
+            queue.put_nowait(fetched)
+
+    async def _write_pages(self, queue: asyncio.Queue[_FetchedPage | _Done]) -> None:
+        finished = False
+        while not finished:
+            pages: list[_FetchedPage] = []
+            rows = 0
+            item = await queue.get()
+            while True:
+                if isinstance(item, _Done):
+                    finished = True
+                    break
+                pages.append(item)
+                rows += item.rows
+                if queue.empty() or rows >= WRITE_BATCH_ROWS:
+                    break
+                item = queue.get_nowait()
+            if pages and self._failure is None:
+                try:
+                    await self._write_products(pages)
+                except Exception as exc:  # noqa: BLE001 - stops the fetchers; the pass records it as failed
+                    self._abort(exc)
+            for _ in pages:
+                self._window.release()
+
+    async def _write_products(self, pages: Sequence[_FetchedPage]) -> None:
+        listed_products = self._listing.ids["product"]
+        products: list[Record] = []
+        skus: list[Record] = []
+        for page in pages:
+            for listed in page.products:
+                if listed.id in listed_products:
+                    continue  # seen on an earlier page: the listing shifted under us
+                listed_products.add(listed.id)
+                if listed.category_id is not None:
+                    violation = self._rules.product_violation(listed.id, listed.category_id)
+                    if violation is not None:
+                        self._violation(violation)
+                fresh_skus = self._fresh_skus(listed)
+                if needs_write(self._snapshot["product"], listed.id, listed.digest):
+                    try:
+                        payload = listed.model.model_dump(mode="json", exclude={"skus"})
+                        products.append(product_record(payload, listed.digest))
+                    except IncompleteRecord as exc:
+                        self._violation(str(exc))
+                        continue
+                skus.extend(self._changed_skus(listed.id, fresh_skus))
+        await self._write(
+            [
+                diff_listed("product", products, self._snapshot["product"]),
+                diff_listed("sku", skus, self._snapshot["sku"]),
+            ]
+        )
+        self._totals.pages += len(pages)
+        if self._progress is not None:
+            self._progress(self._totals.pages, self._listing.pages_total)
+
+    def _fresh_skus(self, listed: _ListedProduct) -> list[_ListedSku]:
+        """The product's SKUs not already listed under another product during this pass."""
+        listed_skus = self._listing.ids["sku"]
+        fresh = [sku for sku in listed.skus if sku.id not in listed_skus]
+        listed_skus.update(sku.id for sku in fresh)
+        return fresh
+
+    def _changed_skus(self, product_id: int, skus: Sequence[_ListedSku]) -> list[Record]:
+        snapshot = self._snapshot["sku"]
+        records = []
+        for sku in skus:
+            if needs_write(snapshot, sku.id, sku.digest):
+                try:
+                    records.append(sku_record(sku.model.model_dump(mode="json"), product_id, sku.digest))
+                except IncompleteRecord as exc:
+                    self._violation(str(exc))
+        return records
+
+    async def _write(self, plans: Sequence[Plan]) -> None:
+        await mirror_store.write_plans(self._engine, self._upstream, plans, run_id=self._run_id, now=utcnow())
+        for plan in plans:
+            apply_plan(self._snapshot[plan.entity], plan)
+        self._totals.count(plans)
+
+    # --- completeness and removals -----------------------------------------------------------------------
+
+    def _check_complete(self) -> None:
+        totals = self._listing.totals
+        if len(totals) != 1:
+            answered = ", ".join(map(str, sorted(totals)))
+            raise IncompleteListing(f"the upstream's product total changed during the sync ({answered})")
+        (total,) = totals
+        seen = len(self._listing.ids["product"])
+        if seen != total:
+            raise IncompleteListing(
+                f"saw {seen} distinct products but the upstream reported a total of {total}"
+            )
+
+    def _removal_plans(self) -> list[Plan]:
+        return [
+            diff_unlisted(entity, self._snapshot[entity], self._listing.ids[entity]) for entity in ENTITIES
+        ]
+
+    def _violation(self, text: str) -> None:
+        if len(self._totals.violations) >= MAX_VIOLATIONS:
+            self._violations_left_out += 1
+            return
+        self._totals.violations.append(text)
+        log.warning("catalog_violation", upstream=self._upstream, violation=text)
+
+
+def describe_error(exc: BaseException) -> str:
+    """One line about a failure, fit for ``sync_runs.error`` and logs: no secrets, no SQL parameters."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    if isinstance(exc, UpstreamError | IncompleteListing | LeaseLost):
+        text = str(exc)
+    elif isinstance(exc, DBAPIError):
+        text = f"database error: {type(exc.orig).__name__}: {exc.orig}"
+    elif isinstance(exc, SQLAlchemyError):
+        text = f"database error: {type(exc).__name__}"
+    else:
+        text = f"{type(exc).__name__}: {exc}"
+    return truncate(scrub(text), MAX_ERROR_CHARS)

@@ -1,0 +1,447 @@
+"""The catalogue sync end to end: sandbox upstream on real sockets, procurd's client, a real database."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from procurd.catalog.sync import SKIPPED_BUSY, SyncReport, last_sync, run_sync
+from procurd.config import UpstreamSettings
+from procurd.db import leases
+from procurd.db.schema import mirror_categories, mirror_changes, mirror_products, mirror_skus, sync_runs
+from procurd.sandbox import Sandbox, SandboxConfig
+from procurd.upstream import UpstreamClient
+from procurd.upstream.models import Category, ProductPage
+from procurd.upstream.ratelimit import Priority
+
+UPSTREAM = "main"
+PRODUCTS = 230  # five pages of 50
+SEED_PRODUCT_FIELDS = (
+    "slug",
+    "title",
+    "description",
+    "content",
+    "seo_meta",
+    "images",
+    "tags",
+    "price_amount",
+    "original_price",
+    "member_price",
+    "fulfillment_type",
+    "manual_form_schema",
+    "is_active",
+    "category_id",
+    "created_at",
+    "updated_at",
+)
+SEED_SKU_FIELDS = (
+    "sku_code",
+    "spec_values",
+    "price_amount",
+    "original_price",
+    "member_price",
+    "stock_status",
+    "stock_quantity",
+    "is_active",
+)
+
+
+@pytest.fixture
+async def sandbox() -> AsyncIterator[Sandbox]:
+    """A sandbox upstream with five pages of products on 127.0.0.1."""
+    async with Sandbox(
+        SandboxConfig(products=PRODUCTS, skus_per_product=3, seed=5, rate_limit=False)
+    ) as site:
+        yield site
+
+
+@pytest.fixture
+async def client(sandbox: Sandbox) -> AsyncIterator[UpstreamClient]:
+    """procurd's upstream client pointed at the sandbox, without a practical rate limit."""
+    settings = UpstreamSettings(
+        name=UPSTREAM,
+        base_url=sandbox.base_url,
+        api_key=sandbox.config.api_key,
+        api_secret=sandbox.config.api_secret,  # type: ignore[arg-type]
+        max_requests_per_second=10_000,
+    )
+    async with UpstreamClient(settings) as upstream_client:
+        yield upstream_client
+
+
+class HookedClient:
+    """The real client, with a hook run just before a chosen page is requested (to time sandbox faults)."""
+
+    def __init__(self, client: UpstreamClient, before_page: dict[int, Callable[[], None]]) -> None:
+        self._client = client
+        self._before_page = before_page
+
+    async def categories(self, *, priority: Priority = Priority.CATALOG) -> list[Category]:
+        return await self._client.categories(priority=priority)
+
+    async def products(
+        self, page: int = 1, page_size: int = 20, *, priority: Priority = Priority.CATALOG
+    ) -> ProductPage:
+        hook = self._before_page.pop(page, None)
+        if hook is not None:
+            hook()
+        return await self._client.products(page, page_size, priority=priority)
+
+
+class GatedClient(HookedClient):
+    """The real client whose category request waits until ``gate`` opens."""
+
+    def __init__(self, client: UpstreamClient, gate: asyncio.Event) -> None:
+        super().__init__(client, {})
+        self._gate = gate
+
+    async def categories(self, *, priority: Priority = Priority.CATALOG) -> list[Category]:
+        await self._gate.wait()
+        return await super().categories(priority=priority)
+
+
+async def sync(engine: AsyncEngine, client: Any, **options: Any) -> SyncReport:
+    options.setdefault("holder", "test-host:1")
+    return await run_sync(engine, client, UPSTREAM, **options)
+
+
+def listed(sandbox: Sandbox) -> dict[int, dict[str, Any]]:
+    """What GET /products lists right now, exactly as the sandbox serializes it."""
+    return {product.id: json.loads(product.listing_json()) for product in sandbox.state.active_products()}
+
+
+async def rows(engine: AsyncEngine, table: Any, **where: Any) -> list[dict[str, Any]]:
+    statement = select(table).where(table.c.upstream == UPSTREAM)
+    for column, value in where.items():
+        statement = statement.where(table.c[column] == value)
+    async with engine.connect() as connection:
+        result = await connection.execute(statement.order_by(table.c.id))
+        return [dict(row) for row in result.mappings()]
+
+
+async def one(engine: AsyncEngine, table: Any, identity: int) -> dict[str, Any]:
+    (row,) = await rows(engine, table, id=identity)
+    return row
+
+
+async def changes(engine: AsyncEngine, run_id: int | None) -> list[tuple[Any, ...]]:
+    statement = (
+        select(
+            mirror_changes.c.entity,
+            mirror_changes.c.entity_id,
+            mirror_changes.c.kind,
+            mirror_changes.c.field,
+            mirror_changes.c.old_value,
+            mirror_changes.c.new_value,
+        )
+        .where(mirror_changes.c.sync_run_id == run_id)
+        .order_by(mirror_changes.c.seq)
+    )
+    async with engine.connect() as connection:
+        return [tuple(row) for row in await connection.execute(statement)]
+
+
+async def count(engine: AsyncEngine, table: Any) -> int:
+    async with engine.connect() as connection:
+        return int((await connection.execute(select(func.count()).select_from(table))).scalar_one())
+
+
+async def test_first_sync_mirrors_exactly_what_the_sandbox_lists(
+    engine: AsyncEngine, sandbox: Sandbox, client: UpstreamClient
+) -> None:
+    """Every listed category, product and SKU is mirrored; sample rows match the upstream field by field."""
+    report = await sync(engine, client)
+    assert report.status == "ok", report.error
+    expected = listed(sandbox)
+    expected_skus = {sku["id"]: (pid, sku) for pid, product in expected.items() for sku in product["skus"]}
+    assert (report.pages, report.products, report.skus) == (5, PRODUCTS, len(expected_skus))
+    assert report.categories == len(sandbox.state.categories)
+    assert report.rows_written == report.added == report.categories + report.products + report.skus
+    assert report.removed == 0
+    assert {row["id"] for row in await rows(engine, mirror_products)} == set(expected)
+    assert {row["id"] for row in await rows(engine, mirror_skus)} == set(expected_skus)
+    assert len(await rows(engine, mirror_categories)) == len(sandbox.state.categories)
+
+    for product_id in (1, 117, PRODUCTS):
+        row = await one(engine, mirror_products, product_id)
+        sent = expected[product_id]
+        for field in SEED_PRODUCT_FIELDS:
+            assert row[field] == sent.get(field), field
+        assert row["extra"] == {
+            key: value for key, value in sent.items() if key not in (*SEED_PRODUCT_FIELDS, "id", "skus")
+        }
+        assert (row["removed_at"], row["synced_at"] is not None) == (None, True)
+        for sku in sent["skus"]:
+            sku_row = await one(engine, mirror_skus, sku["id"])
+            assert sku_row["product_id"] == product_id
+            for field in SEED_SKU_FIELDS:
+                assert sku_row[field] == sku.get(field), field
+    discounted = next(sku for _, sku in expected_skus.values() if sku.get("member_price"))
+    discounted_row = await one(engine, mirror_skus, discounted["id"])
+    assert (discounted_row["original_price"], discounted_row["member_price"]) == (
+        discounted["original_price"],
+        discounted["member_price"],
+    )
+    category = sandbox.state.categories[2].to_dict()
+    category_row = await one(engine, mirror_categories, 2)
+    assert {field: category_row[field] for field in category if field != "id"} == {
+        field: value for field, value in category.items() if field != "id"
+    }
+    assert category_row["is_active"] is True
+
+
+async def test_fields_beyond_the_seed_are_kept_in_extra(
+    engine: AsyncEngine, sandbox: Sandbox, client: UpstreamClient
+) -> None:
+    """SKU fields the seed does not name (wholesale prices) land in extra unchanged."""
+    await sync(engine, client)
+    with_extra = next(
+        sku for product in listed(sandbox).values() for sku in product["skus"] if "wholesale_prices" in sku
+    )
+    row = await one(engine, mirror_skus, with_extra["id"])
+    assert row["extra"] == {"wholesale_prices": with_extra["wholesale_prices"]}
+
+
+async def test_immediate_second_sync_writes_no_rows(
+    engine: AsyncEngine, sandbox: Sandbox, client: UpstreamClient
+) -> None:
+    """Syncing an unchanged upstream again writes 0 rows and logs no changes."""
+    first = await sync(engine, client)
+    logged = await count(engine, mirror_changes)
+    second = await sync(engine, client)
+    assert second.status == "ok"
+    assert (second.rows_written, second.added, second.changed, second.removed) == (0, 0, 0, 0)
+    assert (second.products, second.skus) == (first.products, first.skus)
+    assert await count(engine, mirror_changes) == logged
+
+
+async def test_price_stock_and_activity_changes_are_logged(
+    engine: AsyncEngine, sandbox: Sandbox, client: UpstreamClient
+) -> None:
+    """A new SKU price, new stock and a deactivated SKU each leave their change-log entries."""
+    await sync(engine, client)
+    product = sandbox.state.product(7)
+    priced, stocked, deactivated = product.skus[0], product.skus[1], product.skus[2]
+    if not deactivated.is_active:
+        sandbox.state.set_sku_active(deactivated.id, True)
+        await sync(engine, client)
+    old_price, old_quantity = priced.price_amount, stocked.stock_quantity
+    old_status = stocked.stock_status
+    sandbox.state.set_sku_price(priced.id, "1234.50")
+    sandbox.state.set_sku_stock(stocked.id, 5)
+    sandbox.state.set_sku_active(deactivated.id, False)
+
+    report = await sync(engine, client)
+    logged = await changes(engine, report.run_id)
+    assert ("sku", priced.id, "changed", "price_amount", old_price, "1234.50") in logged
+    assert ("sku", stocked.id, "changed", "stock_quantity", str(old_quantity), "5") in logged
+    if old_status != "low_stock":
+        assert ("sku", stocked.id, "changed", "stock_status", old_status, "low_stock") in logged
+    assert ("sku", deactivated.id, "removed", "is_active", "true", "false") in logged
+    assert (await one(engine, mirror_skus, priced.id))["price_amount"] == "1234.50"
+    assert report.removed == 1
+
+
+async def test_removed_product_and_inactive_sku_are_marked_and_come_back(
+    engine: AsyncEngine, sandbox: Sandbox, client: UpstreamClient
+) -> None:
+    """Unlisted rows get is_active false and removed_at; listed again they are restored."""
+    await sync(engine, client)
+    gone = sandbox.state.product(12)
+    gone_skus = [sku.id for sku in gone.skus if sku.is_active]
+    hidden = next(sku for sku in sandbox.state.product(30).skus[1:] if sku.is_active)
+    sandbox.state.remove_product(gone.id)
+    sandbox.state.set_sku_active(hidden.id, False)
+
+    removal = await sync(engine, client)
+    assert removal.status == "ok"
+    assert removal.removed == 2 + len(gone_skus)
+    for table, identity in (
+        (mirror_products, gone.id),
+        *((mirror_skus, sku) for sku in (*gone_skus, hidden.id)),
+    ):
+        row = await one(engine, table, identity)
+        assert (row["is_active"], row["removed_at"] is not None) == (False, True)
+    assert ("product", gone.id, "removed", "is_active", "true", "false") in await changes(
+        engine, removal.run_id
+    )
+
+    sandbox.state.restore_product(gone.id)
+    sandbox.state.set_sku_active(hidden.id, True)
+    back = await sync(engine, client)
+    assert back.added == 2 + len(gone_skus)
+    for table, identity in (
+        (mirror_products, gone.id),
+        *((mirror_skus, sku) for sku in (*gone_skus, hidden.id)),
+    ):
+        row = await one(engine, table, identity)
+        assert (row["is_active"], row["removed_at"]) == (True, None)
+    logged = await changes(engine, back.run_id)
+    assert ("product", gone.id, "restored", "is_active", "false", "true") in logged
+    assert ("sku", hidden.id, "restored", "is_active", "false", "true") in logged
+
+
+async def test_removed_category_is_marked_removed(
+    engine: AsyncEngine, sandbox: Sandbox, client: UpstreamClient
+) -> None:
+    """A category the upstream stops listing is marked removed like products are."""
+    await sync(engine, client)
+    empty_leaf = sandbox.state.add_category(0, "seasonal")
+    await sync(engine, client)
+    del sandbox.state.categories[empty_leaf]
+    report = await sync(engine, client)
+    row = await one(engine, mirror_categories, empty_leaf)
+    assert (row["is_active"], row["removed_at"] is not None) == (False, True)
+    assert ("category", empty_leaf, "removed", "is_active", "true", "false") in await changes(
+        engine, report.run_id
+    )
+
+
+@pytest.mark.parametrize("fault", ["error", "malformed"])
+async def test_failure_part_way_marks_nothing_removed(
+    engine: AsyncEngine, sandbox: Sandbox, client: UpstreamClient, fault: str
+) -> None:
+    """When page 3 of 5 fails, the run is failed, nothing is removed and the error is recorded."""
+    await sync(engine, client)
+    sandbox.state.remove_product(3)
+    sandbox.state.set_sku_active(sandbox.state.product(4).skus[0].id, False)
+
+    def break_page() -> None:
+        if fault == "error":
+            sandbox.faults.fail_next("products", count=10, status=500)
+        else:
+            sandbox.faults.malformed_next("products", count=10, body=b'{"ok": true, "items": [')
+
+    report = await sync(engine, HookedClient(client, {3: break_page}), concurrency=1)
+    assert report.status == "failed"
+    assert report.error is not None
+    assert "products" in report.error
+    assert report.removed == 0
+    assert report.pages <= 2
+    assert (await one(engine, mirror_products, 3))["removed_at"] is None
+    assert (await one(engine, mirror_skus, sandbox.state.product(4).skus[0].id))["removed_at"] is None
+    assert all(entry[2] != "removed" for entry in await changes(engine, report.run_id))
+    (run,) = await rows(engine, sync_runs, id=report.run_id)
+    assert (run["status"], run["error"], run["finished_at"] is not None) == ("failed", report.error, True)
+
+
+async def test_listing_that_shrinks_during_the_sync_removes_nothing(
+    engine: AsyncEngine, sandbox: Sandbox, client: UpstreamClient
+) -> None:
+    """A product total that changes between pages makes the listing untrustworthy: failed, nothing removed."""
+    await sync(engine, client)
+    report = await sync(
+        engine, HookedClient(client, {3: lambda: sandbox.state.remove_product(2)}), concurrency=1
+    )
+    assert report.status == "failed"
+    assert report.error is not None
+    assert "total" in report.error
+    assert report.removed == 0
+    assert (await one(engine, mirror_products, 2))["removed_at"] is None
+
+
+async def test_clamped_page_size_is_followed(
+    engine: AsyncEngine, sandbox: Sandbox, client: UpstreamClient
+) -> None:
+    """Asking for 100 per page when the upstream answers 50 still mirrors every product, 50 a page."""
+    report = await sync(engine, client, page_size=100)
+    assert report.status == "ok"
+    assert (report.pages, report.products) == (5, PRODUCTS)
+    assert sandbox.request_counts["products"] == 5
+    assert len(await rows(engine, mirror_products)) == PRODUCTS
+
+
+async def test_category_rule_violations_are_recorded_not_fatal(
+    engine: AsyncEngine, sandbox: Sandbox, client: UpstreamClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A third category level, a product on a non-leaf and one on an unknown category are all reported."""
+    top = next(category for category in sandbox.state.categories.values() if category.parent_id == 0)
+    middle = sandbox.state.add_category(top.id, "middle")
+    deep = sandbox.state.add_category(middle, "too-deep")
+    sandbox.state.set_product_category(8, top.id)
+    sandbox.state.set_product_category(9, 987654)
+
+    report = await sync(engine, client)
+    assert report.status == "ok"
+    expected = [
+        f"category {deep} (too-deep) is more than two levels deep: "
+        f"its parent {middle} is itself a sub-category",
+        "product 9 is on unknown category 987654",
+        f"product 8 is on category {top.id} ({top.slug}), which is not a leaf",
+    ]
+    assert sorted(report.violations) == sorted(expected)
+    (run,) = await rows(engine, sync_runs, id=report.run_id)
+    assert run["violations"] == report.violations
+    assert (await one(engine, mirror_products, 9))["category_id"] == 987654
+    warned = " ".join(record.getMessage() for record in caplog.records if record.levelname == "WARNING")
+    assert all(violation in warned for violation in expected)
+
+
+async def test_lease_held_elsewhere_skips_the_sync(
+    engine: AsyncEngine, sandbox: Sandbox, client: UpstreamClient
+) -> None:
+    """While another instance holds the upstream's sync lease, a sync is skipped without touching anything."""
+    assert await leases.acquire(engine, f"catalog-sync:{UPSTREAM}", "other-host:99", 60)
+    report = await sync(engine, client)
+    assert (report.status, report.error, report.run_id) == ("skipped", SKIPPED_BUSY, None)
+    assert sum(sandbox.request_counts.values()) == 0
+    assert await count(engine, sync_runs) == 0
+    assert await leases.holder_of(engine, f"catalog-sync:{UPSTREAM}") == "other-host:99"
+
+
+async def test_concurrent_syncs_of_one_upstream_run_one_at_a_time(
+    engine: AsyncEngine, sandbox: Sandbox, client: UpstreamClient
+) -> None:
+    """Of two simultaneous syncs, one runs and the other is skipped; the lease is free afterwards."""
+    gate = asyncio.Event()
+    runs = [asyncio.create_task(sync(engine, GatedClient(client, gate), holder="same:1")) for _ in range(2)]
+    done, pending = await asyncio.wait(runs, return_when=asyncio.FIRST_COMPLETED)
+    gate.set()
+    reports = [task.result() for task in done] + list(await asyncio.gather(*pending))
+    assert sorted(report.status for report in reports) == ["ok", "skipped"]
+    assert await leases.holder_of(engine, f"catalog-sync:{UPSTREAM}") is None
+    assert await count(engine, sync_runs) == 1
+
+
+async def test_progress_reports_every_page(engine: AsyncEngine, client: UpstreamClient) -> None:
+    """The progress callback counts stored pages up to the total the upstream announced."""
+    seen: list[tuple[int, int]] = []
+    await sync(engine, client, progress=lambda done, total: seen.append((done, total)))
+    assert seen[-1] == (5, 5)
+    assert [done for done, _ in seen] == sorted(done for done, _ in seen)
+    assert {total for _, total in seen} == {5}
+
+
+async def test_last_sync_reports_the_latest_run(engine: AsyncEngine, client: UpstreamClient) -> None:
+    """last_sync reads back the most recent run exactly as run_sync reported it."""
+    assert await last_sync(engine, UPSTREAM) is None
+    await sync(engine, client)
+    report = await sync(engine, client)
+    assert await last_sync(engine, UPSTREAM) == report
+
+
+async def test_refused_credentials_fail_the_run_without_leaking_the_secret(
+    engine: AsyncEngine, sandbox: Sandbox
+) -> None:
+    """A wrong API secret fails the run; the recorded error names the problem, never the secret."""
+    secret = "wrong-secret-a1b2c3d4e5"
+    settings = UpstreamSettings(
+        name=UPSTREAM,
+        base_url=sandbox.base_url,
+        api_key=sandbox.config.api_key,
+        api_secret=secret,  # type: ignore[arg-type]
+        max_requests_per_second=10_000,
+    )
+    async with UpstreamClient(settings) as wrong:
+        report = await sync(engine, wrong)
+    assert report.status == "failed"
+    assert report.error is not None
+    assert "invalid_signature" in report.error
+    assert secret not in report.error
+    assert await count(engine, mirror_products) == 0
