@@ -1,8 +1,17 @@
-"""Prometheus metrics (``procurd_`` prefix), one registry per running instance."""
+"""Prometheus metrics (``procurd_`` prefix), one registry per running instance.
+
+Counters are counted as things happen in this process. Gauges derived from the database (queue depths,
+oldest queued age, upstream health, pending storefront events, last catalogue sync) are set from the
+status report by :meth:`Metrics.set_status` right before each scrape, so every instance on a shared database
+reports the same picture.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from datetime import datetime
+from decimal import Decimal, InvalidOperation
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -10,6 +19,7 @@ if TYPE_CHECKING:
     from procurd.procurement.service import Applied
 
 REQUEST_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 15, 30)
+UNKNOWN_UPSTREAM = "unknown"
 
 
 class Metrics:
@@ -34,6 +44,14 @@ class Metrics:
         self.callbacks = Counter(
             "procurd_callbacks", "Upstream callbacks received, by result.", ["upstream", "result"], registry=r
         )
+        self.callback_rejections = Counter(
+            "procurd_callback_rejections", "Upstream callbacks rejected, by reason.",
+            ["upstream", "reason"], registry=r,
+        )  # fmt: skip
+        self.http_requests = Counter(
+            "procurd_http_requests", "HTTP requests answered, by listener, route and status.",
+            ["listener", "route", "status"], registry=r,
+        )  # fmt: skip
         self.queue_depth = Gauge(
             "procurd_procurements", "Procurements by upstream and state.", ["upstream", "state"], registry=r
         )
@@ -45,8 +63,20 @@ class Metrics:
             ["upstream"], registry=r,
         )  # fmt: skip
         self.upstream_balance = Gauge(
-            "procurd_upstream_balance", "Wallet balance at the last ping (for alerting only; exact value in status).",
+            "procurd_upstream_balance", "Wallet balance at the last ping (exact value in the status report).",
             ["upstream", "currency"], registry=r,
+        )  # fmt: skip
+        self.last_ping_timestamp = Gauge(
+            "procurd_upstream_last_ping_timestamp_seconds", "When the upstream was last pinged (Unix time).",
+            ["upstream"], registry=r,
+        )  # fmt: skip
+        self.last_sync_timestamp = Gauge(
+            "procurd_catalog_last_sync_timestamp_seconds", "When the last catalogue sync ended (Unix time).",
+            ["upstream"], registry=r,
+        )  # fmt: skip
+        self.last_sync_ok = Gauge(
+            "procurd_catalog_last_sync_ok", "1 when the last catalogue sync pass succeeded.", ["upstream"],
+            registry=r,
         )  # fmt: skip
         self.pending_events = Gauge(
             "procurd_storefront_events_pending", "Undelivered storefront events.", registry=r
@@ -60,5 +90,68 @@ class Metrics:
         if applied.decision.state is not applied.old_state:
             self.transitions.labels(source, applied.old_state.value, applied.decision.state.value).inc()
 
+    def observe_callback(self, upstream: str | None, accepted: bool, reason: str | None = None) -> None:
+        """One callback answered; ``upstream`` is ``None`` when its API key matched no configured upstream."""
+        name = upstream or UNKNOWN_UPSTREAM
+        self.callbacks.labels(name, "accepted" if accepted else "rejected").inc()
+        if not accepted:
+            self.callback_rejections.labels(name, reason or "unknown").inc()
+
+    def observe_http(self, listener: str, route: str, status: int) -> None:
+        self.http_requests.labels(listener, route, str(status)).inc()
+
+    def set_status(self, report: Mapping[str, Any]) -> None:
+        """Set the database-derived gauges from :func:`procurd.status.status_report`'s answer."""
+        self.queue_depth.clear()
+        self.oldest_queued_seconds.clear()
+        self.upstream_healthy.clear()
+        self.upstream_balance.clear()
+        self.last_ping_timestamp.clear()
+        self.last_sync_timestamp.clear()
+        self.last_sync_ok.clear()
+        for upstream in report.get("upstreams", []):
+            self._set_upstream(upstream)
+        storefront = report.get("storefront") or {}
+        self.pending_events.set(int(storefront.get("events_pending", 0)))
+
+    def _set_upstream(self, upstream: Mapping[str, Any]) -> None:
+        name = str(upstream["name"])
+        for state, count in upstream.get("queue", {}).items():
+            self.queue_depth.labels(name, state).set(count)
+        self.oldest_queued_seconds.labels(name).set(upstream.get("oldest_queued_seconds") or 0)
+        self.upstream_healthy.labels(name).set(1 if upstream.get("healthy") else 0)
+        ping = upstream.get("last_ping") or {}
+        balance = _number(ping.get("balance"))
+        if balance is not None:
+            self.upstream_balance.labels(name, str(ping.get("currency") or "")).set(balance)
+        ping_at = _timestamp(ping.get("at"))
+        if ping_at is not None:
+            self.last_ping_timestamp.labels(name).set(ping_at)
+        sync = upstream.get("last_sync") or {}
+        sync_at = _timestamp(sync.get("at"))
+        if sync_at is not None:
+            self.last_sync_timestamp.labels(name).set(sync_at)
+            self.last_sync_ok.labels(name).set(1 if sync.get("ok") else 0)
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def _number(text: Any) -> float | None:
+    # Prometheus samples are floats by nature; the exact amount stays in the status report.
+    if text is None:
+        return None
+    try:
+        value = Decimal(str(text))
+    except InvalidOperation:
+        return None
+    return float(value) if value.is_finite() else None
+
+
+def _timestamp(text: Any) -> float | None:
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None

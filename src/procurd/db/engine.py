@@ -27,12 +27,22 @@ def create_engine(url: str, *, pool_size: int = 10, echo: bool = False) -> Async
             raise ValueError("an in-memory SQLite database cannot be shared between tasks; use a file")
         Path(database).parent.mkdir(parents=True, exist_ok=True)
         engine = create_async_engine(
-            url, echo=echo, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}, pool_pre_ping=False
+            url,
+            echo=echo,
+            connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000},
+            pool_pre_ping=False,
+            hide_parameters=True,  # statement errors would otherwise log delivered goods and form data
         )
         _tune_sqlite(engine)
         return engine
     return create_async_engine(
-        url, echo=echo, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True, pool_recycle=1800
+        url,
+        echo=echo,
+        pool_size=pool_size,
+        max_overflow=pool_size,
+        pool_pre_ping=True,
+        pool_recycle=1800,
+        hide_parameters=True,
     )
 
 

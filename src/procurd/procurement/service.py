@@ -305,7 +305,7 @@ class ProcurementService:
             order_no=row.order_no,
             downstream_order_no=row.downstream_order_no,
             source=source.value,
-            event=decision.event,
+            decision=decision.event,
             old_state=row.state,
             new_state=decision.state.value,
         )

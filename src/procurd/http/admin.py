@@ -1,0 +1,312 @@
+"""The admin listener: order intake, order reads and cancels, the exception queue, status, metrics.
+
+JSON everywhere. Success answers carry ``"ok": true``; failures
+``{"ok": false, "error_code", "error_message"}`` with a meaningful HTTP status. When ``server.admin_token``
+is set, every path but ``/healthz`` needs ``Authorization: Bearer <admin_token>``.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from decimal import Decimal
+from typing import Any
+
+import structlog
+from aiohttp import web
+from aiohttp.typedefs import Middleware
+from prometheus_client.aiohttp import make_aiohttp_handler
+
+from procurd.http.errors import (
+    MAX_BODY_BYTES,
+    ApiError,
+    Handler,
+    admin_error_body,
+    error_middleware,
+    json_response,
+    read_body,
+)
+from procurd.procurement.intake import IntakeError, parse_order_request
+from procurd.procurement.machine import NotAllowed
+from procurd.procurement.model import Resolve, Retry, Source
+from procurd.procurement.service import CancelDenied
+from procurd.runtime import Runtime
+from procurd.status import refresh_metrics, status_report
+
+log = structlog.get_logger("procurd.admin")
+
+RUNTIME = web.AppKey("procurd.runtime", Runtime)
+HEALTH_PATH = "/healthz"
+DEFAULT_PAGE_SIZE = 20
+MAX_PAGE_SIZE = 100
+MAX_PAGE = 1_000_000
+MAX_ID = 2**63 - 1
+MAX_FILTER_CHARS = 64
+MAX_NOTE_CHARS = 4000
+
+
+# --- request helpers --------------------------------------------------------------------------------------
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def decode_json(raw: bytes) -> Any:
+    """The body as JSON with every fractional number an exact ``Decimal``; 400 ``invalid_json`` otherwise."""
+    try:
+        return json.loads(raw, parse_float=Decimal, parse_constant=_reject_constant)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise ApiError(400, "invalid_json", "the body is not valid JSON") from None
+
+
+async def _json_object(request: web.Request, *, optional: bool = False) -> dict[str, Any]:
+    raw = await read_body(request)
+    if optional and not raw.strip():
+        return {}
+    body = decode_json(raw)
+    if not isinstance(body, dict):
+        raise ApiError(400, "invalid_request", "the body must be a JSON object")
+    return body
+
+
+def _plain_numbers(value: Any) -> Any:
+    """Buyer form data is passed through as plain JSON: its numbers are not amounts."""
+    if isinstance(value, Decimal):
+        return float(value)
+    if isinstance(value, dict):
+        return {key: _plain_numbers(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_plain_numbers(item) for item in value]
+    return value
+
+
+def plain_form_data(body: dict[str, Any]) -> dict[str, Any]:
+    """The order body with each item's ``manual_form_data`` decoded as plain JSON."""
+    items = body.get("items")
+    if not isinstance(items, list):
+        return body
+    plain = [
+        dict(item, manual_form_data=_plain_numbers(item["manual_form_data"]))
+        if isinstance(item, dict) and isinstance(item.get("manual_form_data"), dict)
+        else item
+        for item in items
+    ]
+    return dict(body, items=plain)
+
+
+def _query_int(request: web.Request, name: str, default: int, low: int, high: int) -> int:
+    raw = request.query.get(name, "").strip()
+    if not raw:
+        return default
+    if not (raw.isascii() and raw.isdigit()) or not low <= int(raw) <= high:
+        raise ApiError(400, "invalid_query", f"{name} must be an integer from {low} to {high}")
+    return int(raw)
+
+
+def _query_text(request: web.Request, name: str) -> str | None:
+    value = request.query.get(name, "").strip()
+    if len(value) > MAX_FILTER_CHARS:
+        raise ApiError(400, "invalid_query", f"{name} is longer than {MAX_FILTER_CHARS} characters")
+    return value or None
+
+
+def _procurement_id(request: web.Request) -> int:
+    raw = request.match_info["id"]
+    if not (raw.isascii() and raw.isdigit()):
+        raise ApiError(400, "invalid_id", "the procurement id must be a positive integer")
+    value = int(raw)
+    if not 0 < value <= MAX_ID:
+        raise ApiError(404, "procurement_not_found", f"no procurement {raw}")
+    return value
+
+
+def _note(body: dict[str, Any], *, required: bool) -> str | None:
+    note = body.get("note")
+    if note is None and not required:
+        return None
+    if not isinstance(note, str) or (required and not note.strip()):
+        raise ApiError(400, "note_required", "note must be a non-empty string")
+    if len(note) > MAX_NOTE_CHARS:
+        raise ApiError(400, "invalid_request", f"note is longer than {MAX_NOTE_CHARS} characters")
+    return note.strip() or None
+
+
+def _intake_error(exc: IntakeError) -> ApiError:
+    extra = {"details": exc.details} if exc.details else {}
+    return ApiError(exc.http_status, exc.code, exc.message, **extra)
+
+
+def _order_not_found(order_no: str) -> ApiError:
+    return ApiError(404, "order_not_found", f"no order {order_no!r}")
+
+
+# --- handlers ---------------------------------------------------------------------------------------------
+
+
+async def submit_order(request: web.Request) -> web.Response:
+    """Accept a locally paid order for procurement: 202 when new, 200 for a repeat of the same body."""
+    runtime = request.app[RUNTIME]
+    body = await _json_object(request)
+    try:
+        order_request = parse_order_request(plain_form_data(body))
+        result = await runtime.service.submit(order_request)
+    except IntakeError as exc:
+        raise _intake_error(exc) from None
+    if result.created:
+        runtime.metrics.orders_accepted.inc()
+    return json_response({"ok": True, "order": result.order}, 202 if result.created else 200)
+
+
+async def get_order(request: web.Request) -> web.Response:
+    order_no = request.match_info["order_no"]
+    view = await request.app[RUNTIME].service.order(order_no)
+    if view is None:
+        raise _order_not_found(order_no)
+    return json_response({"ok": True, "order": view})
+
+
+async def cancel_order(request: web.Request) -> web.Response:
+    """Upstream-first cancel of the whole order; 409 ``cancel_not_allowed`` with the reason of each item."""
+    runtime = request.app[RUNTIME]
+    order_no = request.match_info["order_no"]
+    if await runtime.service.order(order_no) is None:
+        raise _order_not_found(order_no)
+    try:
+        view = await runtime.service.cancel(order_no, runtime.cancel_upstream)
+    except KeyError:
+        raise _order_not_found(order_no) from None
+    except CancelDenied as exc:
+        items = [
+            {"procurement_id": item.procurement_id or None, "downstream_order_no": item.downstream_order_no,
+             "reason": item.reason}
+            for item in exc.items
+        ]  # fmt: skip
+        log.info("order.cancel_denied", order_no=order_no, reasons=[item["reason"] for item in items])
+        raise ApiError(
+            409, "cancel_not_allowed", f"order {order_no} cannot be canceled: {exc}", items=items
+        ) from None
+    log.info("order.canceled", order_no=order_no)
+    return json_response({"ok": True, "order": view})
+
+
+async def order_audit(request: web.Request) -> web.Response:
+    runtime = request.app[RUNTIME]
+    order_no = request.match_info["order_no"]
+    if await runtime.service.order(order_no) is None:
+        raise _order_not_found(order_no)
+    return json_response({"ok": True, "order_no": order_no, "audit": await runtime.service.audit(order_no)})
+
+
+async def list_exceptions(request: web.Request) -> web.Response:
+    upstream = _query_text(request, "upstream")
+    reason = _query_text(request, "reason")
+    page = _query_int(request, "page", 1, 1, MAX_PAGE)
+    page_size = _query_int(request, "page_size", DEFAULT_PAGE_SIZE, 1, MAX_PAGE_SIZE)
+    total, items = await request.app[RUNTIME].service.exceptions(upstream, reason, page, page_size)
+    return json_response({"ok": True, "items": items, "total": total, "page": page, "page_size": page_size})
+
+
+async def retry_exception(request: web.Request) -> web.Response:
+    """Send the procurement again (under a new number once the upstream canceled the old one)."""
+    procurement_id = _procurement_id(request)
+    note = _note(await _json_object(request, optional=True), required=False)
+    return await _admin_action(request, procurement_id, Retry(note))
+
+
+async def resolve_exception(request: web.Request) -> web.Response:
+    """Close the exception by hand; ``{"note": TEXT}`` is required."""
+    procurement_id = _procurement_id(request)
+    note = _note(await _json_object(request, optional=True), required=True)
+    assert note is not None
+    return await _admin_action(request, procurement_id, Resolve(note))
+
+
+async def _admin_action(request: web.Request, procurement_id: int, event: Retry | Resolve) -> web.Response:
+    service = request.app[RUNTIME].service
+    try:
+        applied = await service.apply(procurement_id, event, Source.ADMIN)
+    except NotAllowed as exc:
+        raise ApiError(409, exc.code, exc.message) from None
+    if applied is None:
+        raise ApiError(404, "procurement_not_found", f"no procurement {procurement_id}")
+    log.info("exception.handled", procurement_id=procurement_id, action=applied.decision.event)
+    return json_response(
+        {
+            "ok": True,
+            "procurement": await service.procurement(procurement_id),
+            "order": await service.order(applied.order_no),
+        }
+    )
+
+
+async def get_status(request: web.Request) -> web.Response:
+    return json_response(await status_report(request.app[RUNTIME]))
+
+
+def metrics_handler(runtime: Runtime) -> Handler:
+    """Prometheus text (or OpenMetrics when asked), with the database-derived gauges refreshed first."""
+    render = make_aiohttp_handler(runtime.metrics.registry, disable_compression=True)
+
+    async def metrics(request: web.Request) -> web.StreamResponse:
+        try:
+            await refresh_metrics(runtime)
+        except Exception:
+            # Counters are still worth scraping when the database is away; the gauges keep their last values.
+            log.exception("metrics.refresh_failed")
+        return await render(request)
+
+    return metrics
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return json_response({"ok": True})
+
+
+# --- the application --------------------------------------------------------------------------------------
+
+
+def bearer_auth(token: str) -> Middleware:
+    """Require ``Authorization: Bearer <token>`` on every path but ``/healthz`` when a token is set."""
+    expected = token.encode()
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if expected and request.path != HEALTH_PATH:
+            scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+            valid = scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), expected)
+            if not valid:
+                raise ApiError(
+                    401,
+                    "unauthorized",
+                    "a valid Authorization: Bearer token is required",
+                    headers={"WWW-Authenticate": 'Bearer realm="procurd"'},
+                )
+        return await handler(request)
+
+    return middleware
+
+
+def make_admin_app(runtime: Runtime) -> web.Application:
+    """The admin API (see ``procurd/http/openapi.yaml``) bound to ``runtime``."""
+    token = runtime.settings.server.admin_token.get_secret_value()
+    app = web.Application(
+        client_max_size=MAX_BODY_BYTES,
+        middlewares=[
+            error_middleware("admin", admin_error_body, runtime.metrics, database_unavailable_status=503),
+            bearer_auth(token),
+        ],
+    )
+    app[RUNTIME] = runtime
+    router = app.router
+    router.add_post("/api/v1/orders", submit_order)
+    router.add_get("/api/v1/orders/{order_no}", get_order)
+    router.add_post("/api/v1/orders/{order_no}/cancel", cancel_order)
+    router.add_get("/api/v1/orders/{order_no}/audit", order_audit)
+    router.add_get("/api/v1/exceptions", list_exceptions)
+    router.add_post("/api/v1/exceptions/{id}/retry", retry_exception)
+    router.add_post("/api/v1/exceptions/{id}/resolve", resolve_exception)
+    router.add_get("/api/v1/status", get_status)
+    router.add_get("/metrics", metrics_handler(runtime))
+    router.add_get(HEALTH_PATH, healthz)
+    return app

@@ -1,0 +1,187 @@
+"""The public listener: the upstreams' signed callback receiver (seed 000, 4.8 and part 5) and ``/healthz``.
+
+A callback is checked in this order, and the first failure answers ``{"ok": false, "message": REASON}``:
+body size (413), signature headers of a configured header prefix (401), timestamp readable and within 60 s
+(401), API key of a configured upstream (403), signature over the raw body with ``POST`` and the path
+``/api/v1/upstream/callback`` or else the path of ``server.callback_url`` (401), body (400), a procurement of
+that upstream under that number and order id (404). ``{"ok": true, "message": "received"}`` is answered only
+once the service has committed the report; a duplicate is answered the same way.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import structlog
+from aiohttp import web
+
+from procurd.config import CALLBACK_PATH, UpstreamSettings
+from procurd.http.callback import Callback, CallbackBodyError, parse_callback
+from procurd.http.errors import (
+    MAX_BODY_BYTES,
+    ApiError,
+    error_middleware,
+    json_response,
+    public_error_body,
+    read_body,
+)
+from procurd.procurement.model import Source
+from procurd.procurement.service import Applied, ReportRejected
+from procurd.runtime import Runtime
+from procurd.signing import HeaderNames, parse_timestamp, signature_matches, timestamp_fresh
+from procurd.status import count_callback
+
+log = structlog.get_logger("procurd.callback")
+
+RUNTIME = web.AppKey("procurd.runtime", Runtime)
+HEALTH_PATH = "/healthz"
+
+
+@dataclass(frozen=True, slots=True)
+class _Credentials:
+    prefix: str
+    api_key: str
+    timestamp: str
+    signature: str
+
+
+class CallbackReceiver:
+    """Authenticates, parses and applies upstream callbacks."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        settings = runtime.settings
+        self.upstreams = {upstream.api_key: upstream for upstream in settings.upstreams}
+        self.prefixes = list(dict.fromkeys(upstream.header_prefix for upstream in settings.upstreams))
+        self.signed_paths = tuple(dict.fromkeys((CALLBACK_PATH, configured_callback_path(runtime))))
+
+    async def handle(self, request: web.Request) -> web.Response:
+        claimed: UpstreamSettings | None = None
+        try:
+            raw = await read_body(request)
+            credentials = self._credentials(request)
+            claimed = self._claimed_upstream(credentials)
+            _check_timestamp(credentials.timestamp)
+            if claimed is None:
+                raise ApiError(403, "invalid_api_key", "the API key belongs to no configured upstream")
+            self._check_signature(claimed, credentials, raw)
+            callback = _parse(raw)
+            applied = await self._apply(claimed, callback)
+        except ApiError as error:
+            await self._rejected(request, claimed, error)
+            raise
+        await self._accepted(claimed, callback, applied)
+        return json_response({"ok": True, "message": "received"})
+
+    def _credentials(self, request: web.Request) -> _Credentials:
+        complete = []
+        for prefix in self.prefixes:
+            names = HeaderNames.for_prefix(prefix)
+            values = [request.headers.get(name, "").strip() for name in (names.api_key, names.timestamp)]
+            signature = request.headers.get(names.signature, "").strip()
+            if all(values) and signature:
+                complete.append(_Credentials(prefix, values[0], values[1], signature))
+        if not complete:
+            raise ApiError(401, "missing_auth_headers", "the signature headers are missing")
+        # Several prefixes at once is odd; prefer the set whose key is configured under that prefix.
+        return next((c for c in complete if self._claimed_upstream(c) is not None), complete[0])
+
+    def _claimed_upstream(self, credentials: _Credentials) -> UpstreamSettings | None:
+        upstream = self.upstreams.get(credentials.api_key)
+        if upstream is None or upstream.header_prefix.lower() != credentials.prefix.lower():
+            return None
+        return upstream
+
+    def _check_signature(self, upstream: UpstreamSettings, credentials: _Credentials, raw: bytes) -> None:
+        secret = upstream.secret()
+        for path in self.signed_paths:
+            if signature_matches(secret, "POST", path, credentials.timestamp, raw, credentials.signature):
+                return
+        raise ApiError(401, "invalid_signature", "the signature does not match")
+
+    async def _apply(self, upstream: UpstreamSettings, callback: Callback) -> Applied:
+        try:
+            return await self.runtime.service.report(
+                upstream.name, callback.downstream_order_no, callback.report, Source.CALLBACK
+            )
+        except ReportRejected as exc:
+            raise ApiError(404, "order_not_found", exc.reason) from None
+
+    async def _accepted(self, upstream: UpstreamSettings, callback: Callback, applied: Applied) -> None:
+        log.info(
+            "callback.accepted",
+            upstream=upstream.name,
+            downstream_order_no=callback.downstream_order_no,
+            order_id=callback.report.order_id,
+            status=callback.report.status,
+            callback_event=callback.event,
+            outcome=applied.decision.event,
+            changed=applied.changed,
+        )
+        self.runtime.metrics.observe_callback(upstream.name, True)
+        await self._count(upstream.name, True)
+
+    async def _rejected(
+        self, request: web.Request, upstream: UpstreamSettings | None, error: ApiError
+    ) -> None:
+        name = upstream.name if upstream is not None else None
+        log.warning(
+            "callback.rejected",
+            upstream=name,
+            reason=error.code,
+            detail=error.message,
+            http_status=error.status,
+            remote=request.remote,
+        )
+        self.runtime.metrics.observe_callback(name, False, error.code)
+        if name is not None:
+            await self._count(name, False)
+
+    async def _count(self, upstream: str, accepted: bool) -> None:
+        # The answer does not depend on the counter: a failed count is logged, not turned into a 500.
+        try:
+            await count_callback(self.runtime, upstream, accepted)
+        except Exception:
+            log.exception("callback.count_failed", upstream=upstream)
+
+
+def _check_timestamp(raw: str) -> None:
+    timestamp = parse_timestamp(raw)
+    if timestamp is None:
+        raise ApiError(401, "invalid_timestamp", "the timestamp is not Unix seconds")
+    if not timestamp_fresh(timestamp, time.time()):
+        raise ApiError(401, "timestamp_expired", "the timestamp is more than 60 seconds away from our clock")
+
+
+def _parse(raw: bytes) -> Callback:
+    try:
+        return parse_callback(raw)
+    except CallbackBodyError as exc:
+        raise ApiError(400, "bad_request", str(exc)) from None
+
+
+def configured_callback_path(runtime: Runtime) -> str:
+    """The path of ``server.callback_url`` (what an upstream behind a path-rewriting proxy may sign)."""
+    return urlsplit(runtime.settings.server.callback_url).path or "/"
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return json_response({"ok": True})
+
+
+def make_public_app(runtime: Runtime) -> web.Application:
+    """The callback receiver and ``/healthz``; the receiver also answers at ``callback_url``'s own path."""
+    app = web.Application(
+        client_max_size=MAX_BODY_BYTES,
+        middlewares=[error_middleware("public", public_error_body, runtime.metrics)],
+    )
+    app[RUNTIME] = runtime
+    receiver = CallbackReceiver(runtime)
+    app.router.add_post(CALLBACK_PATH, receiver.handle)
+    own_path = configured_callback_path(runtime)
+    if own_path not in (CALLBACK_PATH, HEALTH_PATH, "/") and "{" not in own_path:
+        app.router.add_post(own_path, receiver.handle)
+    app.router.add_get(HEALTH_PATH, healthz)
+    return app

@@ -1,0 +1,219 @@
+"""The status report (``GET /api/v1/status`` and ``procurd status``) and the record of upstream pings.
+
+Everything comes from the database, so every instance on a shared database (and the command line, with or
+without a running daemon) reports the same thing. An upstream is healthy when its last ping succeeded and no
+authentication failure was seen since: an auth error recorded by a worker stays until a ping succeeds.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import structlog
+from sqlalchemy.exc import IntegrityError
+
+from procurd.catalog.sync import SyncReport, last_sync
+from procurd.config import UpstreamSettings
+from procurd.db import procurement_store as store
+from procurd.db.types import utcnow
+from procurd.logs import scrub
+from procurd.procurement.model import State
+from procurd.procurement.views import iso
+from procurd.runtime import Runtime
+from procurd.upstream.errors import AuthError, UpstreamError, truncate
+from procurd.upstream.models import PingResult
+
+log = structlog.get_logger("procurd.status")
+
+QUEUE_STATES = tuple(state.value for state in State)
+
+
+async def status_report(runtime: Runtime) -> dict[str, Any]:
+    """Per configured upstream: health, last ping and sync, queue depths, open exceptions, callbacks."""
+    now = utcnow()
+    async with runtime.engine.connect() as conn:
+        counts = await store.queue_counts(conn)
+        oldest = await store.oldest_queued(conn)
+        health = await store.health_rows(conn)
+        events_pending = await store.pending_events(conn)
+    upstreams = []
+    for upstream in runtime.settings.upstreams:
+        sync = await last_sync(runtime.engine, upstream.name)
+        upstreams.append(
+            _upstream_status(
+                upstream, health.get(upstream.name), sync, counts, oldest.get(upstream.name), now
+            )
+        )
+    return {
+        "ok": True,
+        "generated_at": iso(now),
+        "instance": runtime.instance,
+        "upstreams": upstreams,
+        "storefront": {
+            "webhook_configured": bool(runtime.settings.storefront.webhook_url),
+            "events_pending": events_pending,
+        },
+    }
+
+
+def _upstream_status(
+    upstream: UpstreamSettings,
+    row: Any,
+    sync: SyncReport | None,
+    counts: dict[tuple[str, str], int],
+    oldest_queued: datetime | None,
+    now: datetime,
+) -> dict[str, Any]:
+    queue = {state: counts.get((upstream.name, state), 0) for state in QUEUE_STATES}
+    auth_error_code = row.auth_error_code if row is not None else None
+    last_ping_ok = row.last_ping_ok if row is not None else None
+    return {
+        "name": upstream.name,
+        "base_url": upstream.base_url,
+        "healthy": last_ping_ok is True and auth_error_code is None,
+        "site_name": row.site_name if row is not None else None,
+        "protocol_version": row.protocol_version if row is not None else None,
+        "member_level": row.member_level if row is not None else None,
+        "last_ping": _last_ping(row),
+        "auth_error": (
+            {"code": auth_error_code, "at": iso(row.auth_error_at)} if auth_error_code is not None else None
+        ),
+        "last_sync": _last_sync(sync),
+        "queue": queue,
+        "oldest_queued_seconds": (
+            max(0, int((now - oldest_queued).total_seconds())) if oldest_queued is not None else 0
+        ),
+        "open_exceptions": queue[State.EXCEPTION.value],
+        "callbacks": {
+            "accepted": int(row.callbacks_accepted) if row is not None else 0,
+            "rejected": int(row.callbacks_rejected) if row is not None else 0,
+        },
+    }
+
+
+def _last_ping(row: Any) -> dict[str, Any]:
+    if row is None:
+        row_values: dict[str, Any] = {}
+    else:
+        row_values = {
+            "at": iso(row.last_ping_at),
+            "ok": row.last_ping_ok,
+            "balance": row.balance,
+            "currency": row.currency,
+            "latency_ms": row.latency_ms,
+            "error": row.last_ping_error,
+        }
+    return {key: row_values.get(key) for key in ("at", "ok", "balance", "currency", "latency_ms", "error")}
+
+
+def _last_sync(sync: SyncReport | None) -> dict[str, Any]:
+    if sync is None:
+        return {
+            "at": None, "ok": None, "status": None, "products": None, "skus": None, "categories": None,
+            "error": None, "started_at": None, "finished_at": None,
+        }  # fmt: skip
+    return {
+        "at": iso(sync.finished_at or sync.started_at),
+        "ok": sync.ok,
+        "status": sync.status,
+        "products": sync.products,
+        "skus": sync.skus,
+        "categories": sync.categories,
+        "error": sync.error,
+        "started_at": iso(sync.started_at),
+        "finished_at": iso(sync.finished_at),
+    }
+
+
+async def refresh_metrics(runtime: Runtime) -> dict[str, Any]:
+    """Set the database-derived Prometheus gauges from a fresh status report, and return the report."""
+    report = await status_report(runtime)
+    runtime.metrics.set_status(report)
+    return report
+
+
+# --- pings ------------------------------------------------------------------------------------------------
+
+
+async def record_ping(runtime: Runtime, upstream: str, outcome: PingResult | BaseException) -> None:
+    """Store the outcome of a ping of ``upstream``.
+
+    A success records the site, balance and latency and clears any pending authentication error; a failure
+    keeps the last known balance and records the error (an authentication error also marks the upstream
+    unhealthy until a later ping succeeds).
+    """
+    now = utcnow()
+    values: dict[str, Any] = {"last_ping_at": now}
+    if isinstance(outcome, PingResult):
+        values.update(
+            last_ping_ok=True,
+            last_ping_error=None,
+            site_name=outcome.site_name,
+            protocol_version=outcome.protocol_version,
+            balance=str(outcome.balance),
+            currency=outcome.currency,
+            member_level=outcome.member_level.to_json() if outcome.member_level is not None else None,
+            latency_ms=round(outcome.latency_ms),
+            auth_error_code=None,
+            auth_error_at=None,
+        )
+    else:
+        values.update(last_ping_ok=False, last_ping_error=describe_failure(outcome), latency_ms=None)
+        if isinstance(outcome, AuthError):
+            values.update(auth_error_code=outcome.code, auth_error_at=now)
+    await update_health(runtime, upstream, values, now)
+    log.info(
+        "upstream.ping_recorded",
+        upstream=upstream,
+        ok=values["last_ping_ok"],
+        error=values.get("last_ping_error"),
+    )
+
+
+async def ping_upstream(runtime: Runtime, upstream: str) -> PingResult | UpstreamError:
+    """Ping ``upstream`` now and record the outcome (what the daemon's ping job runs)."""
+    try:
+        result: PingResult | UpstreamError = await runtime.client(upstream).ping()
+    except UpstreamError as exc:
+        result = exc
+    except Exception as exc:
+        await record_ping(runtime, upstream, exc)
+        raise
+    await record_ping(runtime, upstream, result)
+    return result
+
+
+def describe_failure(error: BaseException) -> str:
+    """One line about a failure, without secrets (upstream errors already describe themselves safely)."""
+    if isinstance(error, UpstreamError):
+        return truncate(str(error), 300)
+    return truncate(scrub(f"{type(error).__name__}: {error}"), 300)
+
+
+async def update_health(runtime: Runtime, upstream: str, values: dict[str, Any], now: datetime) -> None:
+    """Update the upstream's health row, creating it first when the daemon never did."""
+    for attempt in range(2):
+        try:
+            async with runtime.engine.begin() as conn:
+                await store.ensure_health_rows(conn, [upstream], now)
+                await store.update_health(conn, upstream, values, now)
+            return
+        except IntegrityError:
+            # Another instance created the row at the same moment; it exists now.
+            if attempt:
+                raise
+
+
+async def count_callback(runtime: Runtime, upstream: str, accepted: bool) -> None:
+    """Count one callback of ``upstream`` as accepted or rejected (status report and metrics)."""
+    now = utcnow()
+    for attempt in range(2):
+        try:
+            async with runtime.engine.begin() as conn:
+                await store.ensure_health_rows(conn, [upstream], now)
+                await store.count_callback(conn, upstream, accepted, now)
+            return
+        except IntegrityError:
+            if attempt:
+                raise
