@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import socket
 import time
@@ -20,6 +21,7 @@ from typing import Any, TypeVar
 
 import aiohttp
 from aiohttp import web
+from multidict import CIMultiDict
 
 from procurd.catalog.sync import SyncReport, run_sync
 from procurd.config import CALLBACK_PATH, Settings
@@ -29,7 +31,7 @@ from procurd.procurement.worker import SubmissionWorker
 from procurd.runtime import Runtime
 from procurd.sandbox import Sandbox, SandboxConfig
 from procurd.sandbox.config import DEFAULT_API_KEY, DEFAULT_API_SECRET
-from procurd.sandbox.testing import SignedClient
+from procurd.sandbox.testing import LARGE_BODY_BYTES, SignedClient
 from procurd.signing import HeaderNames, signed_headers
 
 T = TypeVar("T")
@@ -129,13 +131,17 @@ class Stack:
     async def request(
         self, method: str, url: str, data: bytes | None = None, headers: Mapping[str, str] | None = None
     ) -> Answer:
-        async with self.session.request(method, url, data=data, headers=headers) as response:
+        # aiohttp wants large bodies as a stream.
+        payload: bytes | io.BytesIO | None = (
+            io.BytesIO(data) if data and len(data) > LARGE_BODY_BYTES else data
+        )
+        async with self.session.request(method, url, data=payload, headers=headers) as response:
             text = await response.text()
             try:
                 parsed: Any = json.loads(text, parse_float=Decimal)
             except ValueError:
                 parsed = None
-            return Answer(response.status, parsed, dict(response.headers), text)
+            return Answer(response.status, parsed, CIMultiDict(response.headers), text)
 
     async def order(self, order_no: str) -> dict[str, Any]:
         """The order view straight from the service."""
