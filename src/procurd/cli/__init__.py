@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
-from procurd.cli import catalog, database, demo, ping, run  # noqa: F401  (modules register their commands)
+# Importing each module registers its commands on main.
+from procurd.cli import (  # noqa: F401
+    catalog,
+    database,
+    demo,
+    exceptions,
+    orders,
+    ping,
+    run,
+    status,
+)
 from procurd.cli.base import main
 from procurd.sandbox.cli import sandbox_command
 

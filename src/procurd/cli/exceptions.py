@@ -1,0 +1,103 @@
+"""``procurd exceptions``: the exception queue (list, retry, resolve), straight on the database."""
+
+from __future__ import annotations
+
+import math
+
+import click
+
+from procurd.cli.base import CliState, fail_usage, main, pass_state
+from procurd.cli.orders import (
+    Refused,
+    console,
+    emit_json,
+    json_option,
+    open_runtime,
+    procurements_table,
+    run_command,
+)
+from procurd.config import Settings
+from procurd.procurement.model import Event, Resolve, Retry, Source
+
+MAX_PAGE_SIZE = 100
+
+
+@main.group("exceptions")
+def exceptions_group() -> None:
+    """Procurements that need a person: retry or resolve them."""
+
+
+@exceptions_group.command("list")
+@click.option("--upstream", metavar="NAME", help="Only this upstream's exceptions.")
+@click.option("--reason", metavar="REASON", help="Only this reason (price_above_limit, payment_failed ...).")
+@click.option("--page", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--page-size", type=click.IntRange(1, MAX_PAGE_SIZE), default=20, show_default=True)
+@json_option
+@pass_state
+def exceptions_list(
+    state: CliState, upstream: str | None, reason: str | None, page: int, page_size: int, as_json: bool
+) -> None:
+    """The exception queue, oldest change first."""
+    run_command(_list(state.settings(), upstream, reason, page, page_size, as_json), as_json)
+
+
+async def _list(
+    settings: Settings, upstream: str | None, reason: str | None, page: int, page_size: int, as_json: bool
+) -> None:
+    async with open_runtime(settings) as runtime:
+        total, items = await runtime.service.exceptions(upstream, reason, page, page_size)
+    if as_json:
+        emit_json({"ok": True, "items": items, "total": total, "page": page, "page_size": page_size})
+        return
+    pages = max(1, math.ceil(total / page_size))
+    out = console()
+    out.print(procurements_table("exceptions", items, with_order=True))
+    out.print(f"page {page} of {pages}, {total} exception(s) in all")
+
+
+@exceptions_group.command("retry")
+@click.argument("procurement_id", metavar="ID", type=click.IntRange(min=1))
+@click.option("--note", help="Why, for the audit trail.")
+@json_option
+@pass_state
+def exceptions_retry(state: CliState, procurement_id: int, note: str | None, as_json: bool) -> None:
+    """Send the procurement again (under a new number once the upstream canceled the old one)."""
+    run_command(
+        _act(state.settings(), procurement_id, Retry(note.strip() if note else None), as_json), as_json
+    )
+
+
+@exceptions_group.command("resolve")
+@click.argument("procurement_id", metavar="ID", type=click.IntRange(min=1))
+@click.option("--note", required=True, help="How it was settled (required).")
+@json_option
+@pass_state
+def exceptions_resolve(state: CliState, procurement_id: int, note: str, as_json: bool) -> None:
+    """Close the exception by hand."""
+    if not note.strip():
+        fail_usage("--note must not be empty")
+    run_command(_act(state.settings(), procurement_id, Resolve(note.strip()), as_json), as_json)
+
+
+async def _act(settings: Settings, procurement_id: int, event: Event, as_json: bool) -> None:
+    from procurd.procurement.machine import NotAllowed
+
+    async with open_runtime(settings) as runtime:
+        try:
+            applied = await runtime.service.apply(procurement_id, event, Source.ADMIN)
+        except NotAllowed as exc:
+            raise Refused(exc.code, exc.message) from None
+        if applied is None:
+            raise Refused("procurement_not_found", f"no procurement {procurement_id}")
+        procurement = await runtime.service.procurement(procurement_id)
+        order = await runtime.service.order(applied.order_no)
+    assert procurement is not None
+    if as_json:
+        emit_json({"ok": True, "procurement": procurement, "order": order})
+        return
+    out = console()
+    if isinstance(event, Retry):
+        out.print(f"procurement {procurement_id} queued again as {procurement['downstream_order_no']}")
+    else:
+        out.print(f"procurement {procurement_id} resolved")
+    out.print(procurements_table("procurement", [procurement], with_order=True))

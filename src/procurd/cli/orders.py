@@ -1,0 +1,330 @@
+"""``procurd order``: submit, show and cancel orders, straight on the database (daemon running or not).
+
+The same semantics as the admin API: a submit is validated against the mirror and queued for the workers,
+a cancel goes to the upstream first. Human output is a table; ``--json`` (``--output json`` for ``submit``,
+whose ``--json`` reads a body) prints what the admin API would answer. Exit codes: 0 done, 1 refused or
+failed (the reason on stderr), 2 usage or configuration.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import AsyncIterator, Coroutine, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import IO, Any
+
+import click
+
+from procurd.cli.base import (
+    EXIT_FAILURE,
+    CliState,
+    database_errors,
+    fail_usage,
+    main,
+    open_current_database,
+    pass_state,
+    run_async,
+)
+from procurd.config import Settings
+from procurd.runtime import Runtime
+
+# --- shared by the order, exceptions and status commands -----------------------------------------------
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON (what the admin API answers).")
+
+
+class Refused(Exception):
+    """The service refused the command: exit code 1, the reason on stderr (and as JSON with --json)."""
+
+    def __init__(self, code: str, message: str, **extra: Any) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.extra = extra
+
+
+@asynccontextmanager
+async def open_runtime(settings: Settings) -> AsyncIterator[Runtime]:
+    """A runtime on the configured database (which must be at the current migration)."""
+    engine = await open_current_database(settings.database.url)
+    runtime = Runtime.build(settings, engine=engine)
+    try:
+        yield runtime
+    finally:
+        await runtime.close()
+
+
+def run_command(coroutine: Coroutine[Any, Any, Any], as_json: bool) -> None:
+    """Run a command's coroutine; a refusal ends the program with exit code 1."""
+    try:
+        run_async(database_errors(coroutine))
+    except Refused as refused:
+        click.echo(f"procurd: {refused.code}: {refused.message}", err=True)
+        if as_json:
+            emit_json(
+                {"ok": False, "error_code": refused.code, "error_message": refused.message, **refused.extra}
+            )
+        sys.exit(EXIT_FAILURE)
+
+
+def emit_json(data: Mapping[str, Any]) -> None:
+    click.echo(json.dumps(data, ensure_ascii=False, indent=2, default=str))
+
+
+def console() -> Any:
+    from rich.console import Console
+
+    return Console(highlight=False, soft_wrap=False)
+
+
+def text(value: Any) -> str:
+    """A cell: empty for missing values, compact JSON for structures."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, dict | list):
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
+    return str(value)
+
+
+def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> Any:
+    from rich.table import Table
+
+    grid = Table(title=title, title_justify="left", show_lines=False)
+    for column in columns:
+        grid.add_column(column, overflow="fold")
+    for row in rows:
+        grid.add_row(*(text(cell) for cell in row))
+    return grid
+
+
+def procurements_table(
+    title: str, procurements: Sequence[Mapping[str, Any]], *, with_order: bool = False
+) -> Any:
+    columns = ["id", *(["order"] if with_order else []), "number", "upstream", "sku", "qty", "state",
+               "upstream status", "upstream order", "amount", "attempts", "exception",
+               "last error"]  # fmt: skip
+    rows = [
+        [
+            item["id"],
+            *([item.get("order_no")] if with_order else []),
+            item["downstream_order_no"],
+            item["upstream"],
+            item["sku_id"],
+            item["quantity"],
+            item["state"],
+            item["upstream_status"],
+            " ".join(text(part) for part in (item["upstream_order_id"], item["upstream_order_no"]) if part),
+            " ".join(text(part) for part in (item["amount"], item["currency"]) if part),
+            item["attempts"],
+            item.get("exception_reason"),
+            ": ".join(text(part) for part in (item["last_error_code"], item["last_error_message"]) if part),
+        ]
+        for item in procurements
+    ]
+    return table(title, columns, rows)
+
+
+def cancel_items(denied: Any) -> list[dict[str, Any]]:
+    """Why each item of a denied cancel could not be canceled."""
+    return [
+        {"procurement_id": item.procurement_id or None, "downstream_order_no": item.downstream_order_no,
+         "reason": item.reason}
+        for item in denied.items
+    ]  # fmt: skip
+
+
+def hide_payloads(order: Mapping[str, Any]) -> dict[str, Any]:
+    """The order view without delivered goods (``payload`` and ``delivery_data``)."""
+    procurements = []
+    for item in order.get("procurements", []):
+        fulfillment = item.get("fulfillment")
+        if fulfillment:
+            fulfillment = dict(fulfillment, payload=None, delivery_data=None, payload_hidden=True)
+        procurements.append(dict(item, fulfillment=fulfillment))
+    return dict(order, procurements=procurements)
+
+
+def print_order(order: Mapping[str, Any], *, show_payload: bool = False) -> None:
+    out = console()
+    flags = " (exception)" if order["exception"] else ""
+    out.print(f"order {order['order_no']}: {order['status']}{flags}")
+    details = [("trace id", order.get("trace_id")), ("created", order.get("created_at")),
+               ("updated", order.get("updated_at"))]  # fmt: skip
+    for label, value in details:
+        if value:
+            out.print(f"  {label}: {value}")
+    out.print(procurements_table("procurements", order["procurements"]))
+    for item in order["procurements"]:
+        fulfillment = item.get("fulfillment")
+        if not fulfillment:
+            continue
+        lines = fulfillment.get("payload_line_count", 0)
+        out.print(
+            f"fulfillment of {item['downstream_order_no']}: {fulfillment.get('type')} "
+            f"{fulfillment.get('status')} at {fulfillment.get('delivered_at')}, {lines} line(s)"
+        )
+        if show_payload:
+            out.print(fulfillment.get("payload") or "", markup=False)
+            if fulfillment.get("delivery_data") is not None:
+                out.print(text(fulfillment["delivery_data"]), markup=False)
+        else:
+            out.print("  (payload hidden; --show-payload shows it)")
+
+
+# --- procurd order ------------------------------------------------------------------------------------------
+
+
+@main.group("order")
+def order_group() -> None:
+    """Orders accepted for procurement."""
+
+
+@order_group.command("submit")
+@click.option("--order-no", metavar="NO", help="The local (storefront) order number.")
+@click.option("--sku", "sku_id", type=int, metavar="ID", help="The upstream SKU id.")
+@click.option("--quantity", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option(
+    "--upstream", metavar="NAME", help="The upstream (may be left out when only one is configured)."
+)
+@click.option("--max-unit-price", metavar="X", help='Refuse to buy above this unit price ("9.90").')
+@click.option("--form-data", metavar="JSON", help="manual_form_data as a JSON object (manual products).")
+@click.option("--trace-id", metavar="T")
+@click.option(
+    "--json", "body_file", type=click.File("rb"), metavar="FILE|-", help="The whole request body (as POSTed)."
+)
+@click.option("--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@pass_state
+def order_submit(
+    state: CliState,
+    order_no: str | None,
+    sku_id: int | None,
+    quantity: int,
+    upstream: str | None,
+    max_unit_price: str | None,
+    form_data: str | None,
+    trace_id: str | None,
+    body_file: IO[bytes] | None,
+    output: str,
+) -> None:
+    """Accept a locally paid order for procurement (it is queued for the workers; nothing is bought here)."""
+    if body_file is not None:
+        if order_no or sku_id is not None:
+            fail_usage("give either --json with a whole body, or --order-no and --sku")
+        raw = body_file.read()
+    else:
+        if not order_no or sku_id is None:
+            fail_usage("--order-no and --sku are required (or --json FILE|- with a whole body)")
+        item: dict[str, Any] = {"sku_id": sku_id, "quantity": quantity}
+        if upstream:
+            item["upstream"] = upstream
+        if max_unit_price is not None:
+            item["max_unit_price"] = max_unit_price
+        if form_data is not None:
+            item["manual_form_data"] = _form_data(form_data)
+        body: dict[str, Any] = {"order_no": order_no, "items": [item]}
+        if trace_id:
+            body["trace_id"] = trace_id
+        raw = json.dumps(body).encode()
+    settings = state.settings()
+    run_command(_submit(settings, raw, output == "json"), output == "json")
+
+
+def _form_data(value: str) -> dict[str, Any]:
+    try:
+        data = json.loads(value)
+    except ValueError:
+        raise click.BadParameter("not valid JSON", param_hint="--form-data") from None
+    if not isinstance(data, dict):
+        raise click.BadParameter("must be a JSON object", param_hint="--form-data")
+    return data
+
+
+async def _submit(settings: Settings, raw: bytes, as_json: bool) -> None:
+    from procurd.http.admin import decode_json, plain_form_data
+    from procurd.http.errors import ApiError
+    from procurd.procurement.intake import IntakeError, parse_order_request
+
+    try:
+        body = decode_json(raw)
+    except ApiError as error:
+        raise Refused(error.code, error.message) from None
+    if not isinstance(body, dict):
+        raise Refused("invalid_request", "the body must be a JSON object")
+    async with open_runtime(settings) as runtime:
+        try:
+            result = await runtime.service.submit(parse_order_request(plain_form_data(body)))
+        except IntakeError as exc:
+            raise Refused(
+                exc.code, exc.message, **({"details": exc.details} if exc.details else {})
+            ) from None
+    if as_json:
+        emit_json({"ok": True, "created": result.created, "order": result.order})
+        return
+    order_no = result.order["order_no"]
+    console().print(
+        f"accepted order {order_no}" if result.created else f"order {order_no} was already accepted"
+    )
+    print_order(result.order)
+
+
+@order_group.command("show")
+@click.argument("order_no")
+@click.option("--show-payload", is_flag=True, help="Also print delivered goods (card codes, accounts ...).")
+@json_option
+@pass_state
+def order_show(state: CliState, order_no: str, show_payload: bool, as_json: bool) -> None:
+    """The order, each procurement, its fulfillment and the audit trail."""
+    run_command(_show(state.settings(), order_no, show_payload, as_json), as_json)
+
+
+async def _show(settings: Settings, order_no: str, show_payload: bool, as_json: bool) -> None:
+    async with open_runtime(settings) as runtime:
+        order = await runtime.service.order(order_no)
+        if order is None:
+            raise Refused("order_not_found", f"no order {order_no!r}")
+        audit = await runtime.service.audit(order_no)
+    shown = order if show_payload else hide_payloads(order)
+    if as_json:
+        emit_json({"ok": True, "order": shown, "audit": audit})
+        return
+    print_order(shown, show_payload=show_payload)
+    rows = [
+        [entry["at"], entry["procurement_id"], entry["source"], entry["event"],
+         f"{entry['old_state'] or ''} -> {entry['new_state'] or ''}", entry["detail"]]
+        for entry in audit
+    ]  # fmt: skip
+    console().print(table("audit trail", ["at", "procurement", "source", "event", "state", "detail"], rows))
+
+
+@order_group.command("cancel")
+@click.argument("order_no")
+@json_option
+@pass_state
+def order_cancel(state: CliState, order_no: str, as_json: bool) -> None:
+    """Cancel the order upstream-first; refused (exit 1) when any item cannot be canceled."""
+    run_command(_cancel(state.settings(), order_no, as_json), as_json)
+
+
+async def _cancel(settings: Settings, order_no: str, as_json: bool) -> None:
+    from procurd.procurement.service import CancelDenied
+
+    async with open_runtime(settings) as runtime:
+        if await runtime.service.order(order_no) is None:
+            raise Refused("order_not_found", f"no order {order_no!r}")
+        try:
+            order = await runtime.service.cancel(order_no, runtime.cancel_upstream)
+        except KeyError:
+            raise Refused("order_not_found", f"no order {order_no!r}") from None
+        except CancelDenied as exc:
+            items = cancel_items(exc)
+            raise Refused(
+                "cancel_not_allowed", f"order {order_no} cannot be canceled: {exc}", items=items
+            ) from None
+    if as_json:
+        emit_json({"ok": True, "order": hide_payloads(order)})
+        return
+    console().print(f"canceled order {order_no}")
+    print_order(hide_payloads(order))

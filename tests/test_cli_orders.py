@@ -1,0 +1,274 @@
+"""``procurd order``, ``procurd exceptions`` and ``procurd status`` against a database and the sandbox.
+
+The commands run in a worker thread (each with its own event loop, as from a shell) while the sandbox and
+procurd's public listener keep serving on this test's loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+
+from procurd.cli import main
+from procurd.http.testing import Stack, procurd_stack
+from procurd.logs import configure_logging
+
+
+@dataclass
+class Shell:
+    """A running procurd stack and a configuration file for the command line on the same database."""
+
+    stack: Stack
+    config: Path
+    sku: int
+
+    async def run(self, *args: str, stdin: str | None = None) -> Result:
+        runner = CliRunner()
+        try:
+            result = await asyncio.to_thread(
+                runner.invoke,
+                main,
+                ["--config", str(self.config), *args],
+                input=stdin,
+                env={"COLUMNS": "250"},
+            )
+        finally:
+            # The command pointed logging at the runner's (now closed) stderr.
+            configure_logging("warning", "json")
+        if result.exception is not None and not isinstance(result.exception, SystemExit):
+            raise result.exception
+        return result
+
+
+def write_config(path: Path, stack: Stack) -> Path:
+    upstream = stack.settings.upstream("main")
+    path.write_text(
+        f"""
+[database]
+url = "{stack.settings.database.url}"
+
+[server]
+callback_url = "{stack.settings.server.callback_url}"
+allow_private_callback_url = true
+
+[logging]
+level = "warning"
+format = "json"
+
+[[upstreams]]
+name = "main"
+base_url = "{upstream.base_url}"
+api_key = "{upstream.api_key}"
+api_secret = "{upstream.secret()}"
+max_requests_per_second = 1000
+timeout_seconds = 5
+""",
+        encoding="utf-8",
+    )
+    return path
+
+
+@pytest.fixture
+async def shell(database_url: str, tmp_path: Path) -> AsyncIterator[Shell]:
+    """One upstream mirrored, procurd's listeners up, and a procurd.toml for the command line."""
+    async with procurd_stack(database_url, upstreams=("main",)) as stack:
+        product = stack.sandbox.state.add_product(price="9.90")
+        await stack.sync("main")
+        sku = stack.sandbox.state.product(product).skus[0].id
+        yield Shell(stack, write_config(tmp_path / "procurd.toml", stack), sku)
+
+
+def parsed(result: Result) -> Any:
+    return json.loads(result.stdout)
+
+
+async def test_submit_repeat_and_conflict(shell: Shell) -> None:
+    """submit accepts a new order (0), a repeat is fine (0), another body under the number is refused (1)."""
+    first = await shell.run(
+        "order", "submit", "--order-no", "C1", "--sku", str(shell.sku), "--trace-id", "t1"
+    )
+    assert first.exit_code == 0, first.stderr
+    assert "accepted order C1" in first.stdout
+    assert "queued" in first.stdout
+    same = ("--order-no", "C1", "--sku", str(shell.sku), "--trace-id", "t1")
+    again = await shell.run("order", "submit", *same, "--output", "json")
+    assert again.exit_code == 0, again.stderr
+    body = parsed(again)
+    assert (body["ok"], body["created"], body["order"]["trace_id"]) == (True, False, "t1")
+    conflict = await shell.run(
+        "order", "submit", "--order-no", "C1", "--sku", str(shell.sku), "--quantity", "2"
+    )
+    assert conflict.exit_code == 1
+    assert "order_conflict" in conflict.stderr
+
+
+async def test_submit_a_whole_body_from_stdin(shell: Shell) -> None:
+    """``--json -`` reads the HTTP body from stdin; amounts keep their exact text."""
+    body = {"order_no": "B1", "items": [{"sku_id": shell.sku, "quantity": 2, "max_unit_price": "10.00"}]}
+    result = await shell.run("order", "submit", "--json", "-", "--output", "json", stdin=json.dumps(body))
+    assert result.exit_code == 0, result.stderr
+    [item] = parsed(result)["order"]["procurements"]
+    assert (item["quantity"], item["max_unit_price"], item["unit_price"]) == (2, "10.00", "9.90")
+
+
+@pytest.mark.parametrize(
+    ("args", "stdin", "code", "reason"),
+    [
+        (["--order-no", "U1", "--sku", "999999"], None, 1, "sku_not_found"),
+        (["--order-no", "U1", "--sku", "{sku}", "--upstream", "nope"], None, 1, "unknown_upstream"),
+        (["--order-no", "U1", "--sku", "{sku}", "--max-unit-price", "cheap"], None, 1, "invalid_request"),
+        (["--json", "-"], "{not json", 1, "invalid_json"),
+        (["--json", "-"], "[1]", 1, "invalid_request"),
+        (["--order-no", "U1", "--sku", "{sku}", "--form-data", "{bad"], None, 2, "--form-data"),
+        (["--order-no", "U1", "--sku", "{sku}", "--form-data", "[1]"], None, 2, "--form-data"),
+        (["--order-no", "U1"], None, 2, "--sku"),
+        (["--order-no", "U1", "--sku", "{sku}", "--quantity", "0"], None, 2, "--quantity"),
+        (["--order-no", "U1", "--json", "-"], "{}", 2, "either --json"),
+    ],
+)
+async def test_submit_refusals_exit_1_and_usage_errors_exit_2(
+    shell: Shell, args: list[str], stdin: str | None, code: int, reason: str
+) -> None:
+    """A refused order exits 1 with the reason on stderr; a bad command line exits 2; nothing is stored."""
+    result = await shell.run(
+        "order", "submit", *(arg.replace("{sku}", str(shell.sku)) for arg in args), stdin=stdin
+    )
+    assert result.exit_code == code
+    assert reason in result.stderr
+    assert await shell.stack.runtime.service.order("U1") is None
+
+
+async def test_show_hides_delivered_goods_unless_asked(shell: Shell) -> None:
+    """order show prints the order, its procurements and audit trail; the payload only with --show-payload."""
+    assert (await shell.run("order", "submit", "--order-no", "S1", "--sku", str(shell.sku))).exit_code == 0
+    assert await shell.stack.worker().run_once()
+    await shell.stack.sandbox.wait_callbacks_idle()
+    payload = (await shell.stack.order("S1"))["procurements"][0]["fulfillment"]["payload"]
+
+    table = await shell.run("order", "show", "S1")
+    assert table.exit_code == 0, table.stderr
+    assert "order S1: delivered" in table.stdout
+    assert "audit trail" in table.stdout
+    assert "callback" in table.stdout
+    assert payload not in table.stdout
+    shown = await shell.run("order", "show", "S1", "--show-payload")
+    assert payload in shown.stdout
+
+    hidden_json = parsed(await shell.run("order", "show", "S1", "--json"))
+    fulfillment = hidden_json["order"]["procurements"][0]["fulfillment"]
+    assert (fulfillment["payload"], fulfillment["delivery_data"], fulfillment["payload_hidden"]) == (
+        None,
+        None,
+        True,
+    )
+    assert [entry["event"] for entry in hidden_json["audit"]] == ["accepted", "submitted", "delivered"]
+    full_json = parsed(await shell.run("order", "show", "S1", "--json", "--show-payload"))
+    assert full_json["order"]["procurements"][0]["fulfillment"]["payload"] == payload
+
+    missing = await shell.run("order", "show", "NOPE", "--json")
+    assert missing.exit_code == 1
+    assert "order_not_found" in missing.stderr
+    assert parsed(missing)["error_code"] == "order_not_found"
+
+
+async def test_cancel_local_and_denied(shell: Shell) -> None:
+    """cancel of a never-sent order succeeds (0); of a paid one the upstream refuses (1, nothing changes)."""
+    assert (await shell.run("order", "submit", "--order-no", "K1", "--sku", str(shell.sku))).exit_code == 0
+    canceled = await shell.run("order", "cancel", "K1")
+    assert canceled.exit_code == 0, canceled.stderr
+    assert "canceled order K1" in canceled.stdout
+
+    shell.stack.sandbox.faults.hold_delivery_next()
+    assert (await shell.run("order", "submit", "--order-no", "K2", "--sku", str(shell.sku))).exit_code == 0
+    assert await shell.stack.worker().run_once()
+    before = await shell.stack.order("K2")
+    denied = await shell.run("order", "cancel", "K2", "--json")
+    assert denied.exit_code == 1
+    assert "cancel_not_allowed" in denied.stderr
+    answer = parsed(denied)
+    assert answer["error_code"] == "cancel_not_allowed"
+    assert answer["items"][0]["downstream_order_no"] == "K2"
+    assert await shell.stack.order("K2") == before
+    assert (await shell.run("order", "cancel", "NOPE")).exit_code == 1
+
+
+async def test_exception_queue_list_retry_resolve(shell: Shell) -> None:
+    """exceptions list pages and filters; retry queues again; resolve needs a note; refusals exit 1."""
+    for number in ("E1", "E2"):
+        submitted = await shell.run("order", "submit", "--order-no", number, "--sku", str(shell.sku),
+                                    "--max-unit-price", "0.01")  # fmt: skip
+        assert submitted.exit_code == 0, submitted.stderr
+    listing = parsed(await shell.run("exceptions", "list", "--json"))
+    assert (listing["total"], [item["order_no"] for item in listing["items"]]) == (2, ["E1", "E2"])
+    page = parsed(await shell.run("exceptions", "list", "--reason", "price_above_limit", "--page", "2",
+                                  "--page-size", "1", "--json"))  # fmt: skip
+    assert [item["order_no"] for item in page["items"]] == ["E2"]
+    assert parsed(await shell.run("exceptions", "list", "--upstream", "other", "--json"))["total"] == 0
+    table = await shell.run("exceptions", "list")
+    assert "E1" in table.stdout
+    assert "2 exception(s)" in table.stdout
+    first, second = (item["id"] for item in listing["items"])
+
+    retried = await shell.run("exceptions", "retry", str(first), "--note", "limit raised", "--json")
+    assert retried.exit_code == 0, retried.stderr
+    assert parsed(retried)["procurement"]["state"] == "queued"
+    again = await shell.run("exceptions", "retry", str(first))
+    assert again.exit_code == 1
+    assert "not_an_exception" in again.stderr
+
+    blank = await shell.run("exceptions", "resolve", str(second), "--note", "  ")
+    assert blank.exit_code == 2
+    no_note = await shell.run("exceptions", "resolve", str(second))
+    assert no_note.exit_code == 2
+    resolved = await shell.run("exceptions", "resolve", str(second), "--note", "settled by hand")
+    assert resolved.exit_code == 0, resolved.stderr
+    assert f"procurement {second} resolved" in resolved.stdout
+    assert (await shell.stack.order("E2"))["procurements"][0]["resolution_note"] == "settled by hand"
+    unknown = await shell.run("exceptions", "resolve", "99999", "--note", "x")
+    assert unknown.exit_code == 1
+    assert "procurement_not_found" in unknown.stderr
+
+
+async def test_status_for_people_and_machines(shell: Shell) -> None:
+    """status prints a table per upstream, or the status report as JSON."""
+    assert (await shell.run("order", "submit", "--order-no", "Q1", "--sku", str(shell.sku))).exit_code == 0
+    report = await shell.run("status", "--json")
+    assert report.exit_code == 0, report.stderr
+    data = parsed(report)
+    assert data["ok"] is True
+    [upstream] = data["upstreams"]
+    assert (upstream["name"], upstream["queue"]["queued"], upstream["last_sync"]["ok"]) == ("main", 1, True)
+    table = await shell.run("status")
+    assert table.exit_code == 0, table.stderr
+    assert "main" in table.stdout
+    assert "never" in table.stdout  # never pinged
+    assert "0 event(s) pending" in table.stdout
+
+
+async def test_unmigrated_database_and_bad_configuration(shell: Shell, tmp_path: Path) -> None:
+    """An empty database exits 1 asking for ``db upgrade``; a broken configuration exits 2."""
+    empty = tmp_path / "empty.toml"
+    empty.write_text(
+        shell.config.read_text(encoding="utf-8").replace(
+            shell.stack.settings.database.url, f"sqlite+aiosqlite:///{tmp_path / 'empty.db'}"
+        ),
+        encoding="utf-8",
+    )
+    runner = CliRunner()
+    try:
+        unmigrated = await asyncio.to_thread(runner.invoke, main, ["--config", str(empty), "status"])
+        broken = await asyncio.to_thread(
+            runner.invoke, main, ["--config", str(tmp_path / "none.toml"), "status"]
+        )
+    finally:
+        configure_logging("warning", "json")
+    assert unmigrated.exit_code == 1
+    assert "procurd db upgrade" in unmigrated.stderr
+    assert broken.exit_code == 2
