@@ -20,7 +20,9 @@ FAST_CALLBACKS = (0.1, 0.2, 0.3, 0.5)
 
 @pytest.fixture
 async def sandbox() -> AsyncIterator[Sandbox]:
-    config = SandboxConfig(products=12, allow_private_callbacks=True, callback_retry_delays=FAST_CALLBACKS)
+    config = SandboxConfig(
+        products=12, balance=Decimal("1000000"), allow_private_callbacks=True, callback_retry_delays=FAST_CALLBACKS
+    )
     async with Sandbox(config) as sandbox:
         yield sandbox
 
@@ -112,7 +114,7 @@ async def test_payment_failed_then_retry_after_top_up(sandbox: Sandbox, admin: A
     assert order["exception"] is True
     assert item["exception_reason"] == "payment_failed"
     assert item["upstream_order_id"] == sandbox.orders_for("F1")[0].order_id
-    sandbox.state.top_up(Decimal("100"))
+    sandbox.state.top_up(Decimal("10000"))
     status, body = await admin.call("POST", f"/api/v1/exceptions/{item['id']}/retry", {})
     assert status == 200, body
     delivered = await admin.wait_status("F1", "delivered")

@@ -335,3 +335,12 @@ def test_unchanged_poll_backs_off() -> None:
     assert not decision.record
     assert decision.changes["poll_interval_seconds"] == 60
     assert decision.changes["next_poll_at"] == NOW + timedelta(seconds=60)
+
+
+def test_late_answer_fills_in_the_amount_a_callback_lacked() -> None:
+    """A callback settled the order first; the worker's late answer still records amount and currency."""
+    settled = replace(DELIVERED, amount=None)
+    decision = decide(settled, accepted(), NOW, POLICY)
+    assert decision.state is State.DELIVERED
+    assert decision.changes == {"amount": "9.90", "currency": "CNY", "upstream_order_no": "DJ1"}
+    assert not decision.record

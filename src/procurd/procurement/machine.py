@@ -112,7 +112,11 @@ def _holds_claim(snapshot: Snapshot, worker: str) -> bool:
 
 def _submit_accepted(snapshot: Snapshot, event: SubmitAccepted, now: datetime, policy: Policy) -> Decision:
     if not _holds_claim(snapshot, event.worker):
-        # Another path already settled it (a callback, or a worker whose claim outlived ours).
+        # Another path already settled it (a callback, or a worker whose claim outlived ours). Callbacks
+        # carry no amount: keep the one this answer brings, without touching the state.
+        if snapshot.upstream_order_id == event.order_id and snapshot.amount is None and event.amount:
+            changes = {"amount": event.amount, "currency": event.currency, "upstream_order_no": event.order_no}
+            return Decision(snapshot.state, "late_submission_answer", changes, record=False)
         return _ignored(snapshot, "late_submission_answer", status=event.status, order_id=event.order_id)
     ids: dict[str, Any] = {
         "upstream_order_id": event.order_id,

@@ -67,6 +67,7 @@ class Snapshot:
     upstream_order_id: int | None = None
     upstream_order_no: str | None = None
     upstream_status: str | None = None
+    amount: str | None = None
     exception_reason: str | None = None
     lease_owner: str | None = None
     fulfillment: dict[str, Any] | None = None

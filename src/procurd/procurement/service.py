@@ -520,6 +520,7 @@ def snapshot_of(row: Any, numbers: Sequence[Any]) -> Snapshot:
         upstream_order_id=row.upstream_order_id,
         upstream_order_no=row.upstream_order_no,
         upstream_status=row.upstream_status,
+        amount=row.amount,
         exception_reason=row.exception_reason,
         lease_owner=row.lease_owner,
         fulfillment=row.fulfillment,
