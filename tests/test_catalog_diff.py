@@ -21,6 +21,7 @@ from procurd.catalog.diff import (
     diff_listed,
     diff_unlisted,
     existing_from_row,
+    mark_listed,
     product_records,
     value_text,
 )
@@ -214,21 +215,43 @@ def test_activity_change_is_logged() -> None:
 
 
 def test_unlisted_rows_are_removed() -> None:
-    """Rows the complete listing lacks are removed with an is_active entry; removed rows stay removed."""
+    """Rows a complete listing did not mark are removed with an is_active entry; removed rows stay so."""
     skus = product_records(product_payload(1)).skus
     snapshot = snapshot_of(*skus)
     snapshot[99] = Existing("ab" * 16, True, ("1.00", None, None, "in_stock", "5", "false"))
-    plan = diff_unlisted("sku", snapshot, {11})
+    assert mark_listed(snapshot, 11)
+    plan = diff_unlisted("sku", snapshot)
     assert plan.removals == [12]
     assert plan.changes == [Change("sku", 12, "removed", "is_active", "true", "false")]
     assert plan.removed == 1
+
+
+def test_marking_an_id_twice_reports_the_repeat() -> None:
+    """The first mark of a held id succeeds, a second one says it was already listed; unknown ids pass."""
+    record = product_records(product_payload(1)).skus[0]
+    snapshot = snapshot_of(record)
+    assert mark_listed(snapshot, 11)
+    assert not mark_listed(snapshot, 11)
+    assert snapshot[11].listed
+    assert snapshot[11].content_hash == record.content_hash
+    assert mark_listed(snapshot, 404)
+    assert 404 not in snapshot
+
+
+def test_written_records_count_as_listed() -> None:
+    """After a plan is applied, its records are listed and so never removed by the same pass."""
+    listed = product_records(product_payload(1))
+    snapshot: dict[int, Existing] = {}
+    apply_plan(snapshot, diff_listed("sku", listed.skus, snapshot))
+    assert all(entry.listed for entry in snapshot.values())
+    assert diff_unlisted("sku", snapshot).removals == []
 
 
 def test_reappearing_rows_are_restored() -> None:
     """A removed row listed again is rewritten, logged as restored, plus any tracked field that moved."""
     before = product_records(product_payload(1)).skus[0]
     snapshot = snapshot_of(before)
-    apply_plan(snapshot, diff_unlisted("sku", snapshot, set()))
+    apply_plan(snapshot, diff_unlisted("sku", snapshot))
     assert snapshot[11].removed
     again = product_records(product_payload(1, skus=[sku_payload(11, price_amount="7.00")])).skus[0]
     plan = diff_listed("sku", [again], snapshot)

@@ -137,7 +137,7 @@ async def test_update_removal_and_restore_round_trip(engine: AsyncEngine) -> Non
     assert await _write_products(engine, run_id, product_payload(1, price="5.00")) == 2
 
     snapshot = await mirror_store.load_snapshot(engine, "main")
-    removal = diff_unlisted("product", snapshot["product"], set())
+    removal = diff_unlisted("product", snapshot["product"])
     assert await mirror_store.write_plans(engine, "main", [removal], run_id=run_id, now=utcnow()) == 1
     async with engine.connect() as connection:
         row = (await connection.execute(select(mirror_products))).mappings().one()
@@ -194,7 +194,7 @@ async def test_run_is_recorded_from_start_to_finish(engine: AsyncEngine) -> None
         engine, "main", [diff_listed("category", [category], {})], run_id=run_id, now=utcnow()
     )
     snapshot = await mirror_store.load_snapshot(engine, "main")
-    removals = [diff_unlisted("category", snapshot["category"], set())]
+    removals = [diff_unlisted("category", snapshot["category"])]
     totals = RunTotals(pages=3, categories=0, products=7, skus=9, violations=["v"])
     totals.count(removals)
     written = await mirror_store.finish_run(

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from procurd.catalog.sync import SKIPPED_BUSY, SyncReport, last_sync, run_sync
 from procurd.config import UpstreamSettings
 from procurd.db import leases
+from procurd.db.schema import leases as leases_table
 from procurd.db.schema import mirror_categories, mirror_changes, mirror_products, mirror_skus, sync_runs
 from procurd.sandbox import Sandbox, SandboxConfig
 from procurd.upstream import UpstreamClient
@@ -21,6 +22,7 @@ from procurd.upstream.models import Category, ProductPage
 from procurd.upstream.ratelimit import Priority
 
 UPSTREAM = "main"
+LEASE = f"catalog-sync:{UPSTREAM}"
 PRODUCTS = 230  # five pages of 50
 SEED_PRODUCT_FIELDS = (
     "slug",
@@ -387,12 +389,12 @@ async def test_lease_held_elsewhere_skips_the_sync(
     engine: AsyncEngine, sandbox: Sandbox, client: UpstreamClient
 ) -> None:
     """While another instance holds the upstream's sync lease, a sync is skipped without touching anything."""
-    assert await leases.acquire(engine, f"catalog-sync:{UPSTREAM}", "other-host:99", 60)
+    assert await leases.acquire(engine, LEASE, "other-host:99", 60)
     report = await sync(engine, client)
     assert (report.status, report.error, report.run_id) == ("skipped", SKIPPED_BUSY, None)
     assert sum(sandbox.request_counts.values()) == 0
     assert await count(engine, sync_runs) == 0
-    assert await leases.holder_of(engine, f"catalog-sync:{UPSTREAM}") == "other-host:99"
+    assert await leases.holder_of(engine, LEASE) == "other-host:99"
 
 
 async def test_concurrent_syncs_of_one_upstream_run_one_at_a_time(
@@ -405,8 +407,77 @@ async def test_concurrent_syncs_of_one_upstream_run_one_at_a_time(
     gate.set()
     reports = [task.result() for task in done] + list(await asyncio.gather(*pending))
     assert sorted(report.status for report in reports) == ["ok", "skipped"]
-    assert await leases.holder_of(engine, f"catalog-sync:{UPSTREAM}") is None
+    assert await leases.holder_of(engine, LEASE) is None
     assert await count(engine, sync_runs) == 1
+
+
+async def eventually(predicate: Callable[[], Awaitable[bool]], timeout: float = 10.0) -> None:
+    """Return once ``await predicate()`` is true; fail after ``timeout`` seconds."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not await predicate():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+async def lease_row(engine: AsyncEngine) -> dict[str, Any] | None:
+    async with engine.connect() as connection:
+        row = (
+            (await connection.execute(select(leases_table).where(leases_table.c.name == LEASE)))
+            .mappings()
+            .first()
+        )
+    return None if row is None else dict(row)
+
+
+async def test_lease_is_renewed_while_the_sync_runs(engine: AsyncEngine, client: UpstreamClient) -> None:
+    """A sync that outlasts its lease's ttl keeps renewing it, and releases it when done."""
+    gate = asyncio.Event()
+    running = asyncio.create_task(sync(engine, GatedClient(client, gate), lease_ttl_seconds=0.3))
+
+    async def lease_taken() -> bool:
+        return await lease_row(engine) is not None
+
+    await eventually(lease_taken)
+    taken = await lease_row(engine)
+    assert taken is not None
+
+    async def renewed() -> bool:
+        row = await lease_row(engine)
+        return row is not None and row["expires_at"] > taken["expires_at"]
+
+    await eventually(renewed)
+    gate.set()
+    report = await running
+    assert report.status == "ok"
+    assert await lease_row(engine) is None
+
+
+async def test_losing_the_lease_fails_the_sync_before_it_writes(
+    engine: AsyncEngine, client: UpstreamClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """When another instance takes over the lease mid-run, the run fails and stops writing."""
+    gate = asyncio.Event()
+    running = asyncio.create_task(sync(engine, GatedClient(client, gate), lease_ttl_seconds=0.3))
+
+    async def lease_taken() -> bool:
+        return await lease_row(engine) is not None
+
+    await eventually(lease_taken)
+    async with engine.begin() as connection:
+        await connection.execute(
+            update(leases_table).where(leases_table.c.name == LEASE).values(holder="thief:1")
+        )
+
+    async def lease_lost_noticed() -> bool:
+        return any("catalog_sync_lease_lost" in record.getMessage() for record in caplog.records)
+
+    await eventually(lease_lost_noticed)
+    gate.set()
+    report = await running
+    assert report.status == "failed"
+    assert report.error == f"lease {LEASE} was taken by another instance"
+    assert await count(engine, mirror_categories) == 0
+    assert await leases.holder_of(engine, LEASE) == "thief:1"
 
 
 async def test_progress_reports_every_page(engine: AsyncEngine, client: UpstreamClient) -> None:

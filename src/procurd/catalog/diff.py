@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
-from collections.abc import Iterable, Mapping, Sequence, Set
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -112,17 +112,19 @@ class Record:
 
 
 class Existing(tuple[Any, ...]):
-    """What the mirror holds for one id: its digest, whether it is marked removed, its tracked values.
+    """What the mirror holds for one id: digest, removal mark, tracked values, and whether this pass saw it.
 
     A sync keeps one per mirrored row in memory, so it is one flat tuple (digest as 16 bytes) rather than
-    an object holding a string and another tuple. Tracked values are kept as stored and compared as
-    :func:`value_text`.
+    an object holding a string and another tuple; the ``listed`` mark replaces a separate set of the ids
+    listed during the pass. Tracked values are kept as stored and compared as :func:`value_text`.
     """
 
     __slots__ = ()
 
-    def __new__(cls, content_hash: str, removed: bool, tracked: Iterable[object]) -> Existing:
-        return super().__new__(cls, (bytes.fromhex(content_hash), removed, *map(_intern, tracked)))
+    def __new__(
+        cls, content_hash: str, removed: bool, tracked: Iterable[object], *, listed: bool = False
+    ) -> Existing:
+        return super().__new__(cls, (bytes.fromhex(content_hash), removed, listed, *map(_intern, tracked)))
 
     @property
     def content_hash(self) -> str:
@@ -133,14 +135,25 @@ class Existing(tuple[Any, ...]):
         return bool(self[1])
 
     @property
+    def listed(self) -> bool:
+        """Whether the upstream listed this id during the current sync pass."""
+        return bool(self[2])
+
+    @property
     def tracked(self) -> tuple[object, ...]:
-        return self[2:]
+        return self[3:]
 
     def same_content(self, content_hash: str) -> bool:
         return bool(self[0] == bytes.fromhex(content_hash))
 
+    def as_listed(self) -> Existing:
+        return tuple.__new__(Existing, (self[0], self[1], True, *self[3:]))
+
     def __repr__(self) -> str:
-        return f"Existing({self.content_hash!r}, removed={self.removed}, tracked={self.tracked!r})"
+        return (
+            f"Existing({self.content_hash!r}, removed={self.removed}, tracked={self.tracked!r}, "
+            f"listed={self.listed})"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -350,12 +363,26 @@ def _tracked_changes(entity: Entity, record: Record, previous: Existing, skip: i
     return changes
 
 
-def diff_unlisted(entity: Entity, snapshot: Mapping[int, Existing], listed: Set[int]) -> Plan:
-    """Rows the mirror shows as listed whose ids the upstream's complete listing no longer has."""
+def mark_listed(snapshot: Snapshot, identity: int) -> bool:
+    """Record that the upstream lists ``identity`` in this pass; False if it was already marked.
+
+    Ids the mirror does not hold yet are not marked (they become listed entries once written).
+    """
+    existing = snapshot.get(identity)
+    if existing is None:
+        return True
+    if existing.listed:
+        return False
+    snapshot[identity] = existing.as_listed()
+    return True
+
+
+def diff_unlisted(entity: Entity, snapshot: Mapping[int, Existing]) -> Plan:
+    """Rows the mirror shows as listed that this pass's complete listing did not mark as listed."""
     plan = Plan(entity)
     active_index = TRACKED_FIELDS[entity].index("is_active")
     for identity, existing in snapshot.items():
-        if existing.removed or identity in listed:
+        if existing.removed or existing.listed:
             continue
         plan.removals.append(identity)
         plan.changes.append(
@@ -367,9 +394,9 @@ def diff_unlisted(entity: Entity, snapshot: Mapping[int, Existing], listed: Set[
 
 
 def apply_plan(snapshot: Snapshot, plan: Plan) -> None:
-    """Bring ``snapshot`` up to date once ``plan`` has been written."""
+    """Bring ``snapshot`` up to date once ``plan`` has been written (written records count as listed)."""
     for record in (*plan.inserts, *plan.updates, *plan.restores):
-        snapshot[record.id] = Existing(record.content_hash, False, record.tracked)
+        snapshot[record.id] = Existing(record.content_hash, False, record.tracked, listed=True)
     if plan.removals:
         active_index = TRACKED_FIELDS[plan.entity].index("is_active")
         for identity in plan.removals:

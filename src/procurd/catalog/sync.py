@@ -39,6 +39,7 @@ from procurd.catalog.diff import (
     diff_listed,
     diff_unlisted,
     digest_text,
+    mark_listed,
     needs_write,
     product_record,
     sku_record,
@@ -48,7 +49,7 @@ from procurd.db.mirror_store import RunTotals
 from procurd.db.types import utcnow
 from procurd.logs import scrub
 from procurd.upstream.errors import UpstreamError, truncate
-from procurd.upstream.models import Category, Product, ProductPage, Sku
+from procurd.upstream.models import Category, Product, ProductPage
 from procurd.upstream.ratelimit import Priority
 
 log = structlog.get_logger("procurd.catalog")
@@ -58,7 +59,7 @@ DEFAULT_LEASE_TTL_SECONDS: Final = 60.0
 SKIPPED_BUSY: Final = "another instance is syncing"
 MAX_PAGE_SIZE: Final = 100
 # Rows (products plus SKUs) the writer gathers from queued pages into one transaction at most.
-WRITE_BATCH_ROWS: Final = 500
+WRITE_BATCH_ROWS: Final = 1000
 MAX_VIOLATIONS: Final = 100
 MAX_ERROR_CHARS: Final = 500
 
@@ -205,27 +206,34 @@ class _Lease:
 class _ListedSku:
     id: int
     digest: str
-    model: Sku
+    payload: dict[str, Any] | None  # kept only when the mirror's row differs
 
 
 @dataclass(frozen=True, slots=True)
 class _ListedProduct:
-    """A listed product, digested; its rows are only built when the digest differs from the mirror's."""
+    """A listed product, digested; its fields are kept only where they differ from the mirror's rows."""
 
     id: int
     category_id: int | None
     digest: str
-    model: Product
+    payload: dict[str, Any] | None
     skus: tuple[_ListedSku, ...]
 
     @classmethod
-    def of(cls, product: Product) -> _ListedProduct:
+    def of(cls, product: Product, snapshot: Mapping[Entity, Snapshot]) -> _ListedProduct:
         # Digests of the client's JSON serialization: the upstream's fields, stable from one sync to the next.
-        skus = tuple(
-            _ListedSku(sku.id, digest_text(sku.model_dump_json(), product.id), sku) for sku in product.skus
-        )
+        # A listed id's snapshot entry only changes when the writer stores that very listing, so what is
+        # unchanged now is still unchanged when the page is written.
+        skus = []
+        for sku in product.skus:
+            sku_digest = digest_text(sku.model_dump_json(), product.id)
+            changed = needs_write(snapshot["sku"], sku.id, sku_digest)
+            skus.append(_ListedSku(sku.id, sku_digest, sku.model_dump(mode="json") if changed else None))
         digest = digest_text(product.model_dump_json(exclude={"skus"}))
-        return cls(product.id, product.category_id, digest, product, skus)
+        payload = None
+        if needs_write(snapshot["product"], product.id, digest):
+            payload = product.model_dump(mode="json", exclude={"skus"})
+        return cls(product.id, product.category_id, digest, payload, tuple(skus))
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,9 +255,14 @@ _DONE: Final = _Done()
 
 @dataclass(slots=True)
 class _Listing:
-    """What the upstream listed during this pass."""
+    """What the upstream listed during this pass.
 
-    ids: dict[Entity, set[int]] = field(default_factory=lambda: {entity: set() for entity in ENTITIES})
+    Listed ids that the mirror holds are marked in the snapshot itself (:func:`mark_listed`); only ids
+    that could not be mirrored are kept here, to recognise them when a shifting listing repeats them.
+    """
+
+    counts: dict[Entity, int] = field(default_factory=lambda: dict.fromkeys(ENTITIES, 0))
+    unmirrored: dict[Entity, set[int]] = field(default_factory=lambda: {entity: set() for entity in ENTITIES})
     totals: set[int] = field(default_factory=set)
     page_size: int = 0
     pages_total: int = 0
@@ -284,7 +297,7 @@ class _SyncPass:
         self._started_at = utcnow()
         self._finished = asyncio.Event()
         # Pages fetched but not yet stored: bounded, so memory does not grow when fetching outpaces writing.
-        self._window = asyncio.Semaphore(concurrency + 1)
+        self._window = asyncio.Semaphore(concurrency)
 
     async def run(self) -> SyncReport:
         self._started_at = utcnow()
@@ -311,9 +324,9 @@ class _SyncPass:
         return await self._finish("ok", None, removals)
 
     async def _finish(self, status: SyncStatus, error: str | None, removals: Sequence[Plan]) -> SyncReport:
-        self._totals.categories = len(self._listing.ids["category"])
-        self._totals.products = len(self._listing.ids["product"])
-        self._totals.skus = len(self._listing.ids["sku"])
+        self._totals.categories = self._listing.counts["category"]
+        self._totals.products = self._listing.counts["product"]
+        self._totals.skus = self._listing.counts["sku"]
         if self._violations_left_out:
             self._totals.violations.append(f"... and {self._violations_left_out} more violations")
         finished_at = utcnow()
@@ -385,6 +398,7 @@ class _SyncPass:
                 )
                 continue
             if not renewed:
+                log.warning("catalog_sync_lease_lost", upstream=self._upstream, lease=self._lease.name)
                 self._abort(LeaseLost(f"lease {self._lease.name} was taken by another instance"))
                 return
 
@@ -422,7 +436,9 @@ class _SyncPass:
             if category.id not in records:
                 digest = digest_text(category.model_dump_json())
                 records[category.id] = category_record(category.model_dump(mode="json"), digest)
-        self._listing.ids["category"].update(records)
+        for identity in records:
+            mark_listed(self._snapshot["category"], identity)
+        self._listing.counts["category"] = len(records)
         self._rules = CategoryRules.from_records(records.values())
         for violation in self._rules.category_violations():
             self._violation(violation)
@@ -447,7 +463,7 @@ class _SyncPass:
             raise IncompleteListing(f"asked for page {number}, the upstream answered page {page.page}")
 
     def _fetched(self, number: int, page: ProductPage) -> _FetchedPage:
-        return _FetchedPage(number, [_ListedProduct.of(product) for product in page.items])
+        return _FetchedPage(number, [_ListedProduct.of(product, self._snapshot) for product in page.items])
 
     async def _fetch_pages(self, queue: asyncio.Queue[_FetchedPage | _Done], first: _FetchedPage) -> None:
         queue.put_nowait(first)
@@ -498,27 +514,27 @@ class _SyncPass:
                 self._window.release()
 
     async def _write_products(self, pages: Sequence[_FetchedPage]) -> None:
-        listed_products = self._listing.ids["product"]
+        new_ids: dict[Entity, set[int]] = {"product": set(), "sku": set()}
         products: list[Record] = []
         skus: list[Record] = []
         for page in pages:
             for listed in page.products:
-                if listed.id in listed_products:
+                if not self._first_listing("product", listed.id, new_ids):
                     continue  # seen on an earlier page: the listing shifted under us
-                listed_products.add(listed.id)
                 if listed.category_id is not None:
                     violation = self._rules.product_violation(listed.id, listed.category_id)
                     if violation is not None:
                         self._violation(violation)
-                fresh_skus = self._fresh_skus(listed)
-                if needs_write(self._snapshot["product"], listed.id, listed.digest):
+                fresh_skus = [sku for sku in listed.skus if self._first_listing("sku", sku.id, new_ids)]
+                if listed.payload is not None:
                     try:
-                        payload = listed.model.model_dump(mode="json", exclude={"skus"})
-                        products.append(product_record(payload, listed.digest))
+                        products.append(product_record(listed.payload, listed.digest))
                     except IncompleteRecord as exc:
                         self._violation(str(exc))
+                        self._not_mirrored("product", [listed.id], new_ids)
+                        self._not_mirrored("sku", [sku.id for sku in fresh_skus], new_ids)
                         continue
-                skus.extend(self._changed_skus(listed.id, fresh_skus))
+                skus.extend(self._changed_skus(listed.id, fresh_skus, new_ids))
         await self._write(
             [
                 diff_listed("product", products, self._snapshot["product"]),
@@ -529,25 +545,41 @@ class _SyncPass:
         if self._progress is not None:
             self._progress(self._totals.pages, self._listing.pages_total)
 
-    def _fresh_skus(self, listed: _ListedProduct) -> list[_ListedSku]:
-        """The product's SKUs not already listed under another product during this pass."""
-        listed_skus = self._listing.ids["sku"]
-        fresh = [sku for sku in listed.skus if sku.id not in listed_skus]
-        listed_skus.update(sku.id for sku in fresh)
-        return fresh
+    def _first_listing(self, entity: Entity, identity: int, new_ids: dict[Entity, set[int]]) -> bool:
+        """Note that ``identity`` is listed; False when this pass already saw it (a shifted listing)."""
+        if identity in self._snapshot[entity]:
+            first = mark_listed(self._snapshot[entity], identity)
+        else:
+            # Not mirrored yet: it becomes a listed snapshot entry when this batch is written.
+            first = identity not in new_ids[entity] and identity not in self._listing.unmirrored[entity]
+            new_ids[entity].add(identity)
+        if first:
+            self._listing.counts[entity] += 1
+        return first
 
-    def _changed_skus(self, product_id: int, skus: Sequence[_ListedSku]) -> list[Record]:
-        snapshot = self._snapshot["sku"]
+    def _not_mirrored(
+        self, entity: Entity, identities: Sequence[int], new_ids: dict[Entity, set[int]]
+    ) -> None:
+        for identity in identities:
+            if identity in new_ids[entity]:
+                self._listing.unmirrored[entity].add(identity)
+
+    def _changed_skus(
+        self, product_id: int, skus: Sequence[_ListedSku], new_ids: dict[Entity, set[int]]
+    ) -> list[Record]:
         records = []
         for sku in skus:
-            if needs_write(snapshot, sku.id, sku.digest):
+            if sku.payload is not None:
                 try:
-                    records.append(sku_record(sku.model.model_dump(mode="json"), product_id, sku.digest))
+                    records.append(sku_record(sku.payload, product_id, sku.digest))
                 except IncompleteRecord as exc:
                     self._violation(str(exc))
+                    self._not_mirrored("sku", [sku.id], new_ids)
         return records
 
     async def _write(self, plans: Sequence[Plan]) -> None:
+        if self._failure is not None:
+            raise self._failure
         await mirror_store.write_plans(self._engine, self._upstream, plans, run_id=self._run_id, now=utcnow())
         for plan in plans:
             apply_plan(self._snapshot[plan.entity], plan)
@@ -561,16 +593,14 @@ class _SyncPass:
             answered = ", ".join(map(str, sorted(totals)))
             raise IncompleteListing(f"the upstream's product total changed during the sync ({answered})")
         (total,) = totals
-        seen = len(self._listing.ids["product"])
+        seen = self._listing.counts["product"]
         if seen != total:
             raise IncompleteListing(
                 f"saw {seen} distinct products but the upstream reported a total of {total}"
             )
 
     def _removal_plans(self) -> list[Plan]:
-        return [
-            diff_unlisted(entity, self._snapshot[entity], self._listing.ids[entity]) for entity in ENTITIES
-        ]
+        return [diff_unlisted(entity, self._snapshot[entity]) for entity in ENTITIES]
 
     def _violation(self, text: str) -> None:
         if len(self._totals.violations) >= MAX_VIOLATIONS:

@@ -27,7 +27,7 @@ _NULLABLE_JSON: dict[Entity, frozenset[str]] = {
     entity: frozenset(column.name for column in table.c if isinstance(column.type, JSON) and column.nullable)
     for entity, table in MIRROR_TABLES.items()
 }
-SNAPSHOT_PARTITION_ROWS = 5000
+SNAPSHOT_PARTITION_ROWS = 1000
 INTERRUPTED_ERROR = "interrupted: the process running this sync stopped before it finished"
 
 
