@@ -54,7 +54,9 @@ async def test_auto_order_is_delivered_through_the_callback(sandbox: Sandbox, ad
     accepted = await admin.submit("A1001", auto_item(sandbox, quantity=2))
     assert accepted["status"] == "paid"
     assert accepted["procurements"][0]["state"] == "queued"
-    order = await admin.wait_status("A1001", "delivered")
+    await admin.wait_status("A1001", "delivered")
+    # The callback may settle the order before the worker has the answer that carries the amount.
+    order = await wait_until(lambda: _with_amount(admin, "A1001"))
     item = order["procurements"][0]
     assert item["downstream_order_no"] == "A1001"
     assert item["upstream_status"] == "delivered"
@@ -63,6 +65,11 @@ async def test_auto_order_is_delivered_through_the_callback(sandbox: Sandbox, ad
     assert item["amount"] == str(sandbox.orders_for("A1001")[0].amount)
     assert len(sandbox.orders_for("A1001")) == 1
     assert any(attempt.ok for attempt in sandbox.callback_log)
+
+
+async def _with_amount(admin: AdminClient, order_no: str) -> dict[str, Any] | None:
+    order = await admin.order(order_no)
+    return order if order["procurements"][0]["amount"] is not None else None
 
 
 async def test_manual_order_waits_for_the_upstream(sandbox: Sandbox, admin: AdminClient) -> None:

@@ -50,6 +50,7 @@ SUBMITTED = Snapshot(
     upstream_order_id=101,
     upstream_order_no="DJ1",
     upstream_status="paid",
+    amount="9.90",
     submitted_at=NOW,
     poll_interval_seconds=30,
 )
