@@ -11,7 +11,7 @@ once the service has committed the report; a duplicate is answered the same way.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 import structlog
@@ -44,7 +44,7 @@ class _Credentials:
     prefix: str
     api_key: str
     timestamp: str
-    signature: str
+    signature: str = field(repr=False)
 
 
 class CallbackReceiver:
