@@ -120,7 +120,7 @@ async def measure(base_url: str, database_url: str, page_size: int, concurrency:
         name=UPSTREAM,
         base_url=base_url,
         api_key=API_KEY,
-        api_secret=API_SECRET,  # type: ignore[arg-type]
+        api_secret=API_SECRET,
         max_requests_per_second=1_000_000,
         timeout_seconds=60,
     )

@@ -9,6 +9,7 @@ import pytest
 
 from procurd.catalog.diff import (
     CATEGORY_FIELDS,
+    ENTITIES,
     PRODUCT_FIELDS,
     ROW_FIELDS,
     SKU_FIELDS,
@@ -73,12 +74,8 @@ def snapshot_of(*records: Any, removed: bool = False) -> dict[int, Existing]:
 
 def test_row_fields_match_the_schema_columns() -> None:
     """Every seed field has a mirror column of the same name and every data column is filled by a record."""
-    for entity, table in (
-        ("category", mirror_categories),
-        ("product", mirror_products),
-        ("sku", mirror_skus),
-    ):
-        assert set(ROW_FIELDS[entity]) == {column.name for column in table.c} - BOOKKEEPING  # type: ignore[index]
+    for entity, table in zip(ENTITIES, (mirror_categories, mirror_products, mirror_skus), strict=True):
+        assert set(ROW_FIELDS[entity]) == {column.name for column in table.c} - BOOKKEEPING
     assert set(CATEGORY_FIELDS) <= set(ROW_FIELDS["category"])
     assert set(PRODUCT_FIELDS) <= set(ROW_FIELDS["product"])
     assert set(SKU_FIELDS) <= set(ROW_FIELDS["sku"])

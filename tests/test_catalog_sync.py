@@ -70,7 +70,7 @@ async def client(sandbox: Sandbox) -> AsyncIterator[UpstreamClient]:
         name=UPSTREAM,
         base_url=sandbox.base_url,
         api_key=sandbox.config.api_key,
-        api_secret=sandbox.config.api_secret,  # type: ignore[arg-type]
+        api_secret=sandbox.config.api_secret,
         max_requests_per_second=10_000,
     )
     async with UpstreamClient(settings) as upstream_client:
@@ -506,7 +506,7 @@ async def test_refused_credentials_fail_the_run_without_leaking_the_secret(
         name=UPSTREAM,
         base_url=sandbox.base_url,
         api_key=sandbox.config.api_key,
-        api_secret=secret,  # type: ignore[arg-type]
+        api_secret=secret,
         max_requests_per_second=10_000,
     )
     async with UpstreamClient(settings) as wrong:

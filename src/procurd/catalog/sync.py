@@ -1,7 +1,8 @@
 """One catalogue sync pass of one upstream: categories, every page of products, their SKUs.
 
-Pages are fetched by ``concurrency`` tasks and handed to a single writer task through a bounded queue; the
-writer diffs them against the snapshot loaded once at the start and writes each batch in one transaction.
+Pages are fetched by ``concurrency`` tasks and handed to a single writer task through a queue (pages fetched
+but not yet stored are bounded); the writer diffs them against the snapshot loaded once at the start and
+writes each batch of pages in one transaction.
 Rows are only marked removed once the listing is known to be complete (every page fetched, as many distinct
 products as the upstream's ``total``); a pass that fails part-way keeps what it wrote and removes nothing.
 
@@ -297,7 +298,7 @@ class _SyncPass:
         self._started_at = utcnow()
         self._finished = asyncio.Event()
         # Pages fetched but not yet stored: bounded, so memory does not grow when fetching outpaces writing.
-        self._window = asyncio.Semaphore(concurrency)
+        self._window = asyncio.Semaphore(max(2, concurrency))
 
     async def run(self) -> SyncReport:
         self._started_at = utcnow()
