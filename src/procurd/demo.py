@@ -40,6 +40,7 @@ def _free_port() -> int:
 
 def write_demo_config(directory: Path, sandbox_url: str) -> Path:
     public, admin = _free_port(), _free_port()
+    directory.mkdir(parents=True, exist_ok=True)
     path = directory / "procurd.toml"
     path.write_text(
         f"""# Written by `procurd demo`: procurd against a sandbox upstream on this machine.
@@ -76,7 +77,6 @@ format = "console"
 
 
 async def run_demo(directory: Path, console: Console) -> int:
-    directory.mkdir(parents=True, exist_ok=True)
     sandbox_config = SandboxConfig(
         api_key=DEMO_KEY,
         api_secret=DEMO_SECRET,
@@ -94,12 +94,12 @@ async def run_demo(directory: Path, console: Console) -> int:
         console.print(f"configuration     {config_path}")
         await _upgrade(settings)
         daemon = Daemon(settings, notifier=Notifier({}))
-        started = time.monotonic()
         await daemon.start()
         try:
             await _show_catalogue(daemon, console)
             async with aiohttp.ClientSession() as session:
-                await _order_and_follow(session, settings, sandbox, console, started)
+                await _order_and_follow(session, settings, sandbox, console)
+            await daemon.periodic["ping:sandbox"].job()  # the balance after the purchases
             report = await status_report(daemon.runtime)
             _show_status(report, console)
         finally:
@@ -141,7 +141,7 @@ async def _show_catalogue(daemon: Daemon, console: Console) -> None:
 
 
 async def _order_and_follow(
-    session: aiohttp.ClientSession, settings: Settings, sandbox: Sandbox, console: Console, started: float
+    session: aiohttp.ClientSession, settings: Settings, sandbox: Sandbox, console: Console
 ) -> None:
     admin = f"http://127.0.0.1:{settings.server.admin_port}/api/v1"
     auto_sku = sandbox.state.first_sku("auto")
@@ -163,8 +163,8 @@ async def _order_and_follow(
         console.print(f"{order_no}: accepted (HTTP {response.status}), status {body['order']['status']}")
     # The sandbox's operator fulfils the manual order once it has been bought.
     deadline = time.monotonic() + WAIT_SECONDS
-    while not sandbox.orders_for("DEMO-MANUAL-1") and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
+    while not sandbox.orders_for("DEMO-MANUAL-1") and time.monotonic() < deadline:  # noqa: ASYNC110
+        await asyncio.sleep(0.05)  # the sandbox's order book has no event to wait on
     await asyncio.sleep(0.5)
     manual = sandbox.orders_for("DEMO-MANUAL-1")
     if manual:
@@ -206,7 +206,9 @@ def _show_journey(order: dict[str, Any], audit: list[dict[str, Any]], console: C
             f"{item['amount']} {item['currency']}, upstream status {item['upstream_status']}"
         )
         if fulfillment:
-            console.print(f"  delivered ({fulfillment['type']}, {fulfillment['payload_line_count']} line(s)):")
+            console.print(
+                f"  delivered ({fulfillment['type']}, {fulfillment['payload_line_count']} line(s)):"
+            )
             for line in (fulfillment["payload"] or "").splitlines():
                 console.print(f"    {line}")
 
