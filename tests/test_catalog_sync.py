@@ -480,6 +480,24 @@ async def test_losing_the_lease_fails_the_sync_before_it_writes(
     assert await leases.holder_of(engine, LEASE) == "thief:1"
 
 
+async def test_cancelled_sync_is_recorded_as_failed_and_frees_the_lease(
+    engine: AsyncEngine, client: UpstreamClient
+) -> None:
+    """A sync cancelled mid-run (daemon shutdown) closes its run as failed and releases its lease."""
+    running = asyncio.create_task(sync(engine, GatedClient(client, asyncio.Event())))
+
+    async def run_started() -> bool:
+        return await count(engine, sync_runs) == 1
+
+    await eventually(run_started)
+    running.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await running
+    (run,) = await rows(engine, sync_runs)
+    assert (run["status"], run["error"]) == ("failed", "cancelled before it finished")
+    assert await lease_row(engine) is None
+
+
 async def test_progress_reports_every_page(engine: AsyncEngine, client: UpstreamClient) -> None:
     """The progress callback counts stored pages up to the total the upstream announced."""
     seen: list[tuple[int, int]] = []
