@@ -10,9 +10,9 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from support import free_port, wait_until
 
 from procurd.sandbox import Sandbox, SandboxConfig
+from support import free_port, wait_until
 
 BASE = """
 [database]
@@ -89,16 +89,23 @@ async def test_sigterm_stops_cleanly(tmp_path: Path) -> None:
         path = config(tmp_path, base_url=sandbox.base_url)
         assert procurd("--config", str(path), "db", "upgrade").returncode == 0
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "procurd", "--config", str(path), "run",
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        )  # fmt: skip
+            sys.executable,
+            "-m",
+            "procurd",
+            "--config",
+            str(path),
+            "run",
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
         admin_port = int(path.read_text().split("admin_port = ")[1].split()[0])
 
         async def healthy() -> bool:
             try:
-                async with aiohttp.ClientSession() as session, session.get(
-                    f"http://127.0.0.1:{admin_port}/healthz"
-                ) as response:
+                async with (
+                    aiohttp.ClientSession() as session,
+                    session.get(f"http://127.0.0.1:{admin_port}/healthz") as response,
+                ):
                     return response.status == 200
             except aiohttp.ClientError:
                 return False

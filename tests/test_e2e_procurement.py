@@ -9,11 +9,11 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
-from support import AdminClient, mirror, running_daemon, settings_for, wait_until
 
 from procurd.config import Settings
 from procurd.sandbox import Sandbox, SandboxConfig
 from procurd.signing import signature_matches
+from support import AdminClient, mirror, running_daemon, settings_for, wait_until
 
 FAST_CALLBACKS = (0.1, 0.2, 0.3, 0.5)
 
@@ -21,7 +21,10 @@ FAST_CALLBACKS = (0.1, 0.2, 0.3, 0.5)
 @pytest.fixture
 async def sandbox() -> AsyncIterator[Sandbox]:
     config = SandboxConfig(
-        products=12, balance=Decimal("1000000"), allow_private_callbacks=True, callback_retry_delays=FAST_CALLBACKS
+        products=12,
+        balance=Decimal("1000000"),
+        allow_private_callbacks=True,
+        callback_retry_delays=FAST_CALLBACKS,
     )
     async with Sandbox(config) as sandbox:
         yield sandbox
@@ -233,8 +236,14 @@ async def test_storefront_events_are_signed_and_in_order(database_url: str, sand
     async def hook(request: web.Request) -> web.Response:
         body = await request.read()
         headers = request.headers
-        assert signature_matches("hook-secret-1", "POST", "/hooks/procurd", headers["Service-Timestamp"], body,
-                                 headers["Service-Signature"])  # fmt: skip
+        assert signature_matches(
+            "hook-secret-1",
+            "POST",
+            "/hooks/procurd",
+            headers["Service-Timestamp"],
+            body,
+            headers["Service-Signature"],
+        )
         if not refused_once:
             refused_once.append(True)
             return web.Response(status=503)
@@ -249,9 +258,15 @@ async def test_storefront_events_are_signed_and_in_order(database_url: str, sand
     await site.start()
     port = runner.addresses[0][1]
     try:
-        settings = settings_for(database_url, ("main", sandbox), storefront={
-            "webhook_url": f"http://127.0.0.1:{port}/hooks/procurd", "webhook_api_key": "shop",
-            "webhook_secret": "hook-secret-1"})  # fmt: skip
+        settings = settings_for(
+            database_url,
+            ("main", sandbox),
+            storefront={
+                "webhook_url": f"http://127.0.0.1:{port}/hooks/procurd",
+                "webhook_api_key": "shop",
+                "webhook_secret": "hook-secret-1",
+            },
+        )
         await mirror(settings)
         async with running_daemon(settings), aiohttp.ClientSession() as session:
             admin = AdminClient(settings, session)

@@ -28,10 +28,16 @@ from procurd.procurement.numbers import item_number, retry_number
 from procurd.procurement.order_status import ItemState, derive_status, event_for
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
-POLICY = Policy(max_attempts=3, retry_base_seconds=1, retry_max_seconds=8, poll_initial_seconds=30,
-                poll_max_seconds=900)  # fmt: skip
-FULFILLMENT = {"type": "auto", "status": "delivered", "payload": "CARD-1", "delivery_data": None,
-               "delivered_at": "2026-11-22T12:00:00Z"}  # fmt: skip
+POLICY = Policy(
+    max_attempts=3, retry_base_seconds=1, retry_max_seconds=8, poll_initial_seconds=30, poll_max_seconds=900
+)
+FULFILLMENT = {
+    "type": "auto",
+    "status": "delivered",
+    "payload": "CARD-1",
+    "delivery_data": None,
+    "delivered_at": "2026-11-22T12:00:00Z",
+}
 
 QUEUED_CLAIMED = Snapshot(
     state=State.QUEUED,
@@ -102,9 +108,15 @@ def test_payment_failed_is_exception_keeping_upstream_ids() -> None:
 
 @pytest.mark.parametrize(
     "code",
-    ["insufficient_balance", "insufficient_stock", "sku_unavailable", "product_unavailable", "bad_request",
-     "invalid_callback_url"],
-)  # fmt: skip
+    [
+        "insufficient_balance",
+        "insufficient_stock",
+        "sku_unavailable",
+        "product_unavailable",
+        "bad_request",
+        "invalid_callback_url",
+    ],
+)
 def test_business_errors_are_exceptions_at_once(code: str) -> None:
     """Business errors become an exception with the upstream's code on the first answer."""
     decision = decide(QUEUED_CLAIMED, SubmitRejected("w1", "business", code, "no"), NOW, POLICY)
@@ -202,8 +214,9 @@ def test_refund_is_exception(status: str) -> None:
 
 def test_report_heals_timed_out_exception() -> None:
     """A callback for an order whose submission timed out heals max_attempts_exceeded."""
-    lost = replace(QUEUED_CLAIMED, state=State.EXCEPTION, exception_reason="max_attempts_exceeded",
-                   lease_owner=None)  # fmt: skip
+    lost = replace(
+        QUEUED_CLAIMED, state=State.EXCEPTION, exception_reason="max_attempts_exceeded", lease_owner=None
+    )
     assert decide(lost, report("paid"), NOW, POLICY).state is State.SUBMITTED
     assert decide(lost, report("delivered", FULFILLMENT), NOW, POLICY).state is State.DELIVERED
 
@@ -244,8 +257,13 @@ def test_retry_keeps_number_while_upstream_order_may_live() -> None:
 
 def test_retry_after_upstream_cancel_takes_derived_number() -> None:
     """Retry once the upstream canceled the number uses a new number derived from the first."""
-    burned = replace(SUBMITTED, state=State.EXCEPTION, exception_reason="payment_failed",
-                     number_canceled_upstream=True, upstream_may_exist=False)  # fmt: skip
+    burned = replace(
+        SUBMITTED,
+        state=State.EXCEPTION,
+        exception_reason="payment_failed",
+        number_canceled_upstream=True,
+        upstream_may_exist=False,
+    )
     decision = decide(burned, Retry(), NOW, POLICY)
     assert decision.new_number == "A1001-r2"
     assert decision.changes["upstream_order_id"] is None

@@ -11,10 +11,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import running_daemon, settings_for, wait_until
 
 from procurd.sandbox import Sandbox, SandboxConfig
 from procurd.systemd import Notifier
+from support import running_daemon, settings_for, wait_until
 
 UNIT = Path(__file__).parent.parent / "systemd" / "procurd.service"
 
@@ -84,7 +84,9 @@ async def test_daemon_sends_ready_watchdog_and_stopping(
         settings = settings_for(database_url, ("main", sandbox))
         async with running_daemon(settings, notifier):
             await wait_until(lambda: messages.extend(received(sock)) or any("READY=1" in m for m in messages))
-            await wait_until(lambda: messages.extend(received(sock)) or any("WATCHDOG=1" in m for m in messages))
+            await wait_until(
+                lambda: messages.extend(received(sock)) or any("WATCHDOG=1" in m for m in messages)
+            )
         messages.extend(received(sock))
     assert any(m.startswith("READY=1") for m in messages)
     assert any(m.startswith("STOPPING=1") for m in messages)

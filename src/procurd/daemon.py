@@ -79,7 +79,7 @@ class Periodic:
             self.wakeup.clear()
             try:
                 await self.job()
-            except Exception:  # noqa: BLE001 - a failing job is logged and runs again on its schedule
+            except Exception:
                 log.exception("job.failed", job=self.name)
 
 
@@ -163,29 +163,42 @@ class Daemon:
                 wakeup=self.runtime.service.wakeups.events,
             )
             self._spawn(dispatcher.run(self.stop_event), "storefront events")
-        self._spawn(self.notifier.run_watchdog(self.stop_event), "watchdog")
+        if self.notifier.watchdog_interval is not None:
+            self._spawn(self.notifier.run_watchdog(self.stop_event), "watchdog")
 
     def _start_scheduler(self) -> None:
         job_defaults = {"misfire_grace_time": 30, "coalesce": True, "max_instances": 1}
         for upstream in self.settings.upstreams:
             name = upstream.name
             self.scheduler.add_job(
-                self.periodic[f"catalog-sync:{name}"].wakeup.set, "interval",
-                seconds=self.settings.catalog.sync_interval_seconds, id=f"catalog-sync:{name}", **job_defaults,
-            )  # fmt: skip
-            self.scheduler.add_job(
-                self.periodic[f"ping:{name}"].wakeup.set, "interval",
-                seconds=upstream.ping_interval_seconds, id=f"ping:{name}", **job_defaults,
-            )  # fmt: skip
-            self.scheduler.add_job(
-                self.pollers[name].wakeup.set, "interval", seconds=POLL_TICK_SECONDS, id=f"poll:{name}",
+                self.periodic[f"catalog-sync:{name}"].wakeup.set,
+                "interval",
+                seconds=self.settings.catalog.sync_interval_seconds,
+                id=f"catalog-sync:{name}",
                 **job_defaults,
-            )  # fmt: skip
+            )
+            self.scheduler.add_job(
+                self.periodic[f"ping:{name}"].wakeup.set,
+                "interval",
+                seconds=upstream.ping_interval_seconds,
+                id=f"ping:{name}",
+                **job_defaults,
+            )
+            self.scheduler.add_job(
+                self.pollers[name].wakeup.set,
+                "interval",
+                seconds=POLL_TICK_SECONDS,
+                id=f"poll:{name}",
+                **job_defaults,
+            )
         # Claims of crashed workers expire; waking the workers makes them take those claims again promptly.
         self.scheduler.add_job(
-            self._wake_workers, "interval", seconds=max(1.0, self.settings.procurement.lease_seconds / 2),
-            id="lease-recovery", **job_defaults,
-        )  # fmt: skip
+            self._wake_workers,
+            "interval",
+            seconds=max(1.0, self.settings.procurement.lease_seconds / 2),
+            id="lease-recovery",
+            **job_defaults,
+        )
         self.scheduler.start()
 
     def _wake_workers(self) -> None:
@@ -206,8 +219,14 @@ class Daemon:
                 concurrency=self.settings.catalog.concurrency,
                 holder=self.runtime.instance,
             )
-            log.info("catalog.synced", upstream=upstream, status=report.status, products=report.products,
-                     rows_written=report.rows_written, error=report.error)  # fmt: skip
+            log.info(
+                "catalog.synced",
+                upstream=upstream,
+                status=report.status,
+                products=report.products,
+                rows_written=report.rows_written,
+                error=report.error,
+            )
 
         return job
 

@@ -88,8 +88,13 @@ class WebhookDispatcher:
         async with self.engine.begin() as conn:
             await store.mark_event_failed(conn, row.id, error, utcnow() + timedelta(seconds=wait))
         if delay is None:
-            log.warning("webhook.failed", event_id=row.event_id, order_no=row.order_no, error=error,
-                        retry_in_seconds=round(wait, 1))  # fmt: skip
+            log.warning(
+                "webhook.failed",
+                event_id=row.event_id,
+                order_no=row.order_no,
+                error=error,
+                retry_in_seconds=round(wait, 1),
+            )
 
     async def _send(self, payload: dict[str, Any]) -> str | None:
         """POST one event; ``None`` on a 2xx answer, else the reason."""

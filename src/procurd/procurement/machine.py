@@ -115,7 +115,11 @@ def _submit_accepted(snapshot: Snapshot, event: SubmitAccepted, now: datetime, p
         # Another path already settled it (a callback, or a worker whose claim outlived ours). Callbacks
         # carry no amount: keep the one this answer brings, without touching the state.
         if snapshot.upstream_order_id == event.order_id and snapshot.amount is None and event.amount:
-            changes = {"amount": event.amount, "currency": event.currency, "upstream_order_no": event.order_no}
+            changes = {
+                "amount": event.amount,
+                "currency": event.currency,
+                "upstream_order_no": event.order_no,
+            }
             return Decision(snapshot.state, "late_submission_answer", changes, record=False)
         return _ignored(snapshot, "late_submission_answer", status=event.status, order_id=event.order_id)
     ids: dict[str, Any] = {
@@ -424,8 +428,14 @@ def _cancel(snapshot: Snapshot, event: Cancel) -> Decision:
     if snapshot.state in (State.CANCELED, State.RESOLVED):
         return _ignored(snapshot, "duplicate")
     if event.upstream_confirmed:
-        changes = {"upstream_status": CANCELED_STATUS, "upstream_may_exist": False, "next_poll_at": None,
-                   "next_attempt_at": None, "lease_owner": None, "lease_expires_at": None}  # fmt: skip
+        changes = {
+            "upstream_status": CANCELED_STATUS,
+            "upstream_may_exist": False,
+            "next_poll_at": None,
+            "next_attempt_at": None,
+            "lease_owner": None,
+            "lease_expires_at": None,
+        }
         return Decision(State.CANCELED, "canceled_upstream", changes, burn_number=True)
     reason = cancel_refusal(snapshot)
     if reason is not None:

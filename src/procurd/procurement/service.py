@@ -382,8 +382,12 @@ class ProcurementService:
                 detail=decision.detail,
                 now=now,
             )
-        log.warning("procurement.previous_number_report", procurement_id=row.id, downstream_order_no=number,
-                    status=report.status)  # fmt: skip
+        log.warning(
+            "procurement.previous_number_report",
+            procurement_id=row.id,
+            downstream_order_no=number,
+            status=report.status,
+        )
         return Applied(row.id, row.order_no, State(row.state), decision)
 
     # --- claims for workers and pollers -------------------------------------------------------------------

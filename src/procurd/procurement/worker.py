@@ -65,9 +65,14 @@ def outcome_event(worker: str, outcome: OrderCreated | UpstreamError) -> Event:
         )
     if isinstance(outcome, PaymentFailed):
         return SubmitRejected(
-            worker, "payment_failed", outcome.code, outcome.message, outcome.order_id, outcome.order_no,
+            worker,
+            "payment_failed",
+            outcome.code,
+            outcome.message,
+            outcome.order_id,
+            outcome.order_no,
             outcome.status,
-        )  # fmt: skip
+        )
     if isinstance(outcome, AuthError):
         return SubmitRejected(worker, "auth", outcome.code, outcome.message)
     if isinstance(outcome, BusinessError):
