@@ -276,6 +276,7 @@ async def test_storefront_events_are_signed_and_in_order(database_url: str, sand
     finally:
         await runner.cleanup()
     events = [e["event"] for e in received if e["order"]["order_no"] == "W1"]
-    assert events[-1] == "order.delivered"
-    assert events.index("order.status_changed") < events.index("order.delivered")
+    # paid -> fulfilling may be skipped when the callback settles the order before the worker's answer.
+    assert events in (["order.status_changed", "order.delivered"], ["order.delivered"])
+    assert received[-1]["order"]["status"] == "delivered"
     assert len({e["event_id"] for e in received}) == len(received)

@@ -85,3 +85,21 @@ def test_stdlib_loggers_are_routed_through_the_same_pipeline(output: io.StringIO
     (line,) = [line for line in lines(output) if str(line["event"]).startswith("connect with")]
     assert line["level"] == "warning"
     assert "stdlib-secret-value" not in output.getvalue()
+
+
+def test_console_tracebacks_show_no_locals() -> None:
+    """On a terminal, exception output has no local variables (they may hold delivered goods)."""
+    stream = io.StringIO()
+    configure_logging("debug", "console", stream)
+
+    def fail(payload: str) -> None:
+        raise RuntimeError("boom")
+
+    payload = "-".join(["CARD", "SECRET", "PAYLOAD", "99"])  # never spelled out in the source shown
+    try:
+        fail(payload)
+    except RuntimeError:
+        structlog.get_logger("t").exception("crash")
+    configure_logging("warning", "json", io.StringIO())
+    assert "RuntimeError" in stream.getvalue()
+    assert payload not in stream.getvalue()

@@ -98,7 +98,13 @@ def configure_logging(level: str = "info", fmt: str = "auto", stream: TextIO | N
     ]
     renderer: Processor
     if use_console:
-        renderer = structlog.dev.ConsoleRenderer(colors=stream.isatty())
+        # Tracebacks without local variables: they may hold secrets and delivered goods.
+        renderer = structlog.dev.ConsoleRenderer(
+            colors=stream.isatty(),
+            exception_formatter=structlog.dev.RichTracebackFormatter(show_locals=False)
+            if _rich_available()
+            else structlog.dev.plain_traceback,
+        )
         exception_processors: list[Processor] = []
     else:
         renderer = structlog.processors.JSONRenderer(sort_keys=False)
@@ -137,6 +143,14 @@ def configure_logging(level: str = "info", fmt: str = "auto", stream: TextIO | N
     # Library chatter stays at warning unless we debug.
     for noisy in ("aiohttp.access", "sqlalchemy.engine", "apscheduler", "asyncio", "alembic"):
         logging.getLogger(noisy).setLevel(max(numeric_level, logging.WARNING))
+
+
+def _rich_available() -> bool:
+    try:
+        import rich  # noqa: F401
+    except ImportError:  # pragma: no cover - rich is a dependency
+        return False
+    return True
 
 
 def bind(**values: Any) -> None:

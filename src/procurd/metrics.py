@@ -13,10 +13,20 @@ from datetime import datetime
 from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
 
 if TYPE_CHECKING:
     from procurd.procurement.service import Applied
+
+# *_created series double the output and say nothing an operator needs.
+disable_created_metrics()
 
 REQUEST_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 15, 30)
 UNKNOWN_UPSTREAM = "unknown"

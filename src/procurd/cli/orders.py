@@ -243,7 +243,7 @@ def _form_data(value: str) -> dict[str, Any]:
 
 
 async def _submit(settings: Settings, raw: bytes, as_json: bool) -> None:
-    from procurd.http.admin import decode_json, plain_form_data
+    from procurd.http.admin import decode_json
     from procurd.http.errors import ApiError
     from procurd.procurement.intake import IntakeError, parse_order_request
 
@@ -255,7 +255,7 @@ async def _submit(settings: Settings, raw: bytes, as_json: bool) -> None:
         raise Refused("invalid_request", "the body must be a JSON object")
     async with open_runtime(settings) as runtime:
         try:
-            result = await runtime.service.submit(parse_order_request(plain_form_data(body)))
+            result = await runtime.service.submit(parse_order_request(body))
         except IntakeError as exc:
             raise Refused(
                 exc.code, exc.message, **({"details": exc.details} if exc.details else {})

@@ -70,31 +70,6 @@ async def _json_object(request: web.Request, *, optional: bool = False) -> dict[
     return body
 
 
-def _plain_numbers(value: Any) -> Any:
-    """Buyer form data is passed through as plain JSON: its numbers are not amounts."""
-    if isinstance(value, Decimal):
-        return float(value)
-    if isinstance(value, dict):
-        return {key: _plain_numbers(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_plain_numbers(item) for item in value]
-    return value
-
-
-def plain_form_data(body: dict[str, Any]) -> dict[str, Any]:
-    """The order body with each item's ``manual_form_data`` decoded as plain JSON."""
-    items = body.get("items")
-    if not isinstance(items, list):
-        return body
-    plain = [
-        dict(item, manual_form_data=_plain_numbers(item["manual_form_data"]))
-        if isinstance(item, dict) and isinstance(item.get("manual_form_data"), dict)
-        else item
-        for item in items
-    ]
-    return dict(body, items=plain)
-
-
 def _query_int(request: web.Request, name: str, default: int, low: int, high: int) -> int:
     raw = request.query.get(name, "").strip()
     if not raw:
@@ -149,7 +124,7 @@ async def submit_order(request: web.Request) -> web.Response:
     runtime = request.app[RUNTIME]
     body = await _json_object(request)
     try:
-        order_request = parse_order_request(plain_form_data(body))
+        order_request = parse_order_request(body)
         result = await runtime.service.submit(order_request)
     except IntakeError as exc:
         raise _intake_error(exc) from None

@@ -42,6 +42,17 @@ def _decimal_text(value: Any) -> str:
     return value.strip()
 
 
+def plain_json(value: Any) -> Any:
+    """Buyer form data as plain JSON: its numbers are not amounts, so exact decimals become ints or floats."""
+    if isinstance(value, Decimal):
+        return int(value) if value == value.to_integral_value() and value.is_finite() else float(value)
+    if isinstance(value, dict):
+        return {key: plain_json(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [plain_json(item) for item in value]
+    return value
+
+
 class ItemRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -50,6 +61,11 @@ class ItemRequest(BaseModel):
     quantity: Annotated[StrictInt, Field(ge=1, le=100_000)]
     manual_form_data: dict[str, Any] | None = None
     max_unit_price: str | None = None
+
+    @field_validator("manual_form_data", mode="before")
+    @classmethod
+    def _plain_form(cls, value: Any) -> Any:
+        return plain_json(value)
 
     @field_validator("max_unit_price", mode="before")
     @classmethod
