@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from procurd.procurement.service import Applied
 
 # *_created series double the output and say nothing an operator needs.
-disable_created_metrics()
+disable_created_metrics()  # type: ignore[no-untyped-call]
 
 REQUEST_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 15, 30)
 UNKNOWN_UPSTREAM = "unknown"
