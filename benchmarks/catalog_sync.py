@@ -7,6 +7,7 @@ stored), the first sync into an empty database, an immediate second sync, and a 
 Prints the figures and checks them against the targets; exits 1 when a target is missed.
 
     python benchmarks/catalog_sync.py [--products 10000] [--database-url postgresql+asyncpg://...]
+                                      [--upstream-latency-ms 0]
 
 Peak RSS is ``ru_maxrss`` of this process only: the sandbox and the schema migration (what
 ``procurd db upgrade`` does before the daemon starts) run in child processes and are not counted.
@@ -36,7 +37,11 @@ TARGET_RSS_MB = 100.0
 
 
 def _serve_sandbox(
-    products: int, skus_per_product: int, ready: multiprocessing.connection.Connection, stop: Any
+    products: int,
+    skus_per_product: int,
+    latency_seconds: float,
+    ready: multiprocessing.connection.Connection,
+    stop: Any,
 ) -> None:
     """Child process: run the sandbox until ``stop`` is set; send its base URL through ``ready``."""
     from procurd.logs import configure_logging
@@ -54,6 +59,8 @@ def _serve_sandbox(
             rate_limit=False,
         )
         async with Sandbox(config) as sandbox:
+            if latency_seconds > 0:
+                sandbox.faults.delay_next("products", count=1_000_000, seconds=latency_seconds)
             ready.send(sandbox.base_url)
             loop = asyncio.get_running_loop()
             await loop.run_in_executor(None, stop.wait)
@@ -192,13 +199,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--page-size", type=int, default=50)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--database-url", default=None, help="default: SQLite in a temporary directory")
+    parser.add_argument(
+        "--upstream-latency-ms",
+        type=float,
+        default=0.0,
+        help="delay the sandbox adds to every product page, like a remote site (default 0: loopback speed)",
+    )
     args = parser.parse_args(argv)
 
     context = multiprocessing.get_context("spawn")
     receiver, sender = context.Pipe(duplex=False)
     stop = context.Event()
     child = context.Process(
-        target=_serve_sandbox, args=(args.products, args.skus_per_product, sender, stop), daemon=True
+        target=_serve_sandbox,
+        args=(args.products, args.skus_per_product, args.upstream_latency_ms / 1000, sender, stop),
+        daemon=True,
     )
     child.start()
     try:

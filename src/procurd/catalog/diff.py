@@ -124,7 +124,7 @@ class Existing(tuple[Any, ...]):
     def __new__(
         cls, content_hash: str, removed: bool, tracked: Iterable[object], *, listed: bool = False
     ) -> Existing:
-        return super().__new__(cls, (bytes.fromhex(content_hash), removed, listed, *map(_intern, tracked)))
+        return super().__new__(cls, (bytes.fromhex(content_hash), removed, listed, *map(_shared, tracked)))
 
     @property
     def content_hash(self) -> str:
@@ -301,13 +301,14 @@ def _record(entity: Entity, payload: Mapping[str, Any], digest: str, product_id:
     missing = [name for name in REQUIRED_FIELDS[entity] if values[name] is None]
     if missing:
         raise IncompleteRecord(entity, identity, missing)
-    tracked = tuple(_intern(value_text(values[name])) for name in TRACKED_FIELDS[entity])
+    tracked = tuple(value_text(values[name]) for name in TRACKED_FIELDS[entity])
     return Record(entity, identity, values, digest, tracked)
 
 
-def _intern(value: Any) -> Any:
-    # Tracked values repeat endlessly ("true", "in_stock", common prices): share one copy in the snapshot.
-    return sys.intern(value) if type(value) is str else value
+def _shared(value: Any) -> Any:
+    # Labels such as stock statuses repeat on every row: the snapshot keeps one copy of each. Amounts are
+    # mostly distinct, and interning them would only grow the interpreter's table of interned strings.
+    return sys.intern(value) if type(value) is str and value[:1].isalpha() else value
 
 
 def existing_from_row(content_hash: str, removed: bool, tracked: Sequence[object]) -> Existing:
@@ -396,7 +397,8 @@ def diff_unlisted(entity: Entity, snapshot: Mapping[int, Existing]) -> Plan:
 def apply_plan(snapshot: Snapshot, plan: Plan) -> None:
     """Bring ``snapshot`` up to date once ``plan`` has been written (written records count as listed)."""
     for record in (*plan.inserts, *plan.updates, *plan.restores):
-        snapshot[record.id] = Existing(record.content_hash, False, record.tracked, listed=True)
+        tracked = [record.values[name] for name in TRACKED_FIELDS[plan.entity]]
+        snapshot[record.id] = Existing(record.content_hash, False, tracked, listed=True)
     if plan.removals:
         active_index = TRACKED_FIELDS[plan.entity].index("is_active")
         for identity in plan.removals:

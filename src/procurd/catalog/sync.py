@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import math
 import os
 import secrets
@@ -207,17 +208,20 @@ class _Lease:
 class _ListedSku:
     id: int
     digest: str
-    payload: dict[str, Any] | None  # kept only when the mirror's row differs
+    document: str | None  # the SKU's JSON, kept only when the mirror's row differs
 
 
 @dataclass(frozen=True, slots=True)
 class _ListedProduct:
-    """A listed product, digested; its fields are kept only where they differ from the mirror's rows."""
+    """A listed product, digested; its JSON is kept only where it differs from the mirror's rows.
+
+    Pages wait for the writer in this form: JSON text takes a fraction of the memory of parsed models.
+    """
 
     id: int
     category_id: int | None
     digest: str
-    payload: dict[str, Any] | None
+    document: str | None
     skus: tuple[_ListedSku, ...]
 
     @classmethod
@@ -227,14 +231,14 @@ class _ListedProduct:
         # unchanged now is still unchanged when the page is written.
         skus = []
         for sku in product.skus:
-            sku_digest = digest_text(sku.model_dump_json(), product.id)
+            sku_document = sku.model_dump_json()
+            sku_digest = digest_text(sku_document, product.id)
             changed = needs_write(snapshot["sku"], sku.id, sku_digest)
-            skus.append(_ListedSku(sku.id, sku_digest, sku.model_dump(mode="json") if changed else None))
-        digest = digest_text(product.model_dump_json(exclude={"skus"}))
-        payload = None
-        if needs_write(snapshot["product"], product.id, digest):
-            payload = product.model_dump(mode="json", exclude={"skus"})
-        return cls(product.id, product.category_id, digest, payload, tuple(skus))
+            skus.append(_ListedSku(sku.id, sku_digest, sku_document if changed else None))
+        document = product.model_dump_json(exclude={"skus"})
+        digest = digest_text(document)
+        changed = needs_write(snapshot["product"], product.id, digest)
+        return cls(product.id, product.category_id, digest, document if changed else None, tuple(skus))
 
 
 @dataclass(frozen=True, slots=True)
@@ -527,9 +531,9 @@ class _SyncPass:
                     if violation is not None:
                         self._violation(violation)
                 fresh_skus = [sku for sku in listed.skus if self._first_listing("sku", sku.id, new_ids)]
-                if listed.payload is not None:
+                if listed.document is not None:
                     try:
-                        products.append(product_record(listed.payload, listed.digest))
+                        products.append(product_record(json.loads(listed.document), listed.digest))
                     except IncompleteRecord as exc:
                         self._violation(str(exc))
                         self._not_mirrored("product", [listed.id], new_ids)
@@ -570,9 +574,9 @@ class _SyncPass:
     ) -> list[Record]:
         records = []
         for sku in skus:
-            if sku.payload is not None:
+            if sku.document is not None:
                 try:
-                    records.append(sku_record(sku.payload, product_id, sku.digest))
+                    records.append(sku_record(json.loads(sku.document), product_id, sku.digest))
                 except IncompleteRecord as exc:
                     self._violation(str(exc))
                     self._not_mirrored("sku", [sku.id], new_ids)
