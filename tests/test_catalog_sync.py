@@ -515,6 +515,24 @@ async def test_last_sync_reports_the_latest_run(engine: AsyncEngine, client: Ups
     assert await last_sync(engine, UPSTREAM) == report
 
 
+async def test_last_sync_can_skip_the_running_pass(engine: AsyncEngine, client: UpstreamClient) -> None:
+    """While a pass runs, last_sync shows it as running; finished=True shows the last one that ended."""
+    done = await sync(engine, client)
+    gate = asyncio.Event()
+    running = asyncio.create_task(sync(engine, GatedClient(client, gate)))
+
+    async def second_run_started() -> bool:
+        return await count(engine, sync_runs) == 2
+
+    await eventually(second_run_started)
+    current = await last_sync(engine, UPSTREAM)
+    assert current is not None
+    assert current.status == "running"
+    assert await last_sync(engine, UPSTREAM, finished=True) == done
+    gate.set()
+    assert (await running).status == "ok"
+
+
 async def test_refused_credentials_fail_the_run_without_leaking_the_secret(
     engine: AsyncEngine, sandbox: Sandbox
 ) -> None:

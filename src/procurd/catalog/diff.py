@@ -2,9 +2,10 @@
 
 An upstream Category, Product or SKU becomes a :class:`Record`: the values of its mirror row (every seed
 field under its own name, anything else under ``extra``) and a digest of what the upstream sent. The
-snapshot holds, per mirrored id, that digest, whether the row is marked removed and the tracked fields
-(prices, stock, activity) as text. :func:`diff_listed` says which listed records to insert, update or restore
-and :func:`diff_unlisted` which rows to mark removed; both also produce the change-log entries.
+snapshot holds, per mirrored id, that digest, whether the row is marked removed, whether the current pass
+saw it listed, and the tracked fields (prices, stock, activity). :func:`diff_listed` says which listed records
+to insert, update or restore and :func:`diff_unlisted` which rows to mark removed; both also produce the
+change-log entries (values as text).
 """
 
 from __future__ import annotations

@@ -183,9 +183,12 @@ async def run_sync(
         await _release(engine, lease_name, lease_holder)
 
 
-async def last_sync(engine: AsyncEngine, upstream: str) -> SyncReport | None:
-    """The most recent sync pass of ``upstream`` (``running`` while one is under way), or ``None``."""
-    row = await mirror_store.last_run(engine, upstream)
+async def last_sync(engine: AsyncEngine, upstream: str, *, finished: bool = False) -> SyncReport | None:
+    """The most recent sync pass of ``upstream``, or ``None``.
+
+    While a pass is under way that is the ``running`` one, unless ``finished`` asks for the last that ended.
+    """
+    row = await mirror_store.last_run(engine, upstream, finished=finished)
     return None if row is None else SyncReport.from_row(row)
 
 

@@ -210,10 +210,11 @@ async def finish_run(
     return written
 
 
-async def last_run(engine: AsyncEngine, upstream: str) -> RowMapping | None:
-    """The most recent ``sync_runs`` row of ``upstream`` (running or finished), or ``None``."""
+async def last_run(engine: AsyncEngine, upstream: str, *, finished: bool = False) -> RowMapping | None:
+    """The most recent ``sync_runs`` row of ``upstream`` (only finished ones if asked), or ``None``."""
+    statement = select(sync_runs).where(sync_runs.c.upstream == upstream)
+    if finished:
+        statement = statement.where(sync_runs.c.status != "running")
     async with engine.connect() as connection:
-        result = await connection.execute(
-            select(sync_runs).where(sync_runs.c.upstream == upstream).order_by(sync_runs.c.id.desc()).limit(1)
-        )
+        result = await connection.execute(statement.order_by(sync_runs.c.id.desc()).limit(1))
         return result.mappings().first()
