@@ -24,9 +24,10 @@ import resource
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 API_KEY = "bench-key"
 API_SECRET = "bench-secret-0123456789"
@@ -34,6 +35,8 @@ UPSTREAM = "bench"
 TARGET_RATIO = 1.2
 TARGET_SECOND_FRACTION = 1 / 3
 TARGET_RSS_MB = 100.0
+
+T = TypeVar("T")
 
 
 def _serve_sandbox(
@@ -84,10 +87,24 @@ def _migrate(database_url: str) -> None:
 
 
 @dataclass
+class Phase:
+    """Wall-clock and CPU seconds (all threads of this process) of one timed step."""
+
+    seconds: float
+    cpu_seconds: float
+
+
+async def timed(step: Awaitable[T]) -> tuple[T, Phase]:
+    started, cpu_started = time.perf_counter(), time.process_time()
+    result = await step
+    return result, Phase(time.perf_counter() - started, time.process_time() - cpu_started)
+
+
+@dataclass
 class Figures:
-    fetch_seconds: list[float]
-    sync_seconds: float
-    second_sync_seconds: float
+    fetch: list[Phase]
+    sync: Phase
+    second_sync: Phase
     first_rows: int
     second_rows: int
     products: int
@@ -136,31 +153,23 @@ async def measure(base_url: str, database_url: str, page_size: int, concurrency:
         async with UpstreamClient(settings) as client:
             await fetch_only(client, page_size, concurrency)  # warm-up: connections, sandbox caches
 
-            fetch_seconds = []
-            started = time.perf_counter()
-            await fetch_only(client, page_size, concurrency)
-            fetch_seconds.append(time.perf_counter() - started)
-
-            started = time.perf_counter()
-            first = await run_sync(engine, client, UPSTREAM, page_size=page_size, concurrency=concurrency)
-            sync_seconds = time.perf_counter() - started
-
-            started = time.perf_counter()
-            second = await run_sync(engine, client, UPSTREAM, page_size=page_size, concurrency=concurrency)
-            second_sync_seconds = time.perf_counter() - started
-
-            started = time.perf_counter()
-            await fetch_only(client, page_size, concurrency)
-            fetch_seconds.append(time.perf_counter() - started)
+            _, fetch = await timed(fetch_only(client, page_size, concurrency))
+            first, sync = await timed(
+                run_sync(engine, client, UPSTREAM, page_size=page_size, concurrency=concurrency)
+            )
+            second, second_sync = await timed(
+                run_sync(engine, client, UPSTREAM, page_size=page_size, concurrency=concurrency)
+            )
+            _, fetch_again = await timed(fetch_only(client, page_size, concurrency))
     finally:
         await engine.dispose()
     for report in (first, second):
         if report.status != "ok":
             raise SystemExit(f"sync {report.run_id} {report.status}: {report.error}")
     return Figures(
-        fetch_seconds=fetch_seconds,
-        sync_seconds=sync_seconds,
-        second_sync_seconds=second_sync_seconds,
+        fetch=[fetch, fetch_again],
+        sync=sync,
+        second_sync=second_sync,
         first_rows=first.rows_written,
         second_rows=second.rows_written,
         products=first.products,
@@ -171,14 +180,21 @@ async def measure(base_url: str, database_url: str, page_size: int, concurrency:
 
 
 def report(figures: Figures) -> bool:
-    fetch = min(figures.fetch_seconds)
-    ratio = figures.sync_seconds / fetch
-    fraction = figures.second_sync_seconds / figures.sync_seconds
+    fetch = min(figures.fetch, key=lambda phase: phase.seconds)
+    ratio = figures.sync.seconds / fetch.seconds
+    fraction = figures.second_sync.seconds / figures.sync.seconds
+    runs = ", ".join(f"{phase.seconds:.3f}" for phase in figures.fetch)
     print(f"catalogue           {figures.products} products, {figures.skus} SKUs, {figures.pages} pages")
-    print(f"fetch-only seconds  {fetch:.3f}  (runs: {', '.join(f'{s:.3f}' for s in figures.fetch_seconds)})")
-    print(f"sync seconds        {figures.sync_seconds:.3f}  (rows written {figures.first_rows})")
+    print(f"fetch-only seconds  {fetch.seconds:.3f}  (CPU {fetch.cpu_seconds:.3f}; runs: {runs})")
+    print(
+        f"sync seconds        {figures.sync.seconds:.3f}  (CPU {figures.sync.cpu_seconds:.3f}; "
+        f"rows written {figures.first_rows})"
+    )
     print(f"sync / fetch-only   {ratio:.2f}  (target <= {TARGET_RATIO})")
-    print(f"second sync seconds {figures.second_sync_seconds:.3f}  ({fraction:.2f} of the first)")
+    print(
+        f"second sync seconds {figures.second_sync.seconds:.3f}  (CPU {figures.second_sync.cpu_seconds:.3f}; "
+        f"{fraction:.2f} of the first)"
+    )
     print(f"second sync rows    {figures.second_rows}  (target 0)")
     print(f"peak RSS MB         {figures.peak_rss_mb:.1f}  (target < {TARGET_RSS_MB:.0f})")
     checks = {
