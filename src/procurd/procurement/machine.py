@@ -20,6 +20,7 @@ from typing import Any
 from procurd.procurement import backoff
 from procurd.procurement.model import (
     CANCELED_STATUS,
+    COMPLETED_STATUS,
     DELIVERED_STATUSES,
     HEALABLE_REASONS,
     REFUNDED_STATUSES,
@@ -226,6 +227,9 @@ def _upstream_report(snapshot: Snapshot, event: UpstreamReport, now: datetime, p
         if status in DELIVERED_STATUSES:
             if same_status:
                 return _ignored(snapshot, "duplicate")
+            if snapshot.upstream_status == COMPLETED_STATUS:
+                # A delivered report that arrives after completed is older news: recorded, not applied.
+                return Decision(State.DELIVERED, "late_status_ignored", {}, detail)
             return Decision(State.DELIVERED, "status_recorded", {"upstream_status": status}, detail)
         if status == CANCELED_STATUS:
             changes = _exception(Reason.CONFLICTING_CALLBACK, message="canceled after delivered")

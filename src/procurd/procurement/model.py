@@ -46,7 +46,8 @@ class Reason(StrEnum):
 
 
 # Upstream statuses (seed 000 part 3, plus what real sites report).
-DELIVERED_STATUSES = frozenset({"delivered", "completed"})
+COMPLETED_STATUS = "completed"  # the last status of a delivered order
+DELIVERED_STATUSES = frozenset({"delivered", COMPLETED_STATUS})
 CANCELED_STATUS = "canceled"
 REFUNDED_STATUSES = frozenset({"refunded", "partially_refunded"})
 
