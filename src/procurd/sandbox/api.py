@@ -9,10 +9,11 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
+from email.utils import formatdate
 from typing import TYPE_CHECKING, Any
 
 import structlog
-from aiohttp import web
+from aiohttp import hdrs, web
 
 from procurd.sandbox.catalog import dump_json, money_text
 from procurd.sandbox.faults import AFTER_KINDS, BEFORE_KINDS, RequestFault
@@ -130,6 +131,8 @@ class SignedApi:
         except Exception:  # any bug becomes the API's own 500 body, and is logged
             log.exception("sandbox request failed", path=request.path)
             response = json_response(ApiError(500, "internal_error", "internal server error").body(), 500)
+        # The site's own clock, offset included, as a real site's Date header shows it.
+        response.headers[hdrs.DATE] = formatdate(self.state.now(), usegmt=True)
         log.debug(
             "sandbox request",
             method=request.method,
