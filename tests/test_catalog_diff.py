@@ -279,7 +279,7 @@ def test_apply_plan_makes_a_second_diff_empty() -> None:
 def test_existing_from_row_matches_record_text() -> None:
     """Stored tracked values read back compare equal to the same values from the upstream."""
     sku = product_records(product_payload(1)).skus[0]
-    stored = existing_from_row(sku.content_hash, False, ["9.90", None, None, "in_stock", 50, True])
+    stored = existing_from_row("sku", sku.content_hash, False, ["9.90", None, None, "in_stock", 50, True])
     assert tuple(value_text(value) for value in stored.tracked) == sku.tracked
     assert diff_listed("sku", [sku], {sku.id: stored}).rows == 0
 

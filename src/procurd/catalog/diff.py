@@ -66,6 +66,11 @@ TRACKED_FIELDS: dict[Entity, tuple[str, ...]] = {
     "product": ("price_amount", "original_price", "member_price", "is_active"),
     "sku": ("price_amount", "original_price", "member_price", "stock_status", "stock_quantity", "is_active"),
 }
+# Tracked fields holding labels that repeat on every row (kept once in memory, see existing_from_row).
+_LABEL_POSITIONS: dict[Entity, tuple[int, ...]] = {
+    entity: tuple(index for index, name in enumerate(fields) if name == "stock_status")
+    for entity, fields in TRACKED_FIELDS.items()
+}
 # Values for NOT NULL columns an upstream may leave out without the record being unusable.
 _DEFAULTS: dict[Entity, dict[str, Any]] = {
     "category": {"parent_id": 0, "slug": "", "name": {}, "icon": "", "sort_order": 0, "is_active": True},
@@ -125,7 +130,7 @@ class Existing(tuple[Any, ...]):
     def __new__(
         cls, content_hash: str, removed: bool, tracked: Iterable[object], *, listed: bool = False
     ) -> Existing:
-        return super().__new__(cls, (bytes.fromhex(content_hash), removed, listed, *map(_shared, tracked)))
+        return super().__new__(cls, (bytes.fromhex(content_hash), removed, listed, *tracked))
 
     @property
     def content_hash(self) -> str:
@@ -215,9 +220,10 @@ def value_text(value: object) -> str | None:
 
 def digest_text(text: str, *implied: object) -> str:
     """A 32-hex-digit digest of serialized upstream fields and values implied by where they were listed."""
+    digest = hashlib.blake2b(text.encode(), digest_size=16)
     for value in implied:
-        text += f"\n{value}"
-    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+        digest.update(f"\n{value}".encode())
+    return digest.hexdigest()
 
 
 def content_digest(payload: Mapping[str, Any], *implied: object) -> str:
@@ -306,18 +312,20 @@ def _record(entity: Entity, payload: Mapping[str, Any], digest: str, product_id:
     return Record(entity, identity, values, digest, tracked)
 
 
-def _shared(value: Any) -> Any:
-    # Labels such as stock statuses repeat on every row: the snapshot keeps one copy of each. Amounts are
-    # mostly distinct, and interning them would only grow the interpreter's table of interned strings.
-    return sys.intern(value) if type(value) is str and value[:1].isalpha() else value
+def existing_from_row(
+    entity: Entity, content_hash: str, removed: bool, tracked: Sequence[object], *, listed: bool = False
+) -> Existing:
+    """A snapshot entry from a digest, removal mark and tracked values (in TRACKED_FIELDS order).
 
-
-def existing_from_row(content_hash: str, removed: bool, tracked: Sequence[object]) -> Existing:
-    """A snapshot entry from a stored row's digest, removal mark and tracked columns (in TRACKED order).
-
-    Tracked values stay as the database returned them; they are compared as :func:`value_text`.
+    Tracked values stay as given (compared as :func:`value_text`), except that labels such as stock
+    statuses, which repeat on every row, share one copy.
     """
-    return Existing(content_hash, removed, tracked)
+    values = list(tracked)
+    for index in _LABEL_POSITIONS[entity]:
+        label = values[index]
+        if type(label) is str:
+            values[index] = sys.intern(label)
+    return Existing(content_hash, removed, values, listed=listed)
 
 
 def needs_write(snapshot: Mapping[int, Existing], identity: int, content_hash: str) -> bool:
@@ -397,9 +405,10 @@ def diff_unlisted(entity: Entity, snapshot: Mapping[int, Existing]) -> Plan:
 
 def apply_plan(snapshot: Snapshot, plan: Plan) -> None:
     """Bring ``snapshot`` up to date once ``plan`` has been written (written records count as listed)."""
+    names = TRACKED_FIELDS[plan.entity]
     for record in (*plan.inserts, *plan.updates, *plan.restores):
-        tracked = [record.values[name] for name in TRACKED_FIELDS[plan.entity]]
-        snapshot[record.id] = Existing(record.content_hash, False, tracked, listed=True)
+        tracked = [record.values[name] for name in names]
+        snapshot[record.id] = existing_from_row(plan.entity, record.content_hash, False, tracked, listed=True)
     if plan.removals:
         active_index = TRACKED_FIELDS[plan.entity].index("is_active")
         for identity in plan.removals:

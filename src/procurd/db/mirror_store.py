@@ -76,7 +76,7 @@ async def _load_table_snapshot(
     result = await connection.stream(statement)
     async for partition in result.partitions(SNAPSHOT_PARTITION_ROWS):
         for identity, content_hash, removed, *tracked in partition:
-            snapshot[identity] = existing_from_row(content_hash, bool(removed), tracked)
+            snapshot[identity] = existing_from_row(entity, content_hash, bool(removed), tracked)
     return snapshot
 
 
