@@ -185,7 +185,12 @@ async def ping_upstream(runtime: Runtime, upstream: str) -> PingResult | Upstrea
 
 
 def describe_failure(error: BaseException) -> str:
-    """One line about a failure, without secrets (upstream errors already describe themselves safely)."""
+    """One line about a failure, without secrets (upstream errors already describe themselves safely).
+
+    An authentication failure carries what to check, such as the clock and its measured offset.
+    """
+    if isinstance(error, AuthError):
+        return truncate(f"{error}; {error.hint}", 400)
     if isinstance(error, UpstreamError):
         return truncate(str(error), 300)
     return truncate(scrub(f"{type(error).__name__}: {error}"), 300)
