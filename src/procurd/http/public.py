@@ -151,8 +151,16 @@ def _check_timestamp(raw: str) -> None:
     timestamp = parse_timestamp(raw)
     if timestamp is None:
         raise ApiError(401, "invalid_timestamp", "the timestamp is not Unix seconds")
-    if not timestamp_fresh(timestamp, time.time()):
-        raise ApiError(401, "timestamp_expired", "the timestamp is more than 60 seconds away from our clock")
+    now = time.time()
+    if not timestamp_fresh(timestamp, now):
+        offset = timestamp - now
+        direction = "ahead of" if offset > 0 else "behind"
+        raise ApiError(
+            401,
+            "timestamp_expired",
+            f"the timestamp is {abs(offset):.0f} s {direction} our clock (60 s allowed): "
+            "a replayed request, or a clock that is off (check NTP on both sides)",
+        )
 
 
 def _parse(raw: bytes) -> Callback:
