@@ -13,6 +13,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import and_, func, insert, or_, select, update
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from procurd.db.schema import (
@@ -430,13 +432,15 @@ async def pending_events(conn: AsyncConnection) -> int:
 
 
 async def ensure_health_rows(conn: AsyncConnection, names: Iterable[str], now: datetime) -> None:
+    """Create the missing health rows; instances starting together on one database may both try."""
     existing = set((await conn.execute(select(upstream_health.c.upstream))).scalars())
+    insert_new = postgresql_insert if conn.dialect.name == "postgresql" else sqlite_insert
     for name in names:
         if name not in existing:
             await conn.execute(
-                insert(upstream_health).values(
-                    upstream=name, callbacks_accepted=0, callbacks_rejected=0, updated_at=now
-                )
+                insert_new(upstream_health)
+                .values(upstream=name, callbacks_accepted=0, callbacks_rejected=0, updated_at=now)
+                .on_conflict_do_nothing(index_elements=[upstream_health.c.upstream])
             )
 
 
