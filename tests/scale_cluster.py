@@ -1,0 +1,248 @@
+"""Several real ``procurd run`` processes on one database, for the scale-out tests.
+
+Each instance gets its own configuration file, its own ports and its own log file under the test's
+temporary directory; they share the database and the sandbox upstream running in the test process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from procurd.config import Settings
+from procurd.sandbox import Sandbox
+from support import free_port, wait_until
+
+POSTGRES_URL = os.environ.get("PROCURD_TEST_POSTGRES_URL", "")
+requires_postgres = [
+    pytest.mark.postgres,
+    pytest.mark.skipif(
+        not POSTGRES_URL,
+        reason="scale-out needs a shared PostgreSQL: set PROCURD_TEST_POSTGRES_URL (scripts/test does)",
+    ),
+]
+START_TIMEOUT = 30.0
+STOP_TIMEOUT = 30.0
+CALLBACK_PATH = "/api/v1/upstream/callback"
+
+
+def instance_config(database_url: str, sandbox: Sandbox, **sections: Mapping[str, Any]) -> dict[str, Any]:
+    """One instance's configuration (as the TOML file holds it): loopback ports, fast schedules.
+
+    ``sections`` update the defaults section by section (``upstream`` updates the one upstream block).
+    """
+    public_port = free_port()
+    data: dict[str, Any] = {
+        "database": {"url": database_url},
+        "server": {
+            "public_host": "127.0.0.1",
+            "public_port": public_port,
+            "admin_host": "127.0.0.1",
+            "admin_port": free_port(),
+            "callback_url": callback_url(public_port),
+            "allow_private_callback_url": True,
+            "shutdown_timeout_seconds": 10,
+        },
+        "upstreams": [
+            {
+                "name": "main",
+                "base_url": sandbox.base_url,
+                "api_key": sandbox.config.api_key,
+                "api_secret": sandbox.config.api_secret,
+                "header_prefix": sandbox.config.header_prefix,
+                "timeout_seconds": 10,
+                "max_requests_per_second": 1000,
+                "ping_interval_seconds": 3600,
+            }
+        ],
+        "catalog": {"sync_interval_seconds": 3600, "page_size": 50, "concurrency": 4},
+        "procurement": {
+            "workers": 4,
+            "max_attempts": 4,
+            "retry_base_seconds": 0.05,
+            "retry_max_seconds": 0.2,
+            "poll_initial_seconds": 0.5,
+            "poll_max_seconds": 1,
+            "poll_give_up_seconds": 3600,
+            # Longer than any upstream call: an expired claim is taken again, so it must mean a dead worker.
+            "lease_seconds": 30,
+        },
+        "logging": {"level": "warning", "format": "json"},
+    }
+    for section, values in sections.items():
+        target = data["upstreams"][0] if section == "upstream" else data.setdefault(section, {})
+        target.update(values)
+    return data
+
+
+def callback_url(public_port: int) -> str:
+    return f"http://127.0.0.1:{public_port}{CALLBACK_PATH}"
+
+
+def settings_of(config: Mapping[str, Any]) -> Settings:
+    """The settings an instance started from ``config`` runs with."""
+    return Settings(**config)
+
+
+def to_toml(config: Mapping[str, Any]) -> str:
+    """``config`` as a TOML document (tables of scalars, and arrays of such tables)."""
+    lines: list[str] = []
+    for section, values in config.items():
+        blocks = values if isinstance(values, list) else [values]
+        header = f"[[{section}]]" if isinstance(values, list) else f"[{section}]"
+        for block in blocks:
+            lines.append(header)
+            lines.extend(f"{key} = {_toml_value(value)}" for key, value in block.items())
+            lines.append("")
+    return "\n".join(lines)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    raise TypeError(f"no TOML form for {value!r}")
+
+
+def _child_environment() -> dict[str, str]:
+    # PROCURD_<SECTION>__<KEY> variables of the test run must not override an instance's own file.
+    return {key: value for key, value in os.environ.items() if not key.startswith("PROCURD_")}
+
+
+class DaemonProcess:
+    """One ``procurd run`` subprocess with its configuration file and log file."""
+
+    def __init__(self, name: str, config: Mapping[str, Any], directory: Path) -> None:
+        self.name = name
+        self.config = config
+        self.settings = settings_of(config)
+        self.config_path = directory / f"procurd-{name}.toml"
+        self.log_path = directory / f"procurd-{name}.log"
+        self.process: asyncio.subprocess.Process | None = None
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://127.0.0.1:{self.settings.server.admin_port}"
+
+    @property
+    def callback_url(self) -> str:
+        """This instance's own public callback receiver."""
+        return callback_url(self.settings.server.public_port)
+
+    @property
+    def returncode(self) -> int | None:
+        return None if self.process is None else self.process.returncode
+
+    async def start(self) -> None:
+        self.config_path.write_text(to_toml(self.config), encoding="utf-8")
+        with self.log_path.open("wb") as log:
+            self.process = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "procurd", "--config", str(self.config_path), "run",
+                stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=asyncio.subprocess.STDOUT,
+                env=_child_environment(),
+            )  # fmt: skip
+
+    async def wait_ready(self, session: aiohttp.ClientSession) -> None:
+        """Wait until the admin listener answers ``/healthz``; fail at once if the process exits."""
+
+        async def ready() -> bool:
+            if self.returncode is not None:
+                raise AssertionError(
+                    f"instance {self.name} exited with {self.returncode}:\n{self.log_tail()}"
+                )
+            try:
+                async with session.get(self.admin_url + "/healthz") as response:
+                    return response.status == 200
+            except aiohttp.ClientError:
+                return False
+
+        await wait_until(ready, timeout=START_TIMEOUT, interval=0.05)
+
+    async def stop(self) -> int:
+        """SIGTERM, then wait for the drain; returns the exit code."""
+        assert self.process is not None
+        if self.process.returncode is None:
+            self.process.send_signal(signal.SIGTERM)
+        return await asyncio.wait_for(self.process.wait(), STOP_TIMEOUT)
+
+    async def kill(self) -> None:
+        if self.process is not None and self.process.returncode is None:
+            self.process.kill()
+            await self.process.wait()
+
+    def log_lines(self) -> list[str]:
+        if not self.log_path.exists():
+            return []
+        return self.log_path.read_text(encoding="utf-8", errors="replace").splitlines()
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log_lines()[-lines:])
+
+    def log_events(self, event: str | None = None) -> list[dict[str, Any]]:
+        """The instance's JSON log records so far (only those named ``event`` when given)."""
+        records = []
+        for line in self.log_lines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and (event is None or record.get("event") == event):
+                records.append(record)
+        return records
+
+    async def metrics(self, session: aiohttp.ClientSession) -> str:
+        async with session.get(self.admin_url + "/metrics") as response:
+            assert response.status == 200
+            return await response.text()
+
+
+def metric_value(text: str, name: str, **labels: str) -> float:
+    """The sum of the samples of ``name`` whose labels include ``labels`` (0 when there are none)."""
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        sample, _, value = line.rpartition(" ")
+        if all(f'{key}="{wanted}"' in sample for key, wanted in labels.items()):
+            total += float(value)
+    return total
+
+
+@asynccontextmanager
+async def cluster(
+    directory: Path, configs: Mapping[str, Mapping[str, Any]]
+) -> AsyncIterator[list[DaemonProcess]]:
+    """Start one ``procurd run`` per configuration at once and wait until all listen.
+
+    On a clean exit every instance is stopped with SIGTERM and must exit 0; when the body fails they are
+    killed.
+    """
+    daemons = [DaemonProcess(name, config, directory) for name, config in configs.items()]
+    async with AsyncExitStack() as cleanup:
+        for daemon in daemons:
+            cleanup.push_async_callback(daemon.kill)
+        await asyncio.gather(*(daemon.start() for daemon in daemons))
+        async with aiohttp.ClientSession() as session:
+            await asyncio.gather(*(daemon.wait_ready(session) for daemon in daemons))
+        yield daemons
+        await stop_all(daemons)
+
+
+async def stop_all(daemons: Sequence[DaemonProcess]) -> None:
+    """Stop every instance at once; each must drain and exit 0."""
+    codes = await asyncio.gather(*(daemon.stop() for daemon in daemons))
+    for daemon, code in zip(daemons, codes, strict=True):
+        assert code == 0, f"instance {daemon.name} exited with {code}:\n{daemon.log_tail()}"

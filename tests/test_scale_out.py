@@ -1,0 +1,243 @@
+"""Scale-out: two real ``procurd run`` processes on one PostgreSQL database and one sandbox upstream."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+from collections import Counter
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from sqlalchemy import select, text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from procurd.db import procurement_store as store
+from procurd.db.schema import audit_log, procurements, sync_runs, upstream_health
+from procurd.db.types import utcnow
+from procurd.sandbox import Sandbox, SandboxConfig
+from scale_cluster import (
+    DaemonProcess,
+    cluster,
+    instance_config,
+    metric_value,
+    requires_postgres,
+    settings_of,
+)
+from support import AdminClient, mirror, wait_until
+
+pytestmark = requires_postgres
+
+LOAD_ORDERS = 300
+CALLBACK_ORDERS = 40
+SUBMIT_CONCURRENCY = 16
+BIG_BALANCE = Decimal("10000000.00")
+UPSTREAM_REQUESTS = "procurd_upstream_requests_total"
+CALLBACKS = "procurd_callbacks_total"
+
+
+def sandbox_config(**overrides: Any) -> SandboxConfig:
+    values: dict[str, Any] = {
+        "products": 20,
+        "manual_ratio": 0.0,
+        "allow_private_callbacks": True,
+        "balance": BIG_BALANCE,
+        "callback_retry_delays": (0.2, 0.5, 1.0, 2.0),
+    }
+    values.update(overrides)
+    return SandboxConfig(**values)
+
+
+def orderable_skus(sandbox: Sandbox) -> list[int]:
+    """Active SKUs of listed auto products, given unlimited stock so hundreds of orders never run short."""
+    skus = [
+        sku.id
+        for product in sandbox.state.active_products()
+        if product.fulfillment_type == "auto"
+        for sku in product.skus
+        if sku.is_active
+    ]
+    for sku_id in skus:
+        sandbox.state.set_sku_stock(sku_id, -1)
+    assert skus
+    return skus
+
+
+async def submit_all(admins: list[AdminClient], orders: dict[str, int]) -> None:
+    """Submit every order (number to SKU), alternating between the instances, several at a time."""
+    gate = asyncio.Semaphore(SUBMIT_CONCURRENCY)
+
+    async def submit(index: int, order_no: str, sku_id: int) -> None:
+        async with gate:
+            order = await admins[index % len(admins)].submit(order_no, {"sku_id": sku_id, "quantity": 1})
+            assert order["order_no"] == order_no
+
+    await asyncio.gather(*(submit(i, no, sku) for i, (no, sku) in enumerate(orders.items())))
+
+
+async def queue_counts(admin: AdminClient) -> dict[str, int]:
+    status, body = await admin.call("GET", "/api/v1/status")
+    assert status == 200, body
+    (upstream,) = body["upstreams"]
+    return upstream["queue"]  # type: ignore[no-any-return]
+
+
+async def test_two_instances_never_double_submit(
+    database_url: str, engine: AsyncEngine, tmp_path: Path
+) -> None:
+    """300 orders taken in by two instances are each bought upstream exactly once, and all are delivered."""
+    async with Sandbox(sandbox_config()) as sandbox:
+        skus = orderable_skus(sandbox)
+        configs = {name: instance_config(database_url, sandbox) for name in ("a", "b")}
+        await mirror(settings_of(configs["a"]))
+        orders = {f"LOAD{n:04d}": skus[n % len(skus)] for n in range(LOAD_ORDERS)}
+        # Every third submission is answered late: claims stay in flight while the other instance works.
+        for index in range(LOAD_ORDERS):
+            sandbox.faults.delay_next("orders.create", seconds=0.2 if index % 3 == 0 else 0)
+        async with cluster(tmp_path, configs) as daemons, aiohttp.ClientSession() as session:
+            admins = [AdminClient(daemon.settings, session) for daemon in daemons]
+            await submit_all(admins, orders)
+
+            async def all_delivered() -> bool:
+                return (await queue_counts(admins[0])).get("delivered", 0) == LOAD_ORDERS
+
+            await wait_until(all_delivered, timeout=90, interval=0.2)
+            submitted_by = [
+                metric_value(await daemon.metrics(session), UPSTREAM_REQUESTS, endpoint="orders.create")
+                for daemon in daemons
+            ]
+            for order_no in list(orders)[:: LOAD_ORDERS // 10]:
+                for admin in admins:
+                    view = await admin.order(order_no)
+                    assert view["status"] == "delivered"
+                    assert view["procurements"][0]["fulfillment"]["status"] == "delivered"
+
+        assert all(count > 0 for count in submitted_by), submitted_by
+        assert sum(submitted_by) == LOAD_ORDERS
+        assert sandbox.request_counts["orders.create"] == LOAD_ORDERS
+        assert len(sandbox.state.orders) == LOAD_ORDERS
+        per_number = Counter(order.downstream_order_no for order in sandbox.state.orders.values())
+        assert per_number == Counter(list(orders))
+        await assert_each_submitted_once(engine)
+
+
+async def assert_each_submitted_once(engine: AsyncEngine) -> None:
+    """Every procurement was claimed once (a lost or doubled claim counts a second attempt), accepted once."""
+    async with engine.connect() as conn:
+        rows = (await conn.execute(select(procurements))).all()
+        worker_submissions = select(audit_log.c.procurement_id).where(
+            audit_log.c.source == "worker", audit_log.c.new_state == "submitted"
+        )
+        accepted = Counter((await conn.execute(worker_submissions)).scalars())
+    assert len(rows) == LOAD_ORDERS
+    assert {row.state for row in rows} == {"delivered"}
+    assert {row.attempts for row in rows} == {1}
+    assert all(count == 1 for count in accepted.values()), accepted.most_common(3)
+
+
+async def test_any_instance_takes_any_callback(database_url: str, tmp_path: Path) -> None:
+    """Orders taken in by instance A are delivered through callbacks that only instance B receives."""
+    async with Sandbox(sandbox_config()) as sandbox:
+        skus = orderable_skus(sandbox)
+        no_polls = {"poll_initial_seconds": 3600, "poll_max_seconds": 3600}
+        b_config = instance_config(database_url, sandbox, procurement=no_polls)
+        b_callback = b_config["server"]["callback_url"]
+        a_config = instance_config(
+            database_url, sandbox, procurement=no_polls, server={"callback_url": b_callback}
+        )
+        await mirror(settings_of(a_config))
+        orders = {f"CB{n:03d}": skus[n % len(skus)] for n in range(CALLBACK_ORDERS)}
+        async with (
+            cluster(tmp_path, {"a": a_config, "b": b_config}) as (a, b),
+            aiohttp.ClientSession() as session,
+        ):
+            admin_a = AdminClient(a.settings, session)
+            await submit_all([admin_a], orders)
+            for order_no in orders:
+                view = await admin_a.wait_status(order_no, "delivered", timeout=30)
+                assert view["procurements"][0]["fulfillment"]["payload"]
+            await sandbox.wait_callbacks_idle()
+            a_metrics, b_metrics = await a.metrics(session), await b.metrics(session)
+
+        assert {order.callback_url for order in sandbox.state.orders.values()} == {b_callback}
+        delivered_callbacks = [attempt for attempt in sandbox.callback_log if attempt.ok]
+        assert {attempt.downstream_order_no for attempt in delivered_callbacks} == set(orders)
+        assert {attempt.url for attempt in sandbox.callback_log} == {b_callback}
+        assert metric_value(a_metrics, CALLBACKS) == 0
+        assert metric_value(b_metrics, CALLBACKS, result="accepted") == len(delivered_callbacks)
+        assert metric_value(b_metrics, CALLBACKS, result="rejected") == 0
+        assert metric_value(a_metrics, UPSTREAM_REQUESTS, endpoint="orders.create") > 0
+        assert metric_value(a_metrics, UPSTREAM_REQUESTS, endpoint="orders.get") == 0
+        assert metric_value(b_metrics, UPSTREAM_REQUESTS, endpoint="orders.get") == 0
+
+
+async def test_one_catalogue_sync_at_a_time(database_url: str, engine: AsyncEngine, tmp_path: Path) -> None:
+    """With both instances syncing every half second, sync runs never overlap and the losers skip."""
+    async with Sandbox(sandbox_config(products=30)) as sandbox:
+        # Slow listings of varying length: passes outlast the interval or not, so the instances' schedules
+        # cannot settle into one always finding the other's pass under way.
+        durations = random.Random(7)
+        for _ in range(400):
+            sandbox.faults.delay_next("products", seconds=round(durations.uniform(0.05, 0.7), 2))
+        sections: dict[str, Any] = {
+            "catalog": {"sync_interval_seconds": 0.5},
+            "logging": {"level": "info", "format": "json"},
+        }
+        configs = {name: instance_config(database_url, sandbox, **sections) for name in ("a", "b")}
+        async with cluster(tmp_path, configs) as daemons:
+
+            def contended() -> bool:
+                return all(started_runs(daemon) for daemon in daemons) and bool(skipped(daemons))
+
+            await wait_until(contended, timeout=40, interval=0.1)
+
+        runs = await sync_run_rows(engine)
+        assert len(runs) >= 2
+        assert {run.status for run in runs} == {"ok"}
+        for earlier, later in itertools.pairwise(runs):
+            assert earlier.finished_at <= later.started_at, (earlier, later)
+        started = [started_runs(daemon) for daemon in daemons]
+        assert not started[0] & started[1]
+        assert started[0] | started[1] == {run.id for run in runs}
+        assert all(record["reason"] == "another instance is syncing" for record in skipped(daemons))
+
+
+def started_runs(daemon: DaemonProcess) -> set[int]:
+    return {int(record["run_id"]) for record in daemon.log_events("catalog_sync_started")}
+
+
+def skipped(daemons: list[DaemonProcess]) -> list[dict[str, Any]]:
+    return [record for daemon in daemons for record in daemon.log_events("catalog_sync_skipped")]
+
+
+async def sync_run_rows(engine: AsyncEngine) -> list[Any]:
+    async with engine.connect() as conn:
+        statement = select(sync_runs).where(sync_runs.c.upstream == "main").order_by(sync_runs.c.started_at)
+        return list((await conn.execute(statement)).all())
+
+
+async def test_instances_starting_together_both_create_health_rows(engine: AsyncEngine) -> None:
+    """Two instances creating the health rows of a fresh database at the same moment both succeed."""
+    async with engine.connect() as first, engine.connect() as second:
+        await first.begin()
+        await store.ensure_health_rows(first, ["main"], utcnow())
+        await second.begin()
+        racing = asyncio.create_task(store.ensure_health_rows(second, ["main"], utcnow()))
+        await wait_until(lambda: waiting_on_a_lock(engine))
+        await first.commit()
+        await racing
+        await second.commit()
+    async with engine.connect() as conn:
+        assert list((await conn.execute(select(upstream_health.c.upstream))).scalars()) == ["main"]
+
+
+async def waiting_on_a_lock(engine: AsyncEngine) -> bool:
+    """Whether some session of this test's database waits for a lock another one holds."""
+    async with engine.connect() as conn:
+        statement = text(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        )
+        return bool((await conn.execute(statement)).scalar_one())
