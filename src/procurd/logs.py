@@ -140,8 +140,9 @@ def configure_logging(level: str = "info", fmt: str = "auto", stream: TextIO | N
         root.removeHandler(existing)
     root.addHandler(handler)
     root.setLevel(numeric_level)
-    # Library chatter stays at warning unless we debug.
-    for noisy in ("aiohttp.access", "sqlalchemy.engine", "apscheduler", "asyncio", "alembic"):
+    # Library chatter stays at warning, even when we debug: aiosqlite's debug lines carry every SQL
+    # parameter, delivered payloads included.
+    for noisy in ("aiohttp.access", "sqlalchemy.engine", "apscheduler", "asyncio", "alembic", "aiosqlite"):
         logging.getLogger(noisy).setLevel(max(numeric_level, logging.WARNING))
 
 
