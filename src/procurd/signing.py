@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 TIMESTAMP_TOLERANCE_SECONDS = 60
+# One optional minus and ASCII digits only: str.isdigit() also accepts "²" and other digits int() refuses.
+_TIMESTAMP = re.compile(r"-?[0-9]+")
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,9 +63,9 @@ def signed_headers(
 
 
 def parse_timestamp(raw: str) -> int | None:
-    """The header's Unix seconds, or ``None`` when it is not a plain integer."""
+    """The header's Unix seconds, or ``None`` when it is not a plain integer of ASCII digits."""
     text = raw.strip()
-    if not text or len(text) > 12 or not text.lstrip("-").isdigit():
+    if len(text) > 12 or not _TIMESTAMP.fullmatch(text):
         return None
     return int(text)
 
