@@ -279,6 +279,9 @@ def _upstream_report(snapshot: Snapshot, event: UpstreamReport, now: datetime, p
         # the fetch itself, which then backs off like any unchanged poll.
         if event.polled:
             return _poll_unchanged(snapshot, known, now, policy, detail)
+        if same_status and snapshot.state is State.SUBMITTED:
+            # A repeat: the fetch the first report asked for is already scheduled.
+            return _ignored(snapshot, "duplicate")
         changes = dict(known, next_poll_at=now, poll_interval_seconds=snapshot.poll_interval_seconds)
         return _live(snapshot, changes, now, detail, healing, "delivery_pending_fetch")
     if status == CANCELED_STATUS:
