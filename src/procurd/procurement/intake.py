@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, Validat
 from procurd.procurement.numbers import ORDER_NO_PATTERN
 
 MAX_ITEMS = 100
+MAX_FORM_NUMBER_EXPONENT = 308  # a float's range
 
 
 class IntakeError(Exception):
@@ -43,9 +44,14 @@ def _decimal_text(value: Any) -> str:
 
 
 def plain_json(value: Any) -> Any:
-    """Buyer form data as plain JSON: its numbers are not amounts, so exact decimals become ints or floats."""
+    """Buyer form data as plain JSON: its numbers are not amounts, so exact decimals become ints or floats.
+
+    A number beyond a float's range is refused: ``int(Decimal("1e999999"))`` alone takes half a minute.
+    """
     if isinstance(value, Decimal):
-        return int(value) if value == value.to_integral_value() and value.is_finite() else float(value)
+        if not value.is_finite() or value.adjusted() > MAX_FORM_NUMBER_EXPONENT:
+            raise ValueError("manual_form_data holds a number too large")
+        return int(value) if value == value.to_integral_value() else float(value)
     if isinstance(value, dict):
         return {key: plain_json(item) for key, item in value.items()}
     if isinstance(value, list):
