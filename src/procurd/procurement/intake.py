@@ -12,6 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, Validat
 from procurd.procurement.numbers import ORDER_NO_PATTERN
 
 MAX_ITEMS = 100
+MAX_ID = 2**63 - 1  # the database's BIGINT
+MAX_AMOUNT_CHARS = 40  # the database's Money column
 MAX_FORM_NUMBER_EXPONENT = 308  # a float's range
 
 
@@ -40,6 +42,8 @@ def _decimal_text(value: Any) -> str:
         raise ValueError('must be a decimal string such as "9.90"') from None
     if not amount.is_finite() or amount < 0:
         raise ValueError("must be a finite, non-negative amount")
+    if len(value.strip()) > MAX_AMOUNT_CHARS:
+        raise ValueError(f"must be at most {MAX_AMOUNT_CHARS} characters")
     return value.strip()
 
 
@@ -63,7 +67,7 @@ class ItemRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     upstream: StrictStr | None = None
-    sku_id: Annotated[StrictInt, Field(gt=0)]
+    sku_id: Annotated[StrictInt, Field(gt=0, le=MAX_ID)]
     quantity: Annotated[StrictInt, Field(ge=1, le=100_000)]
     manual_form_data: dict[str, Any] | None = None
     max_unit_price: str | None = None
