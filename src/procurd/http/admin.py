@@ -26,9 +26,11 @@ from procurd.http.errors import (
     json_response,
     read_body,
 )
+from procurd.http.json_limits import json_problem, text_problem
 from procurd.procurement.intake import IntakeError, parse_order_request
 from procurd.procurement.machine import NotAllowed
 from procurd.procurement.model import Resolve, Retry, Source
+from procurd.procurement.numbers import ORDER_NO_PATTERN
 from procurd.procurement.service import CancelDenied
 from procurd.runtime import Runtime
 from procurd.status import refresh_metrics, status_report
@@ -53,11 +55,17 @@ def _reject_constant(name: str) -> Any:
 
 
 def decode_json(raw: bytes) -> Any:
-    """The body as JSON with every fractional number an exact ``Decimal``; 400 ``invalid_json`` otherwise."""
+    """The body as JSON with every fractional number an exact ``Decimal``; 400 ``invalid_json`` otherwise,
+    and 400 ``invalid_request`` for JSON that cannot be stored (a NUL, an unpaired surrogate, deep
+    nesting)."""
     try:
-        return json.loads(raw, parse_float=Decimal, parse_constant=_reject_constant)
+        body = json.loads(raw, parse_float=Decimal, parse_constant=_reject_constant)
     except (ValueError, UnicodeDecodeError, RecursionError):
         raise ApiError(400, "invalid_json", "the body is not valid JSON") from None
+    problem = json_problem(body)
+    if problem is not None:
+        raise ApiError(400, "invalid_request", f"the body cannot be accepted: {problem}")
+    return body
 
 
 async def _json_object(request: web.Request, *, optional: bool = False) -> dict[str, Any]:
@@ -83,7 +91,18 @@ def _query_text(request: web.Request, name: str) -> str | None:
     value = request.query.get(name, "").strip()
     if len(value) > MAX_FILTER_CHARS:
         raise ApiError(400, "invalid_query", f"{name} is longer than {MAX_FILTER_CHARS} characters")
+    problem = text_problem(value)
+    if problem is not None:
+        raise ApiError(400, "invalid_query", f"{name} {problem}")
     return value or None
+
+
+def _order_no(request: web.Request) -> str:
+    """The path's order number; one that no order can have is answered 404 without asking the database."""
+    order_no = request.match_info["order_no"]
+    if not ORDER_NO_PATTERN.fullmatch(order_no):
+        raise _order_not_found(order_no)
+    return order_no
 
 
 def _procurement_id(request: web.Request) -> int:
@@ -134,7 +153,7 @@ async def submit_order(request: web.Request) -> web.Response:
 
 
 async def get_order(request: web.Request) -> web.Response:
-    order_no = request.match_info["order_no"]
+    order_no = _order_no(request)
     view = await request.app[RUNTIME].service.order(order_no)
     if view is None:
         raise _order_not_found(order_no)
@@ -144,7 +163,7 @@ async def get_order(request: web.Request) -> web.Response:
 async def cancel_order(request: web.Request) -> web.Response:
     """Upstream-first cancel of the whole order; 409 ``cancel_not_allowed`` with the reason of each item."""
     runtime = request.app[RUNTIME]
-    order_no = request.match_info["order_no"]
+    order_no = _order_no(request)
     if await runtime.service.order(order_no) is None:
         raise _order_not_found(order_no)
     try:
@@ -167,7 +186,7 @@ async def cancel_order(request: web.Request) -> web.Response:
 
 async def order_audit(request: web.Request) -> web.Response:
     runtime = request.app[RUNTIME]
-    order_no = request.match_info["order_no"]
+    order_no = _order_no(request)
     if await runtime.service.order(order_no) is None:
         raise _order_not_found(order_no)
     return json_response({"ok": True, "order_no": order_no, "audit": await runtime.service.audit(order_no)})

@@ -2,7 +2,8 @@
 
 Required: ``order_id`` (an integer, not a boolean or a string), ``downstream_order_no`` and ``status``
 (non-empty strings). Optional: ``event``, ``order_no``, ``fulfillment`` (an object with seed 000 2.5's
-fields), ``timestamp`` (a number). Fields an upstream adds beyond these are tolerated and ignored.
+fields), ``timestamp`` (a number). Fields an upstream adds beyond these are tolerated and ignored. No text
+procurd keeps may hold a NUL character or an unpaired surrogate, and a fulfillment nests at most 32 levels.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from procurd.http.json_limits import json_problem, text_problem
 from procurd.procurement.model import UpstreamReport
 from procurd.upstream.errors import loads_exact
 from procurd.upstream.models import Fulfillment
@@ -75,6 +77,9 @@ def _text(data: dict[str, Any], key: str, limit: int, *, required: bool = False)
         raise CallbackBodyError(f"{key} must not be empty")
     if len(value) > limit:
         raise CallbackBodyError(f"{key} is longer than {limit} characters")
+    problem = text_problem(value)
+    if problem is not None:
+        raise CallbackBodyError(f"{key} {problem}")
     return value
 
 
@@ -89,6 +94,9 @@ def _fulfillment(value: Any) -> dict[str, Any] | None:
     delivery_data = value.get("delivery_data")
     if delivery_data is not None and not isinstance(delivery_data, dict):
         raise CallbackBodyError("fulfillment.delivery_data must be an object or null")
+    problem = json_problem(value)
+    if problem is not None:
+        raise CallbackBodyError(f"fulfillment cannot be stored: {problem}")
     try:
         # The same normalisation as a polled order's fulfillment, so both paths store identical data.
         return Fulfillment.model_validate(value).to_json()
