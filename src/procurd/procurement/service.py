@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -165,7 +166,7 @@ class ProcurementService:
         return IntakeResult(True, view)
 
     async def _existing_order(self, order_no: str, fingerprint: str) -> dict[str, Any] | None:
-        async with self.engine.connect() as conn:
+        async with one_snapshot(self.engine) as conn:
             order = await store.get_order(conn, order_no)
             if order is None:
                 return None
@@ -470,7 +471,7 @@ class ProcurementService:
     # --- reads --------------------------------------------------------------------------------------------
 
     async def order(self, order_no: str) -> dict[str, Any] | None:
-        async with self.engine.connect() as conn:
+        async with one_snapshot(self.engine) as conn:
             if await store.get_order(conn, order_no) is None:
                 return None
             return await self._order_view(conn, order_no)
@@ -511,6 +512,20 @@ class ProcurementService:
             }
             for row in rows
         ]
+
+
+@asynccontextmanager
+async def one_snapshot(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
+    """A read-only connection whose statements all see the database as of its first one.
+
+    PostgreSQL's default READ COMMITTED gives every statement its own snapshot: an order row read before
+    another instance's commit and its procurements read after it would disagree. SQLite's transactions
+    already read one snapshot.
+    """
+    async with engine.connect() as conn:
+        if conn.dialect.name == "postgresql":
+            await conn.execution_options(isolation_level="REPEATABLE READ", postgresql_readonly=True)
+        yield conn
 
 
 def snapshot_of(row: Any, numbers: Sequence[Any]) -> Snapshot:
