@@ -11,12 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from sqlalchemy import select, text
+from sqlalchemy import event, select, text, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from procurd.db import procurement_store as store
-from procurd.db.schema import audit_log, procurements, sync_runs, upstream_health
+from procurd.db.schema import audit_log, orders, procurements, sync_runs, upstream_health
 from procurd.db.types import utcnow
+from procurd.procurement.intake import parse_order_request
+from procurd.runtime import Runtime
 from procurd.sandbox import Sandbox, SandboxConfig
 from scale_cluster import (
     DaemonProcess,
@@ -26,7 +28,7 @@ from scale_cluster import (
     requires_postgres,
     settings_of,
 )
-from support import AdminClient, mirror, wait_until
+from support import AdminClient, mirror, settings_for, wait_until
 
 pytestmark = requires_postgres
 
@@ -174,22 +176,27 @@ async def test_any_instance_takes_any_callback(database_url: str, tmp_path: Path
 
 
 async def test_one_catalogue_sync_at_a_time(database_url: str, engine: AsyncEngine, tmp_path: Path) -> None:
-    """With both instances syncing every half second, sync runs never overlap and the losers skip."""
+    """With both instances syncing twice a second or more, sync runs never overlap and the losers skip."""
     async with Sandbox(sandbox_config(products=30)) as sandbox:
-        # Slow listings of varying length: passes outlast the interval or not, so the instances' schedules
-        # cannot settle into one always finding the other's pass under way.
+        # Listings slow by varying amounts, and schedules of different periods: the instances' wake-ups
+        # drift against each other, so each one both wins passes and finds the other's pass under way.
         durations = random.Random(7)
         for _ in range(400):
-            sandbox.faults.delay_next("products", seconds=round(durations.uniform(0.05, 0.7), 2))
-        sections: dict[str, Any] = {
-            "catalog": {"sync_interval_seconds": 0.5},
-            "logging": {"level": "info", "format": "json"},
+            sandbox.faults.delay_next("products", seconds=round(durations.uniform(0.05, 0.6), 2))
+        configs = {
+            name: instance_config(
+                database_url,
+                sandbox,
+                catalog={"sync_interval_seconds": interval},
+                logging={"level": "info", "format": "json"},
+            )
+            for name, interval in (("a", 0.5), ("b", 0.35))
         }
-        configs = {name: instance_config(database_url, sandbox, **sections) for name in ("a", "b")}
         async with cluster(tmp_path, configs) as daemons:
 
             def contended() -> bool:
-                return all(started_runs(daemon) for daemon in daemons) and bool(skipped(daemons))
+                each_won_twice = all(len(started_runs(daemon)) >= 2 for daemon in daemons)
+                return each_won_twice and len(skipped(daemons)) >= 2
 
             await wait_until(contended, timeout=40, interval=0.1)
 
@@ -241,3 +248,43 @@ async def waiting_on_a_lock(engine: AsyncEngine) -> bool:
             " WHERE datname = current_database() AND wait_event_type = 'Lock'"
         )
         return bool((await conn.execute(statement)).scalar_one())
+
+
+async def test_order_view_is_one_snapshot_while_another_instance_commits(
+    database_url: str, engine: AsyncEngine
+) -> None:
+    """An order read while another instance commits between the view's statements shows one state."""
+    async with Sandbox(sandbox_config()) as sandbox:
+        settings = settings_for(database_url, ("main", sandbox))
+        await mirror(settings)
+        runtime = Runtime.build(settings)
+        try:
+            sku_id = orderable_skus(sandbox)[0]
+            request = parse_order_request({"order_no": "SNAP1", "items": [{"sku_id": sku_id, "quantity": 1}]})
+            await runtime.service.submit(request)
+            commit_before_procurements_read(runtime.engine, other=engine, order_no="SNAP1")
+            view = await runtime.service.order("SNAP1")
+        finally:
+            await runtime.close()
+    assert view is not None
+    (item,) = view["procurements"]
+    assert view["exception"] is (item["state"] == "exception"), view
+
+
+def commit_before_procurements_read(reader: AsyncEngine, other: AsyncEngine, order_no: str) -> None:
+    """Just before ``reader`` first reads the procurements table (the order row is read by then), ``other``
+    commits the order's change into an exception."""
+    fired = False
+
+    def commit_between(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        nonlocal fired
+        if fired or "FROM procurements" not in statement:
+            return
+        fired = True
+        with other.sync_engine.begin() as conn:
+            conn.execute(
+                update(procurements).where(procurements.c.order_no == order_no).values(state="exception")
+            )
+            conn.execute(update(orders).where(orders.c.order_no == order_no).values(exception=True))
+
+    event.listen(reader.sync_engine, "before_cursor_execute", commit_between)
