@@ -361,5 +361,38 @@ def test_late_answer_fills_in_the_amount_a_callback_lacked() -> None:
     settled = replace(DELIVERED, amount=None)
     decision = decide(settled, accepted(), NOW, POLICY)
     assert decision.state is State.DELIVERED
-    assert decision.changes == {"amount": "9.90", "currency": "CNY", "upstream_order_no": "DJ1"}
+    assert decision.changes == {
+        "amount": "9.90", "currency": "CNY", "upstream_order_no": "DJ1", "next_poll_at": None
+    }  # fmt: skip
     assert not decision.record
+
+
+def test_delivery_without_an_amount_schedules_one_fetch() -> None:
+    """A callback delivers a procurement whose submission answer was lost: one poll fetches the amount."""
+    decision = decide(QUEUED_CLAIMED, report("delivered", FULFILLMENT), NOW, POLICY)
+    assert decision.state is State.DELIVERED
+    assert decision.changes["next_poll_at"] == NOW + timedelta(seconds=30)
+    known = decide(SUBMITTED, report("delivered", FULFILLMENT), NOW, POLICY)
+    assert known.changes["next_poll_at"] is None
+
+
+def test_poll_of_a_delivery_records_its_amount_and_stops() -> None:
+    """The fetch of a delivered procurement records the amount it lacked, polls no more, audits nothing."""
+    polled = UpstreamReport(order_id=101, status="delivered", order_no="DJ1", amount="9.90", currency="CNY",
+                            fulfillment=FULFILLMENT, polled=True)  # fmt: skip
+    decision = decide(replace(DELIVERED, amount=None), polled, NOW, POLICY)
+    assert decision.state is State.DELIVERED
+    assert decision.changes == {"next_poll_at": None, "amount": "9.90", "currency": "CNY"}
+    assert not decision.record
+
+
+def test_failed_fetch_of_a_delivery_backs_off_or_stops() -> None:
+    """A failed amount fetch is tried again later, never for an order the upstream does not know."""
+    delivered = replace(DELIVERED, amount=None, poll_interval_seconds=30)
+    later = decide(delivered, PollFailed("timeout", "no answer"), NOW, POLICY)
+    assert later.changes["next_poll_at"] == NOW + timedelta(seconds=60)
+    unknown = decide(delivered, PollFailed("order_not_found", "gone", not_found=True), NOW, POLICY)
+    assert unknown.changes["next_poll_at"] is None
+    assert later.state is unknown.state is State.DELIVERED
+    assert not later.record
+    assert not unknown.record

@@ -247,11 +247,12 @@ async def claim_due(
 async def claim_polls(
     conn: AsyncConnection, upstream: str, now: datetime, hold: timedelta, limit: int
 ) -> Sequence[DbRow]:
-    """Claim submitted procurements due for a fallback poll; the claim pushes next_poll_at by ``hold``."""
+    """Claim procurements due for a poll (submitted ones, and delivered ones whose amount is still to be
+    fetched); the claim pushes next_poll_at by ``hold``."""
     due = (
         select(procurements.c.id)
         .where(
-            procurements.c.state == State.SUBMITTED.value,
+            procurements.c.state.in_((State.SUBMITTED.value, State.DELIVERED.value)),
             procurements.c.upstream == upstream,
             procurements.c.next_poll_at <= now,
             procurements.c.upstream_order_id.is_not(None),

@@ -13,7 +13,7 @@ here and applied by :mod:`procurd.procurement.service` in one transaction. Rules
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -74,7 +74,7 @@ def decide(
         case SubmitUnavailable():
             return _submit_unavailable(snapshot, event, now, policy, rng)
         case UpstreamReport():
-            return _upstream_report(snapshot, event, now, policy)
+            return _after_amount_fetch(snapshot, event, _upstream_report(snapshot, event, now, policy))
         case PollFailed():
             return _poll_failed(snapshot, event, now, policy)
         case GiveUp():
@@ -121,6 +121,8 @@ def _submit_accepted(snapshot: Snapshot, event: SubmitAccepted, now: datetime, p
                 "currency": event.currency,
                 "upstream_order_no": event.order_no,
             }
+            if snapshot.state is State.DELIVERED:
+                changes["next_poll_at"] = None  # the amount fetch a delivery without it asked for
             return Decision(snapshot.state, "late_submission_answer", changes, record=False)
         return _ignored(snapshot, "late_submission_answer", status=event.status, order_id=event.order_id)
     ids: dict[str, Any] = {
@@ -265,7 +267,7 @@ def _upstream_report(snapshot: Snapshot, event: UpstreamReport, now: datetime, p
                 Reason.UPSTREAM_REFUNDED,
             )
         ):
-            return _delivered(known, event, now, detail, healed=True)
+            return _delivered(snapshot, known, event, now, policy, detail, healed=True)
         if same_status:
             return _ignored(snapshot, "duplicate")
         return Decision(State.EXCEPTION, "status_recorded", {"upstream_status": status}, detail)
@@ -274,7 +276,7 @@ def _upstream_report(snapshot: Snapshot, event: UpstreamReport, now: datetime, p
     healing = snapshot.state is State.EXCEPTION
     if status in DELIVERED_STATUSES:
         if event.fulfillment:
-            return _delivered(known, event, now, detail, healed=healing)
+            return _delivered(snapshot, known, event, now, policy, detail, healed=healing)
         # Delivered without the content (a status-only report): fetch the order at once, unless this was
         # the fetch itself, which then backs off like any unchanged poll.
         if event.polled:
@@ -334,8 +336,17 @@ def _live(
 
 
 def _delivered(
-    known: dict[str, Any], event: UpstreamReport, now: datetime, detail: dict[str, Any], healed: bool
+    snapshot: Snapshot,
+    known: dict[str, Any],
+    event: UpstreamReport,
+    now: datetime,
+    policy: Policy,
+    detail: dict[str, Any],
+    healed: bool,
 ) -> Decision:
+    # A callback carries no amount: when the submission's answer was lost too (a crash, a timeout), one
+    # poll fetches it, unless a late answer brings it first.
+    amount_known = known.get("amount") is not None or snapshot.amount is not None
     changes = dict(
         known,
         fulfillment=event.fulfillment,
@@ -344,10 +355,21 @@ def _delivered(
         lease_owner=None,
         lease_expires_at=None,
         next_attempt_at=None,
-        next_poll_at=None,
+        next_poll_at=None if amount_known else now + _seconds(policy.poll_initial_seconds),
+        poll_interval_seconds=None if amount_known else policy.poll_initial_seconds,
         upstream_may_exist=True,
     )
     return Decision(State.DELIVERED, "healed_delivered" if healed else "delivered", changes, detail)
+
+
+def _after_amount_fetch(snapshot: Snapshot, event: UpstreamReport, decision: Decision) -> Decision:
+    """A poll of a delivered procurement is the fetch of its amount: keep the amount, poll no more."""
+    if not (event.polled and snapshot.state is State.DELIVERED and decision.state is State.DELIVERED):
+        return decision
+    fetched: dict[str, Any] = {"next_poll_at": None}
+    if snapshot.amount is None and event.amount is not None:
+        fetched.update(amount=event.amount, currency=event.currency)
+    return replace(decision, changes={**decision.changes, **fetched})
 
 
 def _refunded(event: UpstreamReport, detail: dict[str, Any], known: dict[str, Any] | None = None) -> Decision:
@@ -359,6 +381,14 @@ def _refunded(event: UpstreamReport, detail: dict[str, Any], known: dict[str, An
 
 
 def _poll_failed(snapshot: Snapshot, event: PollFailed, now: datetime, policy: Policy) -> Decision:
+    if snapshot.state is State.DELIVERED:
+        # The amount fetch failed: again later, backing off; never for an order the upstream does not know.
+        interval = backoff.next_poll_interval(
+            snapshot.poll_interval_seconds, policy.poll_initial_seconds, policy.poll_max_seconds
+        )
+        retry_at = None if event.not_found else now + _seconds(interval)
+        changes = {"next_poll_at": retry_at, "poll_interval_seconds": interval}
+        return Decision(State.DELIVERED, "amount_fetch_failed", changes, {"code": event.code}, record=False)
     if snapshot.state is not State.SUBMITTED:
         return _ignored(snapshot, "poll_not_needed")
     detail = {"code": event.code, "message": event.message}
@@ -373,6 +403,8 @@ def _poll_failed(snapshot: Snapshot, event: PollFailed, now: datetime, policy: P
 
 
 def _give_up(snapshot: Snapshot, event: GiveUp) -> Decision:
+    if snapshot.state is State.DELIVERED:
+        return Decision(State.DELIVERED, "amount_fetch_given_up", {"next_poll_at": None}, record=False)
     if snapshot.state is not State.SUBMITTED:
         return _ignored(snapshot, "give_up_not_needed")
     message = f"not delivered after {int(event.waited_seconds)} s"
