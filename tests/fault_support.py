@@ -151,7 +151,8 @@ class Ledger:
     upstream_orders: int  # orders the upstream created
     duplicates: int  # upstream orders beyond the first under one downstream_order_no
     lost: int  # orders the storefront had accepted that procurd does not hold, or did not deliver
-    mismatched: int  # deliveries whose payload is not the one the upstream delivered
+    mismatched: int  # deliveries whose payload or amount is not the one the upstream has
+    amount_unknown: int  # deliveries whose cost procurd does not know
     attempts: int  # submission attempts in all
 
     def row(self) -> dict[str, Any]:
@@ -162,6 +163,7 @@ class Ledger:
             "duplicates": self.duplicates,
             "lost": self.lost,
             "mismatched": self.mismatched,
+            "amount_unknown": self.amount_unknown,
             "attempts": self.attempts,
         }
 
@@ -194,6 +196,8 @@ async def take_ledger(database_url: str, sandbox: Sandbox, accepted: Iterable[st
         delivered_upstream = source.fulfillment.payload if source and source.fulfillment else None
         if row.fulfillment is None or row.fulfillment.get("payload") != delivered_upstream:
             mismatched += 1
+        elif source is not None and row.amount is not None and Decimal(row.amount) != source.amount:
+            mismatched += 1
     wanted = set(accepted)
     return Ledger(
         orders=len(order_numbers),
@@ -203,14 +207,15 @@ async def take_ledger(database_url: str, sandbox: Sandbox, accepted: Iterable[st
         duplicates=sum(count - 1 for count in upstream.values() if count > 1),
         lost=len(wanted - order_numbers) + len(wanted - delivered),
         mismatched=mismatched,
+        amount_unknown=sum(1 for row in rows if row.state == "delivered" and row.amount is None),
         attempts=sum(row.attempts for row in rows),
     )
 
 
 async def all_delivered(database_url: str, count: int) -> bool:
-    """Whether ``count`` procurements exist and every one is delivered."""
+    """Whether ``count`` procurements exist and every one is delivered, its cost known."""
     rows = await procurement_rows(database_url)
-    return len(rows) == count and all(row.state == "delivered" for row in rows)
+    return len(rows) == count and all(row.state == "delivered" and row.amount is not None for row in rows)
 
 
 async def audit_problems(database_url: str) -> list[str]:

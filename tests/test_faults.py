@@ -118,6 +118,7 @@ def assert_clean(ledger: Ledger, orders: int) -> None:
     assert ledger.duplicates == 0, ledger
     assert ledger.upstream_orders == orders, ledger
     assert ledger.mismatched == 0, ledger
+    assert ledger.amount_unknown == 0, ledger
 
 
 QUIET_POLLS = {"poll_initial_seconds": 60, "poll_max_seconds": 60}  # callbacks alone settle the orders
