@@ -5,7 +5,8 @@ late (a random delay per request), so kills land while submissions are in flight
 is delivered, the upstream holds exactly one order per ``downstream_order_no``, and every procurement's
 audit trail is one unbroken chain from intake to its final state.
 
-The kill moments come from a seed printed at the start (``PROCURD_CRASH_SEED=N`` replays its choices).
+The kill moments come from a seed printed at the start (``PROCURD_CRASH_SEED=N`` replays its choices);
+``PROCURD_CRASH_ORDERS`` and ``PROCURD_CRASH_KILLS`` make a longer run than CI's 60 orders and 5 kills.
 
 ``lease_seconds`` is short here: a killed worker leaves its claim behind, and the procurement is only
 taken again once that claim expires, so the lease bounds how long a crash delays an order. It stays above
@@ -17,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -41,14 +43,14 @@ from procurd.sandbox import Sandbox
 from scale_cluster import instance_config, requires_postgres, settings_of
 from support import mirror, wait_until
 
-ORDERS = 60
-KILLS = 5
+ORDERS = int(os.environ.get("PROCURD_CRASH_ORDERS", "60"))
+KILLS = int(os.environ.get("PROCURD_CRASH_KILLS", "5"))
 LEASE_SECONDS = 2.5
 UPSTREAM_TIMEOUT_SECONDS = 2.0
 CREATE_DELAY_SECONDS = (0.05, 0.6)  # how late the sandbox answers each order creation
-UPTIME_SECONDS = (0.3, 1.5)  # how long a daemon runs before it is killed
+UPTIME_SECONDS = (0.2, 1.0)  # how long a daemon runs before it is killed
 DOWNTIME_SECONDS = (0.0, 0.5)  # how long it stays dead before the restart
-ORDER_GAP_SECONDS = (0.02, 0.3)  # between two orders of the stream
+ORDER_GAP_SECONDS = (0.02, 0.2)  # between two orders of the stream
 SETTLE_TIMEOUT_SECONDS = 60.0
 
 
@@ -117,11 +119,14 @@ async def run_crash(
             async with aiohttp.ClientSession() as session:
                 await asyncio.gather(*(instance.start(session) for instance in instances.values()))
                 client = IntakeClient(session, [instances[name].admin_url for name in names])
+                started = time.monotonic()
                 accepted, _ = await asyncio.gather(
                     order_stream(client, skus, order_rng, prefix),
                     kill_repeatedly(instances[victim_name], session, kill_rng),
                 )
+                chaos_seconds = time.monotonic() - started
                 settled = await _settle(database_url, seed)
+                settle_seconds = time.monotonic() - started - chaos_seconds
             for instance in instances.values():
                 code = await instance.stop()
                 assert code == 0, f"{instance.name} exited with {code}:\n{instance.current.log_tail()}"
@@ -144,6 +149,8 @@ async def run_crash(
     return {
         "seed": seed,
         "kills": instances[victim_name].kills,
+        "seconds_under_kills": round(chaos_seconds, 1),
+        "seconds_to_settle_after": round(settle_seconds, 1),
         "intake_retries": client.record.retry_count,
         "intake_retry_reasons": dict(client.record.retries),
         "resubmitted": sum(1 for row in rows if row.attempts > 1),

@@ -616,6 +616,7 @@ async def fill_the_disk(
                 accepted.append(order_no)
             assert refusal is not None, "the disk never filled up"
             refused_order = order_no
+            accepted_while_filling = len(accepted) - 3
             assert daemon.returncode is None, daemon.log_tail()
             reads = [await intake.session.get(f"{daemon.admin_url}/api/v1/orders/{n}") for n in accepted[:3]]
             read_statuses = {response.status for response in reads}
@@ -644,7 +645,7 @@ async def fill_the_disk(
     assert_clean(ledger, len(accepted))
     assert await audit_problems(database_url) == []
     return {
-        "accepted_before_full": len(accepted) - 3,
+        "accepted_after_filling_until_refused": accepted_while_filling,
         "refusal": f"{status} {body['error_code']}: {body['error_message']}",
         "filler_bytes": filled,
         **ledger.row(),
