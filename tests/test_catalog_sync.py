@@ -333,6 +333,30 @@ async def test_failure_part_way_marks_nothing_removed(
     assert (run["status"], run["error"], run["finished_at"] is not None) == ("failed", report.error, True)
 
 
+async def test_repeated_early_failures_leave_the_database_usable(
+    engine: AsyncEngine, sandbox: Sandbox
+) -> None:
+    """Syncs whose category request fails while the snapshot loads never leave the database locked."""
+    # 1000 requests a second spaces the first requests so the failure lands while the snapshot loads.
+    settings = UpstreamSettings(
+        name=UPSTREAM,
+        base_url=sandbox.base_url,
+        api_key=sandbox.config.api_key,
+        api_secret=sandbox.config.api_secret,
+        max_requests_per_second=1000,
+    )
+    async with UpstreamClient(settings) as paced:
+        await sync(engine, paced)
+        for _ in range(12):
+            sandbox.faults.fail_next("categories", status=500)
+            failed = await asyncio.wait_for(sync(engine, paced), 20)
+            assert failed.status == "failed"
+            assert failed.error is not None
+            assert "categories" in failed.error
+        recovered = await asyncio.wait_for(sync(engine, paced), 20)
+    assert (recovered.status, recovered.rows_written) == ("ok", 0)
+
+
 async def test_listing_that_shrinks_during_the_sync_removes_nothing(
     engine: AsyncEngine, sandbox: Sandbox, client: UpstreamClient
 ) -> None:

@@ -22,7 +22,7 @@ import socket
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Final, Literal, Protocol
+from typing import Any, Final, Literal, Protocol, TypeVar
 
 import structlog
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
@@ -55,6 +55,7 @@ from procurd.upstream.models import Category, Product, ProductPage
 from procurd.upstream.ratelimit import Priority
 
 log = structlog.get_logger("procurd.catalog")
+T = TypeVar("T")
 
 LEASE_PREFIX: Final = "catalog-sync:"
 DEFAULT_LEASE_TTL_SECONDS: Final = 60.0
@@ -417,23 +418,24 @@ class _SyncPass:
     # --- fetching and writing ----------------------------------------------------------------------------
 
     async def _collect(self) -> None:
-        # The snapshot loads from the database while the first answers come from the upstream.
-        async with asyncio.TaskGroup() as tasks:
-            snapshot = tasks.create_task(mirror_store.load_snapshot(self._engine, self._upstream))
-            categories = tasks.create_task(self._client.categories(priority=Priority.CATALOG))
-            first_answer = tasks.create_task(
-                self._client.products(1, self._page_size, priority=Priority.CATALOG)
-            )
-        self._snapshot = snapshot.result()
-        await self._sync_categories(categories.result())
-        first = first_answer.result()
-        self._follow_first_page(first)
-        first_page = self._fetched(1, first)
+        # The snapshot loads from the database while the first answers come from the upstream. When one of
+        # them fails the others still finish: a database read cut off mid-way can leave SQLite locked.
+        snapshot, categories, first = await asyncio.gather(
+            mirror_store.load_snapshot(self._engine, self._upstream),
+            self._client.categories(priority=Priority.CATALOG),
+            self._client.products(1, self._page_size, priority=Priority.CATALOG),
+            return_exceptions=True,
+        )
+        self._snapshot = _outcome(snapshot)
+        await self._sync_categories(_outcome(categories))
+        first_page = _outcome(first)
+        self._follow_first_page(first_page)
+        fetched_first = self._fetched(1, first_page)
         await self._window.acquire()
         queue: asyncio.Queue[_FetchedPage | _Done] = asyncio.Queue()
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(self._write_pages(queue))
-            tasks.create_task(self._fetch_pages(queue, first_page))
+            tasks.create_task(self._fetch_pages(queue, fetched_first))
         if self._failure is not None:
             raise self._failure
         self._check_complete()
@@ -616,6 +618,13 @@ class _SyncPass:
             return
         self._totals.violations.append(text)
         log.warning("catalog_violation", upstream=self._upstream, violation=text)
+
+
+def _outcome(result: T | BaseException) -> T:
+    """A result of ``gather(..., return_exceptions=True)``, raising the exception it stands for."""
+    if isinstance(result, BaseException):
+        raise result
+    return result
 
 
 def describe_error(exc: BaseException) -> str:
