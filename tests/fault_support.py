@@ -27,7 +27,7 @@ from sqlalchemy import select
 
 from procurd.db.engine import create_engine
 from procurd.db.schema import audit_log, orders, procurements
-from procurd.sandbox import Sandbox, SandboxConfig
+from procurd.sandbox import Sandbox, SandboxConfig, SandboxOrder
 
 INTAKE_PATH = "/api/v1/orders"
 INTAKE_DEADLINE_SECONDS = 60.0
@@ -188,16 +188,11 @@ async def take_ledger(database_url: str, sandbox: Sandbox, accepted: Iterable[st
         await engine.dispose()
     upstream = Counter(order.downstream_order_no for order in sandbox.state.orders.values())
     delivered = {row.order_no for row in rows if row.state == "delivered"}
-    mismatched = 0
-    for row in rows:
-        if row.state != "delivered":
-            continue
-        source = sandbox.state.orders.get(row.upstream_order_id)
-        delivered_upstream = source.fulfillment.payload if source and source.fulfillment else None
-        if row.fulfillment is None or row.fulfillment.get("payload") != delivered_upstream:
-            mismatched += 1
-        elif source is not None and row.amount is not None and Decimal(row.amount) != source.amount:
-            mismatched += 1
+    mismatched = sum(
+        1
+        for row in rows
+        if row.state == "delivered" and not _as_upstream(row, sandbox.state.orders.get(row.upstream_order_id))
+    )
     wanted = set(accepted)
     return Ledger(
         orders=len(order_numbers),
@@ -210,6 +205,15 @@ async def take_ledger(database_url: str, sandbox: Sandbox, accepted: Iterable[st
         amount_unknown=sum(1 for row in rows if row.state == "delivered" and row.amount is None),
         attempts=sum(row.attempts for row in rows),
     )
+
+
+def _as_upstream(row: Any, upstream: SandboxOrder | None) -> bool:
+    """Whether a delivered procurement holds the payload the upstream delivered, and its amount if known."""
+    if upstream is None or upstream.fulfillment is None or row.fulfillment is None:
+        return False
+    if row.fulfillment.get("payload") != upstream.fulfillment.payload:
+        return False
+    return row.amount is None or Decimal(row.amount) == upstream.amount
 
 
 async def all_delivered(database_url: str, count: int) -> bool:
