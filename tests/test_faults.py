@@ -147,7 +147,7 @@ async def test_upstream_5xx_burst(database_url: str) -> None:
             sandbox.faults.fail_next("orders.create", count=8, status=status)
         # The order is made and paid, then the answer is a 500: the outcome is unknown to procurd.
         sandbox.faults.fail_after_next("orders.create", count=6)
-        sandbox.faults.fail_next("orders.get", count=6, status=502)
+        sandbox.faults.fail_next("orders.get", count=3, status=502)
         async with procurd_run(database_url, sandbox, procurement={"max_attempts": 40}) as run:
             await run.submit_all(orders)
             await run.wait_delivered(len(orders))
