@@ -420,8 +420,9 @@ class _SyncPass:
     async def _collect(self) -> None:
         # The snapshot loads from the database while the first answers come from the upstream. When one of
         # them fails the others still finish: a database read cut off mid-way can leave SQLite locked.
+        # Shielded too, so a cancellation from outside (shutdown) never cuts the read short either.
         snapshot, categories, first = await asyncio.gather(
-            mirror_store.load_snapshot(self._engine, self._upstream),
+            asyncio.shield(mirror_store.load_snapshot(self._engine, self._upstream)),
             self._client.categories(priority=Priority.CATALOG),
             self._client.products(1, self._page_size, priority=Priority.CATALOG),
             return_exceptions=True,
