@@ -16,11 +16,13 @@ The target (:func:`hostile_target`) and the checks it offers are shared with ``t
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
 import os
 import sys
 import time
+import zlib
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import astuple, dataclass, field
@@ -880,6 +882,26 @@ async def test_bodies_around_the_size_cap(target: Target, size: int, chunked: bo
         assert reply.body["error_code"] == "payload_too_large"
     assert await target.rows() == before
     target.assert_quiet(reply)
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+async def test_compressed_bodies_inflating_past_the_cap(target: Target, encoding: str) -> None:
+    """A 2 KB compressed body inflating past the cap is refused 413 by both listeners; nothing changes."""
+    raw = b'{"a": "' + b"0" * (2 * MAX_BODY_BYTES) + b'"}'
+    data = gzip.compress(raw) if encoding == "gzip" else zlib.compress(raw)
+    before = await target.rows()
+    compressed = [("Content-Encoding", encoding)]
+    callback = await target.send(
+        "POST", target.public_url + CALLBACK_PATH, data, [*MAIN.headers(data), *compressed]
+    )
+    intake = await target.send(
+        "POST", target.admin_url + "/api/v1/orders", data, [*admin_headers(), *compressed]
+    )
+    assert_receiver_answer(callback, (413,))
+    assert (intake.status, intake.body["error_code"]) == (413, "payload_too_large")
+    assert await target.rows() == before
+    target.assert_quiet(callback)
+    target.assert_quiet(intake)
 
 
 # Methods HTTP parsers know (aiohttp's parser refuses unknown ones itself, with a plain-text 400).
