@@ -24,7 +24,7 @@ from procurd.db import migrate
 from procurd.http.admin import make_admin_app
 from procurd.http.public import make_public_app
 from procurd.procurement.poller import Poller
-from procurd.procurement.worker import SubmissionWorker
+from procurd.procurement.worker import SubmissionPool, SubmissionWorker
 from procurd.runtime import Runtime
 from procurd.status import record_ping
 from procurd.systemd import Notifier
@@ -136,15 +136,15 @@ class Daemon:
         callback_url = settings.server.callback_url
         for upstream in settings.upstreams:
             client = self.runtime.client(upstream.name)
-            for index in range(settings.procurement.workers):
-                worker = SubmissionWorker(
-                    self.runtime.service,
-                    client,
-                    f"{self.runtime.instance}/{upstream.name}/{index}",
-                    callback_url,
-                    on_auth_failure=self.runtime.record_auth_failure,
-                )
-                self._spawn(worker.run(self.stop_event), f"worker {upstream.name}/{index}")
+            worker = SubmissionWorker(
+                self.runtime.service,
+                client,
+                f"{self.runtime.instance}/{upstream.name}",
+                callback_url,
+                on_auth_failure=self.runtime.record_auth_failure,
+            )
+            pool = SubmissionPool(worker, settings.procurement.workers)
+            self._spawn(pool.run(self.stop_event), f"workers {upstream.name}")
             poller = Poller(self.runtime.service, client, settings.procurement.poll_give_up_seconds)
             self.pollers[upstream.name] = poller
             self._spawn(poller.run(self.stop_event, POLL_TICK_SECONDS), f"poller {upstream.name}")

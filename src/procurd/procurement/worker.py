@@ -8,6 +8,7 @@ idempotency by ``downstream_order_no`` then hands back the order instead of payi
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -88,7 +89,7 @@ def _text(value: object) -> str | None:
 
 
 class SubmissionWorker:
-    """One worker task of one upstream."""
+    """Sends claimed procurements of one upstream and hands each outcome to the service."""
 
     def __init__(
         self,
@@ -110,7 +111,11 @@ class SubmissionWorker:
         claimed = await self.service.claim_due(self.upstream, self.worker_id, limit=1)
         if not claimed:
             return False
-        row = claimed[0]
+        await self.submit(claimed[0], self.worker_id)
+        return True
+
+    async def submit(self, row: Any, claim_owner: str) -> None:
+        """Send one procurement claimed under ``claim_owner`` and record what the upstream answered."""
         bound = structlog.contextvars.bound_contextvars(
             order_no=row.order_no, downstream_order_no=row.downstream_order_no, upstream=self.upstream
         )
@@ -122,27 +127,10 @@ class SubmissionWorker:
                 outcome = exc
             if isinstance(outcome, AuthError) and self.on_auth_failure is not None:
                 await self.on_auth_failure(self.upstream, outcome)
-            await self.service.apply(row.id, outcome_event(self.worker_id, outcome), Source.WORKER)
-        return True
+            await self.service.apply(row.id, outcome_event(claim_owner, outcome), Source.WORKER)
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Work until ``stop`` is set; an in-flight submission always finishes and is recorded."""
-        wakeup = self.service.wakeups.for_upstream(self.upstream)
-        while not stop.is_set():
-            try:
-                worked = await self.run_once()
-            except Exception:
-                log.exception("worker.error", worker=self.worker_id, upstream=self.upstream)
-                worked = False
-                await wait_for_any(stop, timeout=IDLE_POLL_SECONDS)
-                continue
-            if worked:
-                continue
-            wakeup.clear()
-            delay = await self._idle_delay()
-            await wait_for_any(stop, wakeup, timeout=delay)
-
-    async def _idle_delay(self) -> float:
+    async def idle_delay(self) -> float:
+        """How long to wait before looking again: until the next retry falls due, at most a second."""
         try:
             due = await self.service.next_due_at(self.upstream)
         except Exception:  # noqa: BLE001
@@ -151,3 +139,65 @@ class SubmissionWorker:
             return IDLE_POLL_SECONDS
         seconds = (due - self.service.clock()).total_seconds()
         return max(0.0, min(IDLE_POLL_SECONDS, seconds))
+
+
+class SubmissionPool:
+    """Up to ``size`` concurrent submissions for one upstream, fed by a single claimer.
+
+    The claimer takes as many due procurements as there are free slots in one statement, so an order costs
+    one claim however many workers are idle, and an idle pool asks the database once per
+    ``IDLE_POLL_SECONDS`` instead of once per worker. Each claim gets an owner of its own: a late answer
+    for a claim that expired and was taken again is recognised as stale.
+    """
+
+    def __init__(self, worker: SubmissionWorker, size: int) -> None:
+        self.worker = worker
+        self.size = size
+        self.in_flight: set[asyncio.Task[None]] = set()
+        self._slot_freed = asyncio.Event()
+        self._claims = itertools.count(1)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Work until ``stop`` is set; submissions in flight then finish and are recorded."""
+        wakeup = self.worker.service.wakeups.for_upstream(self.worker.upstream)
+        try:
+            while not stop.is_set():
+                free = self.size - len(self.in_flight)
+                if free <= 0:
+                    self._slot_freed.clear()
+                    await wait_for_any(stop, self._slot_freed, timeout=IDLE_POLL_SECONDS)
+                    continue
+                wakeup.clear()
+                claimed = await self._claim(free)
+                if claimed is None:
+                    await wait_for_any(stop, timeout=IDLE_POLL_SECONDS)
+                elif claimed < free:
+                    await wait_for_any(stop, wakeup, timeout=await self.worker.idle_delay())
+        finally:
+            if self.in_flight:
+                await asyncio.gather(*self.in_flight, return_exceptions=True)
+
+    async def _claim(self, limit: int) -> int | None:
+        """Claim up to ``limit`` due procurements and start sending them; ``None`` when the claim failed."""
+        owner = f"{self.worker.worker_id}/{next(self._claims)}"
+        try:
+            rows = await self.worker.service.claim_due(self.worker.upstream, owner, limit=limit)
+        except Exception:
+            log.exception("worker.error", worker=self.worker.worker_id, upstream=self.worker.upstream)
+            return None
+        for row in rows:
+            task = asyncio.create_task(self._send(row, owner))
+            self.in_flight.add(task)
+            task.add_done_callback(self._finished)
+        return len(rows)
+
+    async def _send(self, row: Any, owner: str) -> None:
+        try:
+            await self.worker.submit(row, owner)
+        except Exception:
+            # The claim stays until it expires; the procurement is then taken again.
+            log.exception("worker.error", worker=owner, upstream=self.worker.upstream, procurement_id=row.id)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self.in_flight.discard(task)
+        self._slot_freed.set()

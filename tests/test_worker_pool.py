@@ -1,0 +1,126 @@
+"""The submission pool: one claimer feeding a bounded number of concurrent submissions per upstream."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from sqlalchemy import event, func, select
+
+from procurd.db.schema import procurements
+from procurd.http.testing import Stack, procurd_stack
+from procurd.procurement.worker import IDLE_POLL_SECONDS, SubmissionPool
+from support import wait_until
+
+CLAIM_MARK = "attempts=(procurements.attempts +"  # only the claim statement counts an attempt
+
+
+class ClaimCounter:
+    """Counts the claim statements the engine sends (observed on the engine's cursor events)."""
+
+    def __init__(self, stack: Stack) -> None:
+        self.count = 0
+        self.engine = stack.runtime.engine.sync_engine
+        event.listen(self.engine, "before_cursor_execute", self._seen)
+
+    def _seen(self, *args: Any) -> None:
+        statement = args[2]
+        if statement.startswith("UPDATE procurements") and CLAIM_MARK in statement:
+            self.count += 1
+
+    def close(self) -> None:
+        event.remove(self.engine, "before_cursor_execute", self._seen)
+
+
+@asynccontextmanager
+async def running_pool(stack: Stack, size: int) -> AsyncIterator[SubmissionPool]:
+    pool = SubmissionPool(stack.worker(), size)
+    stop = asyncio.Event()
+    task = asyncio.create_task(pool.run(stop))
+    try:
+        yield pool
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=30)
+
+
+async def submit(stack: Stack, order_no: str, sku: int) -> None:
+    body = {"order_no": order_no, "items": [{"sku_id": sku, "upstream": "main", "quantity": 1}]}
+    answer = await stack.admin("POST", "/api/v1/orders", body)
+    assert answer.status == 202, answer.body
+
+
+async def states(stack: Stack) -> dict[str, int]:
+    async with stack.runtime.engine.connect() as conn:
+        rows = await conn.execute(select(procurements.c.state, func.count()).group_by(procurements.c.state))
+        return {state: int(count) for state, count in rows.all()}
+
+
+async def claimed_owners(stack: Stack) -> list[str]:
+    async with stack.runtime.engine.connect() as conn:
+        statement = select(procurements.c.lease_owner).where(procurements.c.lease_owner.is_not(None))
+        return [owner for (owner,) in (await conn.execute(statement)).all()]
+
+
+@asynccontextmanager
+async def mirrored_stack(database_url: str) -> AsyncIterator[tuple[Stack, int]]:
+    async with procurd_stack(database_url, upstreams=("main",)) as stack:
+        product = stack.sandbox.state.add_product(price="1.00")
+        await stack.sync("main")
+        yield stack, stack.sandbox.state.product(product).skus[0].id
+
+
+async def test_pool_claims_no_more_than_its_free_slots(database_url: str) -> None:
+    """With 3 slots and 10 orders queued, exactly 3 are claimed while the upstream is slow; all 10 are then
+    delivered, once each."""
+    async with mirrored_stack(database_url) as (stack, sku):
+        stack.sandbox.faults.delay_next("orders.create", count=3, seconds=3.0)
+        for index in range(10):
+            await submit(stack, f"P{index}", sku)
+        async with running_pool(stack, 3):
+            await wait_until(lambda: stack.sandbox.request_counts["orders.create"] >= 3)
+            owners = await claimed_owners(stack)
+            assert len(owners) == 3
+            assert stack.sandbox.request_counts["orders.create"] == 3
+            await wait_until(lambda: _all_delivered(stack, 10), timeout=30)
+        assert [len(stack.sandbox.orders_for(f"P{index}")) for index in range(10)] == [1] * 10
+
+
+async def _all_delivered(stack: Stack, count: int) -> bool:
+    await stack.sandbox.wait_callbacks_idle()
+    return (await states(stack)).get("delivered", 0) == count
+
+
+async def test_an_order_wakes_one_claim_not_one_per_worker(database_url: str) -> None:
+    """An idle pool of 8 answers one intake with one claim statement (plus at most one per idle second),
+    not one per worker."""
+    async with mirrored_stack(database_url) as (stack, sku), running_pool(stack, 8):
+        counter = ClaimCounter(stack)
+        try:
+            started = time.monotonic()
+            await submit(stack, "W1", sku)
+            await wait_until(lambda: _all_delivered(stack, 1))
+            elapsed = time.monotonic() - started
+            claims = counter.count
+        finally:
+            counter.close()
+    idle_ticks = int(elapsed / IDLE_POLL_SECONDS) + 1
+    assert 1 <= claims <= 1 + idle_ticks, (claims, elapsed)
+
+
+async def test_each_claim_has_an_owner_of_its_own(database_url: str) -> None:
+    """Claims made one after another carry different owners, so a late answer to an expired claim is
+    told apart from the current one."""
+    async with mirrored_stack(database_url) as (stack, sku):
+        stack.sandbox.faults.delay_next("orders.create", count=2, seconds=3.0)
+        await submit(stack, "O1", sku)
+        async with running_pool(stack, 2):
+            await wait_until(lambda: stack.sandbox.request_counts["orders.create"] >= 1)
+            await submit(stack, "O2", sku)
+            await wait_until(lambda: stack.sandbox.request_counts["orders.create"] >= 2)
+            owners = await claimed_owners(stack)
+            await wait_until(lambda: _all_delivered(stack, 2), timeout=30)
+    assert len(owners) == len(set(owners)) == 2
