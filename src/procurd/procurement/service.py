@@ -31,6 +31,7 @@ from procurd.procurement.model import (
     Decision,
     Event,
     Reason,
+    Retry,
     Snapshot,
     Source,
     State,
@@ -43,6 +44,9 @@ from procurd.procurement.views import exception_view, iso, item_state, order_vie
 log = structlog.get_logger("procurd.procurement")
 
 Clock = Callable[[], datetime]
+
+DEFAULT_BULK_RETRY = 100  # exceptions one bulk retry sends again unless told otherwise
+MAX_BULK_RETRY = 1000
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,15 @@ class Applied:
     @property
     def changed(self) -> bool:
         return not self.decision.noop
+
+
+@dataclass(frozen=True)
+class BulkRetry:
+    """What a bulk retry did: the ids queued again, the ones skipped (with why) and how many still match."""
+
+    retried: list[int]
+    skipped: list[dict[str, Any]]
+    remaining: int
 
 
 class ReportRejected(Exception):
@@ -270,7 +283,13 @@ class ProcurementService:
         row = await store.lock_procurement(conn, procurement_id)
         if row is None:
             return None
-        numbers = await store.numbers_of(conn, procurement_id)
+        return await self._apply_to_row(conn, row, event, source, now)
+
+    async def _apply_to_row(
+        self, conn: AsyncConnection, row: Any, event: Event, source: Source, now: datetime
+    ) -> Applied:
+        """Decide and write ``event`` for ``row``, locked by this transaction."""
+        numbers = await store.numbers_of(conn, row.id)
         decision = decide(snapshot_of(row, numbers), event, now, self.policy, self.rng)
         applied = Applied(row.id, row.order_no, State(row.state), decision)
         if decision.noop:
@@ -342,47 +361,51 @@ class ProcurementService:
     # --- callbacks and polls ------------------------------------------------------------------------------
 
     async def report(self, upstream: str, number: str, report: UpstreamReport, source: Source) -> Applied:
-        """Apply what the upstream says about the order under ``number``.
+        """Apply what the upstream says about the order under ``number``, in one transaction.
 
         The number is matched within the upstream that sent it, and the order id must agree with the one
         known for that number: matching on the number alone would let one upstream settle another's order.
         """
-        async with self.engine.connect() as conn:
+        now = self.clock()
+        async with self.engine.begin() as conn:
             match = await store.find_number(conn, upstream, number)
-            current = await store.get_procurement(conn, match.procurement_id) if match else None
-        if match is None or current is None:
-            raise ReportRejected(f"no order {number!r} for upstream {upstream!r}")
-        if match.upstream_order_id is not None and match.upstream_order_id != report.order_id:
-            raise ReportRejected(f"order {number!r} has another upstream order id")
-        if current.downstream_order_no != number:
-            # About an order under a number the procurement no longer uses (the upstream canceled it).
-            return await self._record_old_number(current, number, report, source)
-        applied = await self.apply(current.id, report, source)
-        if applied is None:
-            raise ReportRejected(f"no order {number!r} for upstream {upstream!r}")
+            row = await store.lock_procurement(conn, match.procurement_id) if match else None
+            if match is None or row is None:
+                raise ReportRejected(f"no order {number!r} for upstream {upstream!r}")
+            if match.upstream_order_id is not None and match.upstream_order_id != report.order_id:
+                raise ReportRejected(f"order {number!r} has another upstream order id")
+            if row.downstream_order_no != number:
+                # About an order under a number the procurement no longer uses (the upstream canceled it).
+                return await self._record_old_number(conn, row, number, report, source, now)
+            applied = await self._apply_to_row(conn, row, report, source, now)
+        self._after_commit(applied, source)
         return applied
 
     async def _record_old_number(
-        self, row: Any, number: str, report: UpstreamReport, source: Source
+        self,
+        conn: AsyncConnection,
+        row: Any,
+        number: str,
+        report: UpstreamReport,
+        source: Source,
+        now: datetime,
     ) -> Applied:
-        now = self.clock()
         decision = Decision(
             State(row.state),
             "status_for_previous_number",
             detail={"downstream_order_no": number, "status": report.status, "order_id": report.order_id},
         )
-        async with self.engine.begin() as conn:
-            await store.add_audit(
-                conn,
-                order_no=row.order_no,
-                procurement_id=row.id,
-                source=source.value,
-                event=decision.event,
-                old_state=row.state,
-                new_state=row.state,
-                detail=decision.detail,
-                now=now,
-            )
+        await store.add_audit(
+            conn,
+            order_no=row.order_no,
+            procurement_id=row.id,
+            source=source.value,
+            event=decision.event,
+            old_state=row.state,
+            new_state=row.state,
+            detail=decision.detail,
+            now=now,
+        )
         log.warning(
             "procurement.previous_number_report",
             procurement_id=row.id,
@@ -496,6 +519,39 @@ class ProcurementService:
         async with self.engine.connect() as conn:
             total, rows = await store.list_exceptions(conn, upstream, reason, page, page_size)
         return total, [exception_view(row) for row in rows]
+
+    async def retry_exceptions(
+        self, upstream: str | None, reason: str | None, note: str | None, limit: int
+    ) -> BulkRetry:
+        """Send up to ``limit`` matching exceptions again, oldest first, each through :meth:`apply`.
+
+        One that changed meanwhile (a person resolved it, another retry won) is reported as skipped.
+        """
+        async with self.engine.connect() as conn:
+            total, ids = await store.exception_ids(conn, upstream, reason, limit)
+        retried: list[int] = []
+        skipped: list[dict[str, Any]] = []
+        for procurement_id in ids:
+            try:
+                applied = await self.apply(procurement_id, Retry(note), Source.ADMIN)
+            except NotAllowed as exc:
+                skipped.append({"id": procurement_id, "error_code": exc.code, "message": exc.message})
+                continue
+            if applied is None:
+                skipped.append(
+                    {"id": procurement_id, "error_code": "procurement_not_found", "message": "it is gone"}
+                )
+                continue
+            retried.append(procurement_id)
+        log.info(
+            "exceptions.retried",
+            upstream=upstream,
+            reason=reason,
+            retried=len(retried),
+            skipped=len(skipped),
+            remaining=total - len(ids),
+        )
+        return BulkRetry(retried, skipped, total - len(ids))
 
     async def audit(self, order_no: str) -> list[dict[str, Any]]:
         async with self.engine.connect() as conn:
