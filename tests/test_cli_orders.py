@@ -236,6 +236,38 @@ async def test_exception_queue_list_retry_resolve(shell: Shell) -> None:
     assert "procurement_not_found" in unknown.stderr
 
 
+async def test_exceptions_retry_all(shell: Shell) -> None:
+    """retry-all needs a filter, queues the matching exceptions oldest first up to --limit, then the rest."""
+    for number in ("B1", "B2", "B3"):
+        submitted = await shell.run("order", "submit", "--order-no", number, "--sku", str(shell.sku),
+                                    "--max-unit-price", "0.01")  # fmt: skip
+        assert submitted.exit_code == 0, submitted.stderr
+    ids = [item["id"] for item in parsed(await shell.run("exceptions", "list", "--json"))["items"]]
+
+    unfiltered = await shell.run("exceptions", "retry-all")
+    assert unfiltered.exit_code == 2
+    assert "--reason or --upstream, or pass --all" in unfiltered.stderr
+    unknown = await shell.run("exceptions", "retry-all", "--upstream", "other")
+    assert unknown.exit_code == 2
+    assert "no upstream 'other'" in unknown.stderr
+    assert parsed(await shell.run("exceptions", "list", "--json"))["total"] == 3
+
+    first = await shell.run("exceptions", "retry-all", "--reason", "price_above_limit", "--limit", "2",
+                            "--note", "limit raised")  # fmt: skip
+    assert first.exit_code == 0, first.stderr
+    assert "2 exception(s) queued again" in first.stdout
+    assert "1 more match" in first.stdout
+    rest = parsed(await shell.run("exceptions", "retry-all", "--all", "--json"))
+    assert (rest["retried"], rest["skipped"], rest["remaining"]) == ([ids[2]], [], 0)
+    none_left = parsed(await shell.run("exceptions", "retry-all", "--upstream", "main", "--json"))
+    assert (none_left["retried"], none_left["remaining"]) == ([], 0)
+    for number in ("B1", "B2", "B3"):
+        assert (await shell.stack.order(number))["procurements"][0]["state"] == "queued"
+    trail = await shell.stack.runtime.service.audit("B1")
+    assert trail[-1]["event"] == "retry"
+    assert trail[-1]["detail"]["note"] == "limit raised"
+
+
 async def test_status_for_people_and_machines(shell: Shell) -> None:
     """status prints a table per upstream, or the status report as JSON."""
     assert (await shell.run("order", "submit", "--order-no", "Q1", "--sku", str(shell.sku))).exit_code == 0

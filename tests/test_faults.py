@@ -247,7 +247,7 @@ async def test_upstream_down_then_back(database_url: str) -> None:
 
 
 async def test_upstream_down_longer_than_the_retries(database_url: str) -> None:
-    """An outage that outlasts max_attempts: exceptions for a person, whose retry buys each order once."""
+    """An outage that outlasts max_attempts: exceptions for a person, whose one bulk retry buys each once."""
     orders = numbers("DL-", 8)
     async with Sandbox(fault_sandbox_config()) as sandbox, UpstreamGate(port_of(sandbox.base_url)) as gate:
         schedule = {"max_attempts": 3, "retry_base_seconds": 0.05, "retry_max_seconds": 0.1}
@@ -258,13 +258,19 @@ async def test_upstream_down_longer_than_the_retries(database_url: str) -> None:
             refused = run.requests("orders.create", "network_error")
             await gate.open()
             exceptions = (await run.admin.call("GET", "/api/v1/exceptions"))[1]["items"]
-            for item in exceptions:
-                status, body = await run.admin.call("POST", f"/api/v1/exceptions/{item['id']}/retry")
-                assert status == 200, body
+            status, retry = await run.admin.call(
+                "POST", "/api/v1/exceptions/retry", {"reason": "max_attempts_exceeded", "note": "back up"}
+            )
+            assert status == 200, retry
             await run.wait_delivered(len(orders))
         ledger = await run.ledger(orders)
     assert {item["exception_reason"] for item in exceptions} == {"max_attempts_exceeded"}
     assert {item["downstream_order_no"] for item in exceptions} == set(orders)  # the retry keeps the number
+    assert (sorted(retry["retried"]), retry["skipped"], retry["remaining"]) == (
+        sorted(item["id"] for item in exceptions),
+        [],
+        0,
+    )
     assert_clean(ledger, len(orders))
     assert await audit_problems(database_url) == []
     report("upstream_down_longer_than_retries", refused=int(refused), exceptions=len(exceptions),
@@ -448,13 +454,15 @@ async def test_clock_90_seconds_off(database_url: str, caplog: pytest.LogCapture
 
             sandbox.config.clock_offset_seconds = 0  # NTP fixed it
             await ping_now(run, healthy=True)
-            for item in exceptions:
-                status, body = await run.admin.call("POST", f"/api/v1/exceptions/{item['id']}/retry")
-                assert status == 200, body
+            status, retry = await run.admin.call(
+                "POST", "/api/v1/exceptions/retry", {"reason": "timestamp_expired", "note": "clock fixed"}
+            )
+            assert status == 200, retry
             await run.wait_delivered(len(held) + len(fresh))
         ledger = await run.ledger(held + fresh)
     assert {item["exception_reason"] for item in exceptions} == {"timestamp_expired"}
     assert {item["attempts"] for item in exceptions} == {1}
+    assert (sorted(retry["retried"]), retry["remaining"]) == (sorted(item["id"] for item in exceptions), 0)
     # Only the fallback polls of the held orders, on their backed-off schedule: no loop.
     assert requests_in_window <= 2 * len(held)
     assert upstream["auth_error"]["code"] == "timestamp_expired"

@@ -337,6 +337,100 @@ async def test_retry_after_a_refusal_reuses_the_number(shop: Shop) -> None:
     assert (await shop.stack.order("S1"))["procurements"][0]["state"] in ("submitted", "delivered")
 
 
+async def exception_counts(shop: Shop) -> dict[str, int]:
+    listing = await shop.stack.admin("GET", "/api/v1/exceptions?page_size=100")
+    counts: dict[str, int] = {}
+    for item in listing.body["items"]:
+        counts[item["exception_reason"]] = counts.get(item["exception_reason"], 0) + 1
+    return counts
+
+
+async def test_bulk_retry_queues_the_matching_exceptions(shop: Shop) -> None:
+    """POST /exceptions/retry retries by reason and upstream, oldest first up to limit; each goes through
+    the same retry as a single one (a new number after payment_failed)."""
+    for number in ("R1", "R2", "R3"):
+        await submit(shop, number, max_unit_price="1.00")
+    await submit(shop, "R4", upstream="second", max_unit_price="1.00")
+    shop.stack.sandbox.state.set_balance(Decimal("0"))
+    await submit(shop, "R5")
+    assert await shop.stack.worker().run_once()
+    ids = {
+        item["order_no"]: item["id"]
+        for item in (await shop.stack.admin("GET", "/api/v1/exceptions")).body["items"]
+    }
+
+    paid = await shop.stack.admin(
+        "POST", "/api/v1/exceptions/retry", {"reason": "payment_failed", "note": "topped up"}
+    )
+    assert paid.status == 200, paid.body
+    assert (paid.body["retried"], paid.body["skipped"], paid.body["remaining"]) == ([ids["R5"]], [], 0)
+    assert (await shop.stack.order("R5"))["procurements"][0]["downstream_order_no"] == "R5-r2"
+    oldest = await shop.stack.admin(
+        "POST", "/api/v1/exceptions/retry", {"upstream": "main", "reason": "price_above_limit", "limit": 1}
+    )
+    assert (oldest.body["retried"], oldest.body["remaining"]) == ([ids["R1"]], 2)
+    assert await exception_counts(shop) == {"price_above_limit": 3}
+    everything = await shop.stack.admin("POST", "/api/v1/exceptions/retry", {"all": True})
+    assert (sorted(everything.body["retried"]), everything.body["remaining"]) == (
+        sorted([ids["R2"], ids["R3"], ids["R4"]]),
+        0,
+    )
+    assert await exception_counts(shop) == {}
+    for number in ("R1", "R2", "R3", "R4", "R5"):
+        assert (await shop.stack.order(number))["procurements"][0]["state"] == "queued"
+
+
+BULK_RETRY_REFUSALS: dict[str, tuple[Any, int, str]] = {
+    "no body": (None, 422, "filter_required"),
+    "no filter": ({"note": "x"}, 422, "filter_required"),
+    "all false": ({"all": False}, 422, "filter_required"),
+    "unknown upstream": ({"upstream": "nope"}, 422, "unknown_upstream"),
+    "all not a boolean": ({"all": "yes"}, 400, "invalid_request"),
+    "reason not a string": ({"reason": 5}, 400, "invalid_request"),
+    "blank reason": ({"reason": "  "}, 400, "invalid_request"),
+    "long upstream": ({"upstream": "u" * 65}, 400, "invalid_request"),
+    "limit 0": ({"all": True, "limit": 0}, 400, "invalid_request"),
+    "limit too high": ({"all": True, "limit": 1001}, 400, "invalid_request"),
+    "limit boolean": ({"all": True, "limit": True}, 400, "invalid_request"),
+    "limit fraction": ({"all": True, "limit": 1.5}, 400, "invalid_request"),
+    "note not a string": ({"all": True, "note": ["x"]}, 400, "note_required"),
+    "unknown field": ({"all": True, "dry_run": True}, 400, "invalid_request"),
+    "not an object": ([1], 400, "invalid_request"),
+}
+
+
+@pytest.mark.parametrize("case", BULK_RETRY_REFUSALS, ids=list(BULK_RETRY_REFUSALS))
+async def test_bulk_retry_refusals_change_nothing(shop: Shop, case: str) -> None:
+    """A bulk retry without a filter or with a malformed field answers 4xx and retries nothing."""
+    body, status, code = BULK_RETRY_REFUSALS[case]
+    await submit(shop, "RB1", max_unit_price="1.00")
+    answer = await shop.stack.admin("POST", "/api/v1/exceptions/retry", body)
+    assert (answer.status, answer.body["error_code"]) == (status, code)
+    assert await exception_counts(shop) == {"price_above_limit": 1}
+
+
+async def test_concurrent_bulk_retries_queue_each_exception_once(shop: Shop) -> None:
+    """Two bulk retries at once: every exception is retried by exactly one; the other skips or misses it."""
+    for number in ("RC1", "RC2", "RC3", "RC4"):
+        await submit(shop, number, max_unit_price="1.00")
+    answers = await asyncio.gather(
+        *(
+            shop.stack.admin("POST", "/api/v1/exceptions/retry", {"reason": "price_above_limit"})
+            for _ in range(2)
+        )
+    )
+    assert [answer.status for answer in answers] == [200, 200]
+    retried = [pid for answer in answers for pid in answer.body["retried"]]
+    skipped = [item for answer in answers for item in answer.body["skipped"]]
+    assert len(retried) == len(set(retried)) == 4
+    assert {item["error_code"] for item in skipped} <= {"not_an_exception"}
+    async with shop.stack.runtime.engine.connect() as conn:
+        retries = (
+            await conn.execute(text("SELECT count(*) FROM audit_log WHERE event = 'retry'"))
+        ).scalar_one()
+    assert retries == 4
+
+
 async def test_resolve_needs_a_note_and_closes_the_exception(shop: Shop) -> None:
     """Resolve without a non-empty note answers 400 note_required; with one the exception is resolved."""
     order = await submit(shop, "Z1", max_unit_price="1.00")

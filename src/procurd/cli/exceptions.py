@@ -18,6 +18,7 @@ from procurd.cli.orders import (
 )
 from procurd.config import Settings
 from procurd.procurement.model import Event, Resolve, Retry, Source
+from procurd.procurement.service import DEFAULT_BULK_RETRY, MAX_BULK_RETRY
 
 MAX_PAGE_SIZE = 100
 
@@ -65,6 +66,60 @@ def exceptions_retry(state: CliState, procurement_id: int, note: str | None, as_
     run_command(
         _act(state.settings(), procurement_id, Retry(note.strip() if note else None), as_json), as_json
     )
+
+
+@exceptions_group.command("retry-all")
+@click.option("--upstream", metavar="NAME", help="Only this upstream's exceptions.")
+@click.option(
+    "--reason", metavar="REASON", help="Only this reason (max_attempts_exceeded, timestamp_expired ...)."
+)
+@click.option("--all", "everything", is_flag=True, help="Every exception (when neither filter is given).")
+@click.option(
+    "--limit",
+    type=click.IntRange(1, MAX_BULK_RETRY),
+    default=DEFAULT_BULK_RETRY,
+    show_default=True,
+    help="At most this many, oldest first; run again for the rest.",
+)
+@click.option("--note", help="Why, for the audit trail.")
+@json_option
+@pass_state
+def exceptions_retry_all(
+    state: CliState,
+    upstream: str | None,
+    reason: str | None,
+    everything: bool,
+    limit: int,
+    note: str | None,
+    as_json: bool,
+) -> None:
+    """Send every matching exception again, as one retry each (after an outage or a clock fix)."""
+    if not (upstream or reason or everything):
+        fail_usage("name --reason or --upstream, or pass --all to retry every exception")
+    settings = state.settings()
+    if upstream and upstream not in [configured.name for configured in settings.upstreams]:
+        fail_usage(f"no upstream {upstream!r} in the configuration")
+    run_command(
+        _retry_all(settings, upstream, reason, note.strip() if note else None, limit, as_json), as_json
+    )
+
+
+async def _retry_all(
+    settings: Settings, upstream: str | None, reason: str | None, note: str | None, limit: int, as_json: bool
+) -> None:
+    async with open_runtime(settings) as runtime:
+        result = await runtime.service.retry_exceptions(upstream, reason, note, limit)
+    if as_json:
+        emit_json(
+            {"ok": True, "retried": result.retried, "skipped": result.skipped, "remaining": result.remaining}
+        )
+        return
+    out = console()
+    out.print(f"{len(result.retried)} exception(s) queued again")
+    for skipped in result.skipped:
+        out.print(f"procurement {skipped['id']} skipped: {skipped['error_code']} ({skipped['message']})")
+    if result.remaining:
+        out.print(f"{result.remaining} more match; run the command again for them")
 
 
 @exceptions_group.command("resolve")

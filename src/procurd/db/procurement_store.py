@@ -302,6 +302,29 @@ async def list_exceptions(
     return int(total), rows
 
 
+async def exception_ids(
+    conn: AsyncConnection, upstream: str | None, reason: str | None, limit: int
+) -> tuple[int, list[int]]:
+    """How many exceptions match, and the ids of the ``limit`` oldest (the exception list's order)."""
+    conditions = [procurements.c.state == State.EXCEPTION.value]
+    if upstream:
+        conditions.append(procurements.c.upstream == upstream)
+    if reason:
+        conditions.append(procurements.c.exception_reason == reason)
+    total = (
+        await conn.execute(select(func.count()).select_from(procurements).where(*conditions))
+    ).scalar_one()
+    ids = (
+        await conn.execute(
+            select(procurements.c.id)
+            .where(*conditions)
+            .order_by(procurements.c.updated_at, procurements.c.id)
+            .limit(limit)
+        )
+    ).scalars()
+    return int(total), list(ids)
+
+
 async def queue_counts(conn: AsyncConnection) -> dict[tuple[str, str], int]:
     statement = select(procurements.c.upstream, procurements.c.state, func.count()).group_by(
         procurements.c.upstream, procurements.c.state

@@ -31,7 +31,7 @@ from procurd.procurement.intake import IntakeError, parse_order_request
 from procurd.procurement.machine import NotAllowed
 from procurd.procurement.model import Resolve, Retry, Source
 from procurd.procurement.numbers import ORDER_NO_PATTERN
-from procurd.procurement.service import CancelDenied
+from procurd.procurement.service import DEFAULT_BULK_RETRY, MAX_BULK_RETRY, CancelDenied
 from procurd.runtime import Runtime
 from procurd.status import refresh_metrics, status_report
 
@@ -208,6 +208,45 @@ async def retry_exception(request: web.Request) -> web.Response:
     return await _admin_action(request, procurement_id, Retry(note))
 
 
+async def retry_exceptions(request: web.Request) -> web.Response:
+    """Send many exceptions again: ``{"reason", "upstream", "all", "note", "limit"}``, oldest first."""
+    runtime = request.app[RUNTIME]
+    body = await _json_object(request, optional=True)
+    unknown = sorted(set(body) - {"reason", "upstream", "all", "note", "limit"})
+    if unknown:
+        raise ApiError(400, "invalid_request", f"unknown field {unknown[0]!r}")
+    reason = _body_filter(body, "reason")
+    upstream = _body_filter(body, "upstream")
+    everything = body.get("all", False)
+    if not isinstance(everything, bool):
+        raise ApiError(400, "invalid_request", "all must be true or false")
+    if reason is None and upstream is None and not everything:
+        raise ApiError(
+            422, "filter_required", 'name a reason or an upstream, or send "all": true for every exception'
+        )
+    if upstream is not None and upstream not in runtime.service.upstream_names:
+        raise ApiError(422, "unknown_upstream", f"no upstream {upstream!r}")
+    limit = body.get("limit", DEFAULT_BULK_RETRY)
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_BULK_RETRY:
+        raise ApiError(400, "invalid_request", f"limit must be an integer from 1 to {MAX_BULK_RETRY}")
+    note = _note(body, required=False)
+    result = await runtime.service.retry_exceptions(upstream, reason, note, limit)
+    return json_response(
+        {"ok": True, "retried": result.retried, "skipped": result.skipped, "remaining": result.remaining}
+    )
+
+
+def _body_filter(body: dict[str, Any], name: str) -> str | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip() or len(value) > MAX_FILTER_CHARS:
+        raise ApiError(
+            400, "invalid_request", f"{name} must be a non-empty string of up to {MAX_FILTER_CHARS} chars"
+        )
+    return value.strip()
+
+
 async def resolve_exception(request: web.Request) -> web.Response:
     """Close the exception by hand; ``{"note": TEXT}`` is required."""
     procurement_id = _procurement_id(request)
@@ -298,6 +337,7 @@ def make_admin_app(runtime: Runtime) -> web.Application:
     router.add_post("/api/v1/orders/{order_no}/cancel", cancel_order)
     router.add_get("/api/v1/orders/{order_no}/audit", order_audit)
     router.add_get("/api/v1/exceptions", list_exceptions)
+    router.add_post("/api/v1/exceptions/retry", retry_exceptions)
     router.add_post("/api/v1/exceptions/{id}/retry", retry_exception)
     router.add_post("/api/v1/exceptions/{id}/resolve", resolve_exception)
     router.add_get("/api/v1/status", get_status)
