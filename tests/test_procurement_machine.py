@@ -143,6 +143,18 @@ def test_unavailable_retries_with_backoff_then_gives_up() -> None:
     assert last.changes["exception_reason"] == Reason.MAX_ATTEMPTS_EXCEEDED
 
 
+def test_a_request_never_sent_does_not_mark_the_order_as_maybe_made() -> None:
+    """No connection opened: the attempt counts, but upstream_may_exist keeps its earlier value."""
+    refused = SubmitUnavailable("w1", "network_error", "cannot connect", request_sent=False)
+    fresh = replace(QUEUED_CLAIMED, upstream_may_exist=False)
+    retried = decide(fresh, refused, NOW, POLICY, random.Random(1))
+    assert (retried.state, retried.changes["upstream_may_exist"]) == (State.QUEUED, False)
+    given_up = decide(replace(fresh, attempts=3), refused, NOW, POLICY)
+    assert (given_up.state, given_up.changes["upstream_may_exist"]) == (State.EXCEPTION, False)
+    earlier_timeout = decide(replace(QUEUED_CLAIMED, attempts=3), refused, NOW, POLICY)
+    assert earlier_timeout.changes["upstream_may_exist"] is True
+
+
 def test_rate_limited_is_not_an_attempt() -> None:
     """Being rate limited waits retry_after and gives the attempt back."""
     event = SubmitUnavailable("w1", "rate_limited", "slow down", rate_limited=True, retry_after=30)

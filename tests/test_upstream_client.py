@@ -24,6 +24,7 @@ from procurd.signing import signature_matches
 from procurd.upstream import (
     BusinessError,
     ClockSkew,
+    ConnectFailed,
     CreateOrderRequest,
     PaymentFailed,
     Priority,
@@ -360,10 +361,12 @@ def refusing_port() -> Iterator[int]:
 
 
 async def test_connection_refused_is_a_transport_error(refusing_port: int) -> None:
-    """Nothing listening raises a retryable TransportError with code network_error."""
+    """Nothing listening raises a retryable ConnectFailed (a TransportError, code network_error): the
+    request was never sent."""
     async with UpstreamClient(settings_for(f"http://127.0.0.1:{refusing_port}")) as client:
-        with pytest.raises(TransportError) as caught:
+        with pytest.raises(ConnectFailed) as caught:
             await client.ping()
+    assert isinstance(caught.value, TransportError)
     assert caught.value.code == "network_error"
     assert caught.value.retryable
     assert caught.value.http_status is None
@@ -388,10 +391,12 @@ async def resetting_server() -> AsyncIterator[int]:
 
 
 async def test_connection_reset_is_a_transport_error(resetting_server: int) -> None:
-    """A connection reset before any answer raises a retryable TransportError."""
+    """A connection reset after the request went out raises a retryable TransportError, not ConnectFailed:
+    the upstream may have acted on it."""
     async with UpstreamClient(settings_for(f"http://127.0.0.1:{resetting_server}")) as client:
         with pytest.raises(TransportError) as caught:
             await client.ping()
+    assert not isinstance(caught.value, ConnectFailed)
     assert caught.value.code == "network_error"
 
 

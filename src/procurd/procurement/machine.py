@@ -197,10 +197,12 @@ def _submit_unavailable(
         wait = event.retry_after if event.retry_after is not None else policy.retry_base_seconds
         release.update(next_attempt_at=now + _seconds(wait), attempts=max(0, snapshot.attempts - 1))
         return Decision(State.QUEUED, "rate_limited", release, detail)
-    release["upstream_may_exist"] = True
+    # A request that went out may have made the order even though no answer came back.
+    may_exist = snapshot.upstream_may_exist or event.request_sent
+    release["upstream_may_exist"] = may_exist
     if snapshot.attempts >= policy.max_attempts:
         changes = _exception(Reason.MAX_ATTEMPTS_EXCEEDED, event.code, event.message)
-        changes["upstream_may_exist"] = True
+        changes["upstream_may_exist"] = may_exist
         return Decision(State.EXCEPTION, "max_attempts_exceeded", changes, detail)
     delay = backoff.retry_delay(snapshot.attempts, policy.retry_base_seconds, policy.retry_max_seconds, rng)
     release["next_attempt_at"] = now + _seconds(delay)

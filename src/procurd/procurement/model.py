@@ -118,6 +118,7 @@ class SubmitUnavailable:
     message: str
     rate_limited: bool = False
     retry_after: float | None = None
+    request_sent: bool = True  # False when no connection could be opened: nothing reached the upstream
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,6 +27,7 @@ from procurd.upstream.client import UpstreamClient
 from procurd.upstream.errors import (
     AuthError,
     BusinessError,
+    ConnectFailed,
     PaymentFailed,
     RateLimited,
     UpstreamError,
@@ -81,7 +82,8 @@ def outcome_event(worker: str, outcome: OrderCreated | UpstreamError) -> Event:
     if isinstance(outcome, RateLimited):
         return SubmitUnavailable(worker, outcome.code, outcome.message, True, outcome.retry_after)
     assert isinstance(outcome, UpstreamUnavailable)
-    return SubmitUnavailable(worker, outcome.code, outcome.message)
+    sent = not isinstance(outcome, ConnectFailed)
+    return SubmitUnavailable(worker, outcome.code, outcome.message, request_sent=sent)
 
 
 def _text(value: object) -> str | None:

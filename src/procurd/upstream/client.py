@@ -19,6 +19,7 @@ from procurd.config import UpstreamSettings
 from procurd.signing import HeaderNames, signed_headers
 from procurd.upstream.errors import (
     AuthError,
+    ConnectFailed,
     ProtocolError,
     RateLimited,
     TransportError,
@@ -255,7 +256,9 @@ class UpstreamClient:
                 http_status=status,
             ) from None
         except (aiohttp.ClientError, OSError) as exc:
-            raise TransportError(
+            # A connector error happens before the request goes out (a reused connection never raises it).
+            failure = ConnectFailed if isinstance(exc, aiohttp.ClientConnectorError) else TransportError
+            raise failure(
                 _describe_transport_failure(exc),
                 upstream=self.name,
                 endpoint=call.endpoint,

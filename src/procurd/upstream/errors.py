@@ -97,6 +97,10 @@ class TransportError(UpstreamUnavailable):
     default_code = "network_error"
 
 
+class ConnectFailed(TransportError):
+    """No connection could be opened (refused, DNS, TLS handshake): the request was never sent."""
+
+
 class UpstreamTimeout(UpstreamUnavailable):
     """No complete answer within the configured timeout; the request may or may not have been applied."""
 
