@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, func, insert, or_, select, update
+from sqlalchemy import ColumnElement, and_, func, insert, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -279,17 +279,24 @@ async def next_due_at(conn: AsyncConnection, upstream: str) -> datetime | None:
     return value if isinstance(value, datetime) else None
 
 
-async def list_exceptions(
-    conn: AsyncConnection, upstream: str | None, reason: str | None, page: int, page_size: int
-) -> tuple[int, Sequence[DbRow]]:
+def _exceptions_matching(upstream: str | None, reason: str | None) -> list[ColumnElement[bool]]:
     conditions = [procurements.c.state == State.EXCEPTION.value]
     if upstream:
         conditions.append(procurements.c.upstream == upstream)
     if reason:
         conditions.append(procurements.c.exception_reason == reason)
-    total = (
-        await conn.execute(select(func.count()).select_from(procurements).where(*conditions))
-    ).scalar_one()
+    return conditions
+
+
+async def _count_procurements(conn: AsyncConnection, conditions: list[ColumnElement[bool]]) -> int:
+    statement = select(func.count()).select_from(procurements).where(*conditions)
+    return int((await conn.execute(statement)).scalar_one())
+
+
+async def list_exceptions(
+    conn: AsyncConnection, upstream: str | None, reason: str | None, page: int, page_size: int
+) -> tuple[int, Sequence[DbRow]]:
+    conditions = _exceptions_matching(upstream, reason)
     rows = (
         await conn.execute(
             select(procurements)
@@ -299,21 +306,14 @@ async def list_exceptions(
             .offset((page - 1) * page_size)
         )
     ).all()
-    return int(total), rows
+    return await _count_procurements(conn, conditions), rows
 
 
 async def exception_ids(
     conn: AsyncConnection, upstream: str | None, reason: str | None, limit: int
 ) -> tuple[int, list[int]]:
     """How many exceptions match, and the ids of the ``limit`` oldest (the exception list's order)."""
-    conditions = [procurements.c.state == State.EXCEPTION.value]
-    if upstream:
-        conditions.append(procurements.c.upstream == upstream)
-    if reason:
-        conditions.append(procurements.c.exception_reason == reason)
-    total = (
-        await conn.execute(select(func.count()).select_from(procurements).where(*conditions))
-    ).scalar_one()
+    conditions = _exceptions_matching(upstream, reason)
     ids = (
         await conn.execute(
             select(procurements.c.id)
@@ -322,7 +322,7 @@ async def exception_ids(
             .limit(limit)
         )
     ).scalars()
-    return int(total), list(ids)
+    return await _count_procurements(conn, conditions), list(ids)
 
 
 async def queue_counts(conn: AsyncConnection) -> dict[tuple[str, str], int]:

@@ -306,17 +306,7 @@ class ProcurementService:
         if decision.new_number is not None:
             await store.insert_number(conn, row.upstream, decision.new_number, row.id, now)
         if decision.record:
-            await store.add_audit(
-                conn,
-                order_no=row.order_no,
-                procurement_id=row.id,
-                source=source.value,
-                event=decision.event,
-                old_state=row.state,
-                new_state=decision.state.value,
-                detail=decision.detail,
-                now=now,
-            )
+            await self._audit(conn, row, decision, source, now)
         if decision.state.value != row.state or "fulfillment" in decision.changes:
             await self._refresh_order(conn, row.order_no, now)
         log.info(
@@ -330,6 +320,22 @@ class ProcurementService:
             new_state=decision.state.value,
         )
         return applied
+
+    @staticmethod
+    async def _audit(
+        conn: AsyncConnection, row: Any, decision: Decision, source: Source, now: datetime
+    ) -> None:
+        await store.add_audit(
+            conn,
+            order_no=row.order_no,
+            procurement_id=row.id,
+            source=source.value,
+            event=decision.event,
+            old_state=row.state,
+            new_state=decision.state.value,
+            detail=decision.detail,
+            now=now,
+        )
 
     def _after_commit(self, applied: Applied, source: Source) -> None:
         if self.on_change is not None and applied.changed:
@@ -395,17 +401,7 @@ class ProcurementService:
             "status_for_previous_number",
             detail={"downstream_order_no": number, "status": report.status, "order_id": report.order_id},
         )
-        await store.add_audit(
-            conn,
-            order_no=row.order_no,
-            procurement_id=row.id,
-            source=source.value,
-            event=decision.event,
-            old_state=row.state,
-            new_state=row.state,
-            detail=decision.detail,
-            now=now,
-        )
+        await self._audit(conn, row, decision, source, now)
         log.warning(
             "procurement.previous_number_report",
             procurement_id=row.id,
