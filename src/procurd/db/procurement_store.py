@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, func, insert, or_, select, update
+from sqlalchemy import ColumnElement, and_, case, func, insert, or_, select, type_coerce, update
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -271,8 +271,16 @@ async def claim_polls(
 
 
 async def next_due_at(conn: AsyncConnection, upstream: str) -> datetime | None:
-    """When the earliest queued procurement of ``upstream`` becomes due (to sleep exactly that long)."""
-    statement = select(func.min(procurements.c.next_attempt_at)).where(
+    """When the earliest queued procurement of ``upstream`` can next be claimed (to sleep that long).
+
+    A claimed one (its submission in flight) counts from its claim's expiry, not from its due time: that
+    time is past, and counting it would wake the claimer again and again until the submission ends.
+    """
+    claimable_at = case(
+        (procurements.c.lease_owner.is_(None), procurements.c.next_attempt_at),
+        else_=procurements.c.lease_expires_at,
+    )
+    statement = select(type_coerce(func.min(claimable_at), procurements.c.next_attempt_at.type)).where(
         procurements.c.state == State.QUEUED.value, procurements.c.upstream == upstream
     )
     value = (await conn.execute(statement)).scalar_one_or_none()
