@@ -94,19 +94,23 @@ async def _all_delivered(stack: Stack, count: int) -> bool:
     return (await states(stack)).get("delivered", 0) == count
 
 
+async def claims_until_delivered(stack: Stack, sku: int, order_no: str) -> tuple[int, float]:
+    """Submit one order to a running pool: claim statements sent until it is delivered, and the seconds."""
+    counter = ClaimCounter(stack)
+    try:
+        started = time.monotonic()
+        await submit(stack, order_no, sku)
+        await wait_until(lambda: _all_delivered(stack, 1))
+        return counter.count, time.monotonic() - started
+    finally:
+        counter.close()
+
+
 async def test_an_order_wakes_one_claim_not_one_per_worker(database_url: str) -> None:
     """An idle pool of 8 answers one intake with one claim statement (plus at most one per idle second),
     not one per worker."""
     async with mirrored_stack(database_url) as (stack, sku), running_pool(stack, 8):
-        counter = ClaimCounter(stack)
-        try:
-            started = time.monotonic()
-            await submit(stack, "W1", sku)
-            await wait_until(lambda: _all_delivered(stack, 1))
-            elapsed = time.monotonic() - started
-            claims = counter.count
-        finally:
-            counter.close()
+        claims, elapsed = await claims_until_delivered(stack, sku, "W1")
     # One claim for the intake's wake-up, perhaps one more when an idle look raced the intake's commit,
     # and at most one per idle second.
     idle_ticks = int(elapsed / IDLE_POLL_SECONDS) + 1
@@ -144,14 +148,6 @@ async def test_a_submission_in_flight_does_not_make_the_claimer_spin(database_ur
     not over and over."""
     async with mirrored_stack(database_url) as (stack, sku), running_pool(stack, 8):
         stack.sandbox.faults.delay_next("orders.create", count=1, seconds=1.5)
-        counter = ClaimCounter(stack)
-        try:
-            started = time.monotonic()
-            await submit(stack, "S1", sku)
-            await wait_until(lambda: _all_delivered(stack, 1))
-            elapsed = time.monotonic() - started
-            claims = counter.count
-        finally:
-            counter.close()
+        claims, elapsed = await claims_until_delivered(stack, sku, "S1")
     assert elapsed >= 1.5
     assert claims <= 2 + int(elapsed / IDLE_POLL_SECONDS) + 1, (claims, elapsed)
