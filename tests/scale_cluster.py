@@ -21,7 +21,7 @@ import pytest
 
 from procurd.config import Settings
 from procurd.sandbox import Sandbox
-from support import free_port, wait_until
+from support import config_data, wait_until
 
 POSTGRES_URL = os.environ.get("PROCURD_TEST_POSTGRES_URL", "")
 requires_postgres = [
@@ -41,48 +41,14 @@ def instance_config(database_url: str, sandbox: Sandbox, **sections: Mapping[str
 
     ``sections`` update the defaults section by section (``upstream`` updates the one upstream block).
     """
-    public_port = free_port()
-    data: dict[str, Any] = {
-        "database": {"url": database_url},
-        "server": {
-            "public_host": "127.0.0.1",
-            "public_port": public_port,
-            "admin_host": "127.0.0.1",
-            "admin_port": free_port(),
-            "callback_url": callback_url(public_port),
-            "allow_private_callback_url": True,
-            "shutdown_timeout_seconds": 10,
-        },
-        "upstreams": [
-            {
-                "name": "main",
-                "base_url": sandbox.base_url,
-                "api_key": sandbox.config.api_key,
-                "api_secret": sandbox.config.api_secret,
-                "header_prefix": sandbox.config.header_prefix,
-                "timeout_seconds": 10,
-                "max_requests_per_second": 1000,
-                "ping_interval_seconds": 3600,
-            }
-        ],
-        "catalog": {"sync_interval_seconds": 3600, "page_size": 50, "concurrency": 4},
-        "procurement": {
-            "workers": 4,
-            "max_attempts": 4,
-            "retry_base_seconds": 0.05,
-            "retry_max_seconds": 0.2,
-            "poll_initial_seconds": 0.5,
-            "poll_max_seconds": 1,
-            "poll_give_up_seconds": 3600,
-            # Longer than any upstream call: an expired claim is taken again, so it must mean a dead worker.
-            "lease_seconds": 30,
-        },
-        "logging": {"level": "warning", "format": "json"},
+    defaults: dict[str, dict[str, Any]] = {
+        "upstream": {"timeout_seconds": 10},
+        # Longer than any upstream call: an expired claim is taken again, so it must mean a dead worker.
+        "procurement": {"poll_initial_seconds": 0.5, "lease_seconds": 30},
     }
     for section, values in sections.items():
-        target = data["upstreams"][0] if section == "upstream" else data.setdefault(section, {})
-        target.update(values)
-    return data
+        defaults[section] = {**defaults.get(section, {}), **values}
+    return config_data(database_url, ("main", sandbox), **defaults)
 
 
 def callback_url(public_port: int) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
@@ -46,6 +46,16 @@ def free_port() -> int:
 
 def settings_for(database_url: str, *sandboxes: tuple[str, Sandbox], **sections: dict[str, Any]) -> Settings:
     """Settings for a procurd on loopback with fast schedules, one upstream per named sandbox."""
+    return Settings(**config_data(database_url, *sandboxes, **sections))
+
+
+def config_data(
+    database_url: str, *sandboxes: tuple[str, Sandbox], **sections: Mapping[str, Any]
+) -> dict[str, Any]:
+    """:func:`settings_for`'s configuration as the TOML file holds it.
+
+    ``sections`` update the defaults section by section (``upstream`` updates every upstream block).
+    """
     public_port = free_port()
     data: dict[str, Any] = {
         "database": {"url": database_url},
@@ -90,7 +100,7 @@ def settings_for(database_url: str, *sandboxes: tuple[str, Sandbox], **sections:
                 block.update(values)
         else:
             data.setdefault(section, {}).update(values)
-    return Settings(**data)
+    return data
 
 
 async def mirror(settings: Settings) -> None:

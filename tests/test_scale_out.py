@@ -14,6 +14,7 @@ import aiohttp
 from sqlalchemy import event, select, text, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from fault_support import orderable_skus
 from procurd.db import procurement_store as store
 from procurd.db.schema import audit_log, orders, procurements, sync_runs, upstream_health
 from procurd.db.types import utcnow
@@ -50,21 +51,6 @@ def sandbox_config(**overrides: Any) -> SandboxConfig:
     }
     values.update(overrides)
     return SandboxConfig(**values)
-
-
-def orderable_skus(sandbox: Sandbox) -> list[int]:
-    """Active SKUs of listed auto products, given unlimited stock so hundreds of orders never run short."""
-    skus = [
-        sku.id
-        for product in sandbox.state.active_products()
-        if product.fulfillment_type == "auto"
-        for sku in product.skus
-        if sku.is_active
-    ]
-    for sku_id in skus:
-        sandbox.state.set_sku_stock(sku_id, -1)
-    assert skus
-    return skus
 
 
 async def submit_all(admins: list[AdminClient], orders: dict[str, int]) -> None:
