@@ -191,19 +191,7 @@ class Daemon:
                 id=f"poll:{name}",
                 **job_defaults,
             )
-        # Claims of crashed workers expire; waking the workers makes them take those claims again promptly.
-        self.scheduler.add_job(
-            self._wake_workers,
-            "interval",
-            seconds=max(1.0, self.settings.procurement.lease_seconds / 2),
-            id="lease-recovery",
-            **job_defaults,
-        )
         self.scheduler.start()
-
-    def _wake_workers(self) -> None:
-        for name in (u.name for u in self.settings.upstreams):
-            self.runtime.service.wakeups.for_upstream(name).set()
 
     def _spawn(self, coroutine: Awaitable[None], name: str) -> None:
         self.tasks.append(asyncio.ensure_future(coroutine))
