@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import create_async_engine
 
 from procurd.db import migrate
-from procurd.db.engine import create_engine
+from procurd.db.database import Database, open_database
 from procurd.logs import configure_logging
 
 # Tests that need other logging set it up themselves; the rest log warnings and worse, as JSON.
@@ -53,11 +53,11 @@ def postgres_template() -> Iterator[str | None]:
 
     async def build() -> None:
         await _admin_execute([f"DROP DATABASE IF EXISTS {TEMPLATE_DB}", f"CREATE DATABASE {TEMPLATE_DB}"])
-        engine = create_engine(_database_url(TEMPLATE_DB))
+        database = open_database(_database_url(TEMPLATE_DB))
         try:
-            await migrate.upgrade(engine)
+            await migrate.upgrade(database)
         finally:
-            await engine.dispose()
+            await database.close()
 
     asyncio.run(build())
     yield TEMPLATE_DB
@@ -69,11 +69,11 @@ async def database_url(tmp_path: Path, postgres_template: str | None) -> AsyncIt
     """The URL of a fresh, migrated database for this test."""
     if postgres_template is None:
         url = f"sqlite+aiosqlite:///{tmp_path / 'procurd.db'}"
-        engine = create_engine(url)
+        database = open_database(url)
         try:
-            await migrate.upgrade(engine)
+            await migrate.upgrade(database)
         finally:
-            await engine.dispose()
+            await database.close()
         yield url
         return
     name = f"procurd_test_{uuid.uuid4().hex[:12]}"
@@ -85,10 +85,10 @@ async def database_url(tmp_path: Path, postgres_template: str | None) -> AsyncIt
 
 
 @pytest.fixture
-async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
-    """An engine on this test's migrated database, disposed afterwards."""
-    engine = create_engine(database_url)
+async def database(database_url: str) -> AsyncIterator[Database]:
+    """This test's migrated database, closed afterwards."""
+    database = open_database(database_url)
     try:
-        yield engine
+        yield database
     finally:
-        await engine.dispose()
+        await database.close()

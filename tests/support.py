@@ -109,7 +109,7 @@ async def mirror(settings: Settings) -> None:
     try:
         for upstream in settings.upstreams:
             report = await run_sync(
-                runtime.engine, runtime.client(upstream.name), upstream.name, holder="test"
+                runtime.database, runtime.client(upstream.name), upstream.name, holder="test"
             )
             assert report.status == "ok", report.error
     finally:

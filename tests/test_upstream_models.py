@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from procurd.upstream.errors import loads_exact
+from procurd.core.exact import loads_exact
 from procurd.upstream.models import (
     CancelResult,
     Category,

@@ -1,39 +1,42 @@
-"""``procurd run``: one process hosting both listeners, the workers and the scheduled jobs.
+"""``procurd run``: one process hosting both listeners, the background workers and the scheduled jobs.
 
-Scheduled jobs (APScheduler) only wake tasks this module owns; the tasks do the work and are drained on
-shutdown, so stopping the scheduler never cuts a catalogue page or an order submission in half.
+Continuous work (submitters, pollers, storefront events, the heartbeat) runs as supervised
+:class:`procurd.background.Worker` loops that wake on their own due times or on a signal; a worker that
+dies stops the daemon with a non-zero exit. Periodic work (catalogue passes, pings) runs as APScheduler
+jobs: a failed job is logged and runs again on its schedule, and stopping the daemon cuts a running pass
+short (it resumes on the next schedule) while order submissions in flight finish.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import signal
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from datetime import UTC
+from datetime import UTC, datetime
 
 import structlog
 from aiohttp import web
+from apscheduler.events import EVENT_JOB_ERROR, JobExecutionEvent
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
-from procurd.aio import wait_for_any
+from procurd.background import Supervisor, Worker
 from procurd.catalog.sync import run_sync
 from procurd.config import Settings
-from procurd.db import migrate
+from procurd.db.errors import DatabaseError
+from procurd.db.revision import current_revision, describe_mismatch
 from procurd.http.admin import make_admin_app
 from procurd.http.public import make_public_app
 from procurd.procurement.poller import Poller
-from procurd.procurement.worker import SubmissionPool, SubmissionWorker
+from procurd.procurement.submitter import Submitter
 from procurd.runtime import Runtime
-from procurd.status import record_ping
+from procurd.status import ping_upstream
 from procurd.systemd import Notifier
-from procurd.upstream.errors import UpstreamError
 from procurd.webhook import WebhookDispatcher
 
 log = structlog.get_logger("procurd.daemon")
 
-POLL_TICK_SECONDS = 5.0
+EXIT_WORKER_FAILED = 1
+HEARTBEAT_SECONDS = 5.0
 
 
 class StartupError(Exception):
@@ -53,34 +56,27 @@ async def startup_checks(settings: Settings, runtime: Runtime) -> None:
             "an address (set allow_private_callback_url = true only for a sandbox on this machine)"
         )
     try:
-        current = await migrate.current_revision(runtime.engine)
-    except Exception as exc:  # noqa: BLE001 - any driver error means the database is unusable
-        reason = (str(getattr(exc, "orig", exc)).strip().splitlines() or [type(exc).__name__])[0]
-        raise StartupError(f"[database] url: cannot use the database: {reason}", 1) from None
-    head = migrate.head_revision()
-    if current != head:
-        where = "empty" if current is None else f"at revision {current}"
-        raise StartupError(f"the database is {where}, this version needs {head}: run `procurd db upgrade`", 1)
+        current = await current_revision(runtime.database)
+    except DatabaseError as exc:
+        raise StartupError(f"[database] url: cannot use the database: {exc.reason}", 1) from None
+    mismatch = describe_mismatch(current)
+    if mismatch is not None:
+        raise StartupError(mismatch, 1)
 
 
-@dataclass
-class Periodic:
-    """A task that runs ``job`` whenever woken (by the scheduler or at start), one run at a time."""
+class Heartbeat(Worker):
+    """Saves what this instance counted in memory (callbacks) every few seconds."""
 
-    name: str
-    job: Callable[[], Awaitable[None]]
-    wakeup: asyncio.Event = field(default_factory=asyncio.Event)
+    name = "heartbeat"
 
-    async def run(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            await wait_for_any(stop, self.wakeup, timeout=3600)
-            if stop.is_set():
-                return
-            self.wakeup.clear()
-            try:
-                await self.job()
-            except Exception:
-                log.exception("job.failed", job=self.name)
+    def __init__(self, runtime: Runtime, seconds: float) -> None:
+        super().__init__()
+        self.runtime = runtime
+        self.idle_seconds = seconds
+
+    async def step(self) -> float | None:
+        await self.runtime.save_callback_counts()
+        return self.idle_seconds
 
 
 class Daemon:
@@ -89,11 +85,11 @@ class Daemon:
         self.runtime = runtime or Runtime.build(settings)
         self.notifier = notifier or Notifier()
         self.stop_event = asyncio.Event()
-        self.tasks: list[asyncio.Task[None]] = []
+        self.supervisor = Supervisor(self.stop_event)
         self.runners: list[web.AppRunner] = []
         self.scheduler = AsyncIOScheduler(timezone=UTC)
-        self.pollers: dict[str, Poller] = {}
-        self.periodic: dict[str, Periodic] = {}
+        self.job_tasks: set[asyncio.Task[object]] = set()
+        self.workers: dict[str, Worker] = {}
         self.public_port: int | None = None
         self.admin_port: int | None = None
 
@@ -109,7 +105,7 @@ class Daemon:
         self.admin_port = await self._listen(
             make_admin_app(self.runtime), server.admin_host, server.admin_port
         )
-        self._start_tasks()
+        self._start_workers()
         self._start_scheduler()
         self.notifier.ready(f"listening on {self.public_port} (public) and {self.admin_port} (admin)")
         log.info(
@@ -131,76 +127,86 @@ class Daemon:
         addresses = runner.addresses
         return int(addresses[0][1]) if addresses else port
 
-    def _start_tasks(self) -> None:
+    def _start_workers(self) -> None:
+        runtime = self.runtime
         settings = self.settings
-        callback_url = settings.server.callback_url
+        idle = 1.0 if runtime.database.dialect == "postgresql" else 5.0
+        workers: list[Worker] = []
         for upstream in settings.upstreams:
-            client = self.runtime.client(upstream.name)
-            worker = SubmissionWorker(
-                self.runtime.service,
-                client,
-                f"{self.runtime.instance}/{upstream.name}",
-                callback_url,
-                on_auth_failure=self.runtime.record_auth_failure,
+            client = runtime.client(upstream.name)
+            workers.append(
+                Submitter(
+                    runtime.service,
+                    client,
+                    runtime.instance,
+                    settings.procurement.workers,
+                    settings.server.callback_url,
+                    on_auth_failure=runtime.record_auth_failure,
+                    idle_seconds=idle,
+                )
             )
-            pool = SubmissionPool(worker, settings.procurement.workers)
-            self._spawn(pool.run(self.stop_event), f"workers {upstream.name}")
-            poller = Poller(self.runtime.service, client, settings.procurement.poll_give_up_seconds)
-            self.pollers[upstream.name] = poller
-            self._spawn(poller.run(self.stop_event, POLL_TICK_SECONDS), f"poller {upstream.name}")
-            for periodic in (
-                Periodic(f"catalog-sync:{upstream.name}", self._sync_job(upstream.name)),
-                Periodic(f"ping:{upstream.name}", self._ping_job(upstream.name)),
-            ):
-                self.periodic[periodic.name] = periodic
-                periodic.wakeup.set()  # run once at start
-                self._spawn(periodic.run(self.stop_event), periodic.name)
+            workers.append(
+                Poller(runtime.service, client, settings.procurement.poll_give_up_seconds, idle_seconds=idle)
+            )
         if settings.storefront.webhook_url:
             dispatcher = WebhookDispatcher(
-                self.runtime.engine,
+                runtime.database,
                 settings.storefront,
-                self.runtime.instance,
-                wakeup=self.runtime.service.wakeups.events,
+                runtime.instance,
+                wakeup=runtime.service.wakeups.events,
+                idle_seconds=idle,
             )
-            self._spawn(dispatcher.run(self.stop_event), "storefront events")
+            workers.append(dispatcher)
+        workers.append(Heartbeat(runtime, HEARTBEAT_SECONDS))
+        for worker in workers:
+            self.workers[worker.name] = worker
+            self.supervisor.start(worker)
         if self.notifier.watchdog_interval is not None:
-            self._spawn(self.notifier.run_watchdog(self.stop_event), "watchdog")
+            self.supervisor.spawn(self.notifier.run_watchdog(self.stop_event), "watchdog")
 
     def _start_scheduler(self) -> None:
-        job_defaults = {"misfire_grace_time": 30, "coalesce": True, "max_instances": 1}
+        now = datetime.now(UTC)
         for upstream in self.settings.upstreams:
             name = upstream.name
-            self.scheduler.add_job(
-                self.periodic[f"catalog-sync:{name}"].wakeup.set,
-                "interval",
-                seconds=self.settings.catalog.sync_interval_seconds,
-                id=f"catalog-sync:{name}",
-                **job_defaults,
+            self._schedule(
+                f"catalog-sync:{name}", self._sync_job(name), self.settings.catalog.sync_interval_seconds, now
             )
-            self.scheduler.add_job(
-                self.periodic[f"ping:{name}"].wakeup.set,
-                "interval",
-                seconds=upstream.ping_interval_seconds,
-                id=f"ping:{name}",
-                **job_defaults,
-            )
-            self.scheduler.add_job(
-                self.pollers[name].wakeup.set,
-                "interval",
-                seconds=POLL_TICK_SECONDS,
-                id=f"poll:{name}",
-                **job_defaults,
-            )
+            self._schedule(f"ping:{name}", self._ping_job(name), upstream.ping_interval_seconds, now)
+        self.scheduler.add_listener(self._job_failed, EVENT_JOB_ERROR)
         self.scheduler.start()
 
-    def _spawn(self, coroutine: Awaitable[None], name: str) -> None:
-        self.tasks.append(asyncio.ensure_future(coroutine))
-        self.tasks[-1].set_name(name)
+    def _schedule(
+        self, job_id: str, job: Callable[[], Awaitable[None]], seconds: float, first: datetime
+    ) -> None:
+        async def run() -> None:
+            task = asyncio.current_task()
+            assert task is not None
+            self.job_tasks.add(task)
+            try:
+                await job()
+            finally:
+                self.job_tasks.discard(task)
+
+        self.scheduler.add_job(
+            run,
+            "interval",
+            seconds=seconds,
+            id=job_id,
+            name=job_id,
+            next_run_time=first,
+            misfire_grace_time=max(30, int(seconds)),
+            coalesce=True,
+            max_instances=1,
+        )
+
+    @staticmethod
+    def _job_failed(event: JobExecutionEvent) -> None:
+        log.error("job.failed", job=event.job_id, error=repr(event.exception), exc_info=event.exception)
 
     def _sync_job(self, upstream: str) -> Callable[[], Awaitable[None]]:
         async def job() -> None:
             report = await run_sync(
-                self.runtime.engine,
+                self.runtime.database,
                 self.runtime.client(upstream),
                 upstream,
                 page_size=self.settings.catalog.page_size,
@@ -220,13 +226,7 @@ class Daemon:
 
     def _ping_job(self, upstream: str) -> Callable[[], Awaitable[None]]:
         async def job() -> None:
-            try:
-                result = await self.runtime.client(upstream).ping()
-            except UpstreamError as exc:
-                await record_ping(self.runtime, upstream, exc)
-                log.warning("ping.failed", upstream=upstream, code=exc.code, error=str(exc))
-                return
-            await record_ping(self.runtime, upstream, result)
+            await ping_upstream(self.runtime, upstream)
 
         return job
 
@@ -243,23 +243,20 @@ class Daemon:
         self.notifier.stopping("draining")
         self.stop_event.set()
         if self.scheduler.running:
-            self.scheduler.shutdown(wait=False)
+            self.scheduler.shutdown(wait=False)  # cancels running jobs: a catalogue pass resumes next time
         for runner in self.runners:
             await runner.cleanup()
         deadline = self.settings.server.shutdown_timeout_seconds
-        _, pending = await asyncio.wait(self.tasks, timeout=deadline) if self.tasks else (set(), set())
-        for task in pending:
-            log.warning("daemon.task_cut_off", task=task.get_name())
-            task.cancel()
-        for task in pending:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        for name in await self.supervisor.wait(deadline):
+            log.warning("daemon.task_cut_off", task=name)
+        if self.job_tasks:
+            await asyncio.wait(list(self.job_tasks), timeout=deadline)
         await self.runtime.close()
         log.info("daemon.stopped")
 
 
 async def run_daemon(settings: Settings) -> int:
-    """Run until SIGTERM or SIGINT; 0 after a clean shutdown, 1 when start-up failed."""
+    """Run until SIGTERM or SIGINT; 0 after a clean shutdown, 1 when a background worker failed."""
     daemon = Daemon(settings)
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -277,4 +274,7 @@ async def run_daemon(settings: Settings) -> int:
         await daemon.wait()
     finally:
         await daemon.shutdown()
+    if daemon.supervisor.failure is not None:
+        log.error("daemon.stopped_on_failure", error=repr(daemon.supervisor.failure))
+        return EXIT_WORKER_FAILED
     return 0

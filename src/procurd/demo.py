@@ -21,10 +21,10 @@ from rich.table import Table
 from procurd.config import Settings, load_settings
 from procurd.daemon import Daemon
 from procurd.db import migrate
-from procurd.db.engine import create_engine
+from procurd.db.database import open_database
 from procurd.logs import configure_logging
 from procurd.sandbox import Sandbox, SandboxConfig
-from procurd.status import status_report
+from procurd.status import ping_upstream, status_report
 from procurd.systemd import Notifier
 
 DEMO_SECRET = "demo-secret-please-change"  # noqa: S105 - the sandbox's own throwaway credential
@@ -99,7 +99,7 @@ async def run_demo(directory: Path, console: Console) -> int:
             await _show_catalogue(daemon, console)
             async with aiohttp.ClientSession() as session:
                 await _order_and_follow(session, settings, sandbox, console)
-            await daemon.periodic["ping:sandbox"].job()  # the balance after the purchases
+            await ping_upstream(daemon.runtime, "sandbox")  # the balance after the purchases
             report = await status_report(daemon.runtime)
             _show_status(report, console)
         finally:
@@ -113,11 +113,11 @@ async def run_demo(directory: Path, console: Console) -> int:
 
 
 async def _upgrade(settings: Settings) -> None:
-    engine = create_engine(settings.database.url)
+    database = open_database(settings.database.url)
     try:
-        await migrate.upgrade(engine)
+        await migrate.upgrade(database)
     finally:
-        await engine.dispose()
+        await database.close()
 
 
 async def _show_catalogue(daemon: Daemon, console: Console) -> None:
@@ -126,7 +126,7 @@ async def _show_catalogue(daemon: Daemon, console: Console) -> None:
     deadline = time.monotonic() + WAIT_SECONDS
     report = None
     while time.monotonic() < deadline:
-        report = await last_sync(daemon.runtime.engine, "sandbox")
+        report = await last_sync(daemon.runtime.database, "sandbox")
         if report is not None and report.status in ("ok", "failed"):
             break
         await asyncio.sleep(0.1)

@@ -23,7 +23,7 @@ from prometheus_client import (
 )
 
 if TYPE_CHECKING:
-    from procurd.procurement.service import Applied
+    from procurd.procurement.transitions import Applied
 
 # *_created series double the output and say nothing an operator needs.
 disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -96,9 +96,10 @@ class Metrics:
         self.upstream_requests.labels(upstream, endpoint, outcome).inc()
         self.upstream_request_seconds.labels(upstream, endpoint).observe(seconds)
 
-    def observe_transition(self, applied: Applied, source: str) -> None:
-        if applied.decision.state is not applied.old_state:
-            self.transitions.labels(source, applied.old_state.value, applied.decision.state.value).inc()
+    def observe_transition(self, applied: Applied) -> None:
+        if applied.state_changed:
+            before, after = applied.before.state.value, applied.procurement.state.value
+            self.transitions.labels(applied.source.value, before, after).inc()
 
     def observe_callback(self, upstream: str | None, accepted: bool, reason: str | None = None) -> None:
         """One callback answered; ``upstream`` is ``None`` when its API key matched no configured upstream."""

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import os
 import socket
+from collections import Counter
 from dataclasses import dataclass, field
 
-from sqlalchemy.ext.asyncio import AsyncEngine
+import structlog
 
 from procurd.config import Settings
-from procurd.db import procurement_store as store
-from procurd.db.engine import create_engine
+from procurd.db.database import Database, open_database
+from procurd.db.errors import DatabaseError
 from procurd.db.types import utcnow
 from procurd.metrics import Metrics
 from procurd.procurement.service import ProcurementService, Wakeups
@@ -19,26 +20,61 @@ from procurd.upstream.client import UpstreamClient
 from procurd.upstream.errors import AuthError
 from procurd.upstream.ratelimit import PriorityRateLimiter
 
+log = structlog.get_logger("procurd.runtime")
+
 
 def instance_id() -> str:
-    """Identifies this process in claims, leases and logs."""
+    """Identifies this process in claims, leases, heartbeats and logs: ``host:pid``."""
     return f"{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass
+class CallbackCounts:
+    """Callbacks counted in memory and added to the database now and then (a duplicate writes nothing)."""
+
+    unsaved: Counter[tuple[str, bool]] = field(default_factory=Counter)
+
+    def count(self, upstream: str, accepted: bool) -> None:
+        self.unsaved[(upstream, accepted)] += 1
+
+    def take(self) -> dict[str, tuple[int, int]]:
+        """The counts not yet saved, per upstream ``(accepted, rejected)``; they are then forgotten."""
+        taken: dict[str, tuple[int, int]] = {}
+        for (upstream, accepted), count in self.unsaved.items():
+            accepted_count, rejected_count = taken.get(upstream, (0, 0))
+            taken[upstream] = (
+                (accepted_count + count, rejected_count)
+                if accepted
+                else (accepted_count, rejected_count + count)
+            )
+        self.unsaved.clear()
+        return taken
+
+    def restore(self, counts: dict[str, tuple[int, int]]) -> None:
+        """Put counts back after a failed save."""
+        for upstream, (accepted, rejected) in counts.items():
+            self.unsaved[(upstream, True)] += accepted
+            self.unsaved[(upstream, False)] += rejected
+
+    def pending(self, upstream: str) -> tuple[int, int]:
+        return self.unsaved[(upstream, True)], self.unsaved[(upstream, False)]
 
 
 @dataclass
 class Runtime:
     settings: Settings
-    engine: AsyncEngine
+    database: Database
     service: ProcurementService
     clients: dict[str, UpstreamClient]
     metrics: Metrics
     instance: str = field(default_factory=instance_id)
+    callbacks: CallbackCounts = field(default_factory=CallbackCounts)
 
     @classmethod
     def build(
-        cls, settings: Settings, *, engine: AsyncEngine | None = None, instance: str | None = None
+        cls, settings: Settings, *, database: Database | None = None, instance: str | None = None
     ) -> Runtime:
-        engine = engine or create_engine(settings.database.url)
+        database = database or open_database(settings.database.url)
         metrics = Metrics()
         clients = {
             upstream.name: UpstreamClient(
@@ -49,30 +85,44 @@ class Runtime:
             for upstream in settings.upstreams
         }
         service = ProcurementService(
-            engine, settings, wakeups=Wakeups(), on_change=metrics.observe_transition
+            database, settings, wakeups=Wakeups(), observers=[metrics.observe_transition]
         )
-        return cls(settings, engine, service, clients, metrics, instance or instance_id())
+        return cls(settings, database, service, clients, metrics, instance or instance_id())
 
     def client(self, upstream: str) -> UpstreamClient:
         return self.clients[upstream]
 
     async def start(self) -> None:
         """Make sure every configured upstream has a health row (status and callback counters)."""
-        async with self.engine.begin() as conn:
-            await store.ensure_health_rows(conn, self.clients, utcnow())
+        now = utcnow()
+        await self.database.write(lambda tx: tx.health.ensure_rows(self.clients, now))
 
     async def record_auth_failure(self, upstream: str, error: AuthError) -> None:
         """An auth error makes the upstream unhealthy until a ping succeeds."""
         now = utcnow()
-        async with self.engine.begin() as conn:
-            await store.update_health(
-                conn, upstream, {"auth_error_code": error.code, "auth_error_at": now}, now
-            )
+        values = {"auth_error_code": error.code, "auth_error_at": now}
+        await self.database.write(lambda tx: tx.health.update(upstream, values, now))
+
+    async def save_callback_counts(self) -> None:
+        counts = self.callbacks.take()
+        if not counts:
+            return
+        now = utcnow()
+        try:
+            await self.database.write(lambda tx: tx.health.count_callbacks(counts, now))
+        except BaseException:
+            self.callbacks.restore(counts)
+            raise
 
     async def cancel_upstream(self, upstream: str, order_id: int) -> None:
         await self.clients[upstream].cancel_order(order_id)
 
     async def close(self) -> None:
+        await self.service.close()
+        try:
+            await self.save_callback_counts()
+        except DatabaseError as exc:
+            log.warning("callbacks.count_not_saved", reason=exc.reason)
         for client in self.clients.values():
             await client.close()
-        await self.engine.dispose()
+        await self.database.close()

@@ -7,19 +7,20 @@ authentication failure was seen since: an auth error recorded by a worker stays 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import structlog
-from sqlalchemy.exc import IntegrityError
 
-from procurd.catalog.sync import SyncReport, last_sync
+from procurd.catalog.sync import SyncReport
 from procurd.config import UpstreamSettings
-from procurd.db import procurement_store as store
+from procurd.core.orders import iso
+from procurd.core.procurement import State
+from procurd.db.health_store import UpstreamHealth
+from procurd.db.stores import Tx
 from procurd.db.types import utcnow
 from procurd.logs import scrub
-from procurd.procurement.model import State
-from procurd.procurement.views import iso
 from procurd.runtime import Runtime
 from procurd.upstream.errors import AuthError, UpstreamError, truncate
 from procurd.upstream.models import PingResult
@@ -29,22 +30,40 @@ log = structlog.get_logger("procurd.status")
 QUEUE_STATES = tuple(state.value for state in State)
 
 
+@dataclass(frozen=True, slots=True)
+class _Facts:
+    queue: dict[tuple[str, str], int]
+    oldest: dict[str, datetime]
+    health: dict[str, UpstreamHealth]
+    events_pending: int
+    syncs: dict[str, SyncReport | None]
+
+
+def _facts(tx: Tx, upstreams: list[str]) -> _Facts:
+    store = tx.procurements
+    syncs = {}
+    for name in upstreams:
+        row = tx.mirror.last_run(name)
+        syncs[name] = None if row is None else SyncReport.from_row(row)
+    return _Facts(store.queue_counts(), store.oldest_queued(), tx.health.all(), store.pending_events(), syncs)
+
+
 async def status_report(runtime: Runtime) -> dict[str, Any]:
     """Per configured upstream: health, last ping and sync, queue depths, open exceptions, callbacks."""
     now = utcnow()
-    async with runtime.engine.connect() as conn:
-        counts = await store.queue_counts(conn)
-        oldest = await store.oldest_queued(conn)
-        health = await store.health_rows(conn)
-        events_pending = await store.pending_events(conn)
+    names = [upstream.name for upstream in runtime.settings.upstreams]
+    facts = await runtime.database.read(_facts, names)
     upstreams = []
     for upstream in runtime.settings.upstreams:
-        sync = await last_sync(runtime.engine, upstream.name)
-        upstreams.append(
-            _upstream_status(
-                upstream, health.get(upstream.name), sync, counts, oldest.get(upstream.name), now
-            )
-        )
+        status = _upstream_status(
+            upstream, facts.health.get(upstream.name), facts.syncs[upstream.name], facts.queue,
+            facts.oldest.get(upstream.name), now,
+        )  # fmt: skip
+        accepted, rejected = runtime.callbacks.pending(upstream.name)
+        status["callbacks"]["accepted"] += accepted
+        status["callbacks"]["rejected"] += rejected
+        upstreams.append(status)
+    events_pending = facts.events_pending
     return {
         "ok": True,
         "generated_at": iso(now),
@@ -59,25 +78,33 @@ async def status_report(runtime: Runtime) -> dict[str, Any]:
 
 def _upstream_status(
     upstream: UpstreamSettings,
-    row: Any,
+    health: UpstreamHealth | None,
     sync: SyncReport | None,
     counts: dict[tuple[str, str], int],
     oldest_queued: datetime | None,
     now: datetime,
 ) -> dict[str, Any]:
+    row = health or UpstreamHealth(upstream=upstream.name)
     queue = {state: counts.get((upstream.name, state), 0) for state in QUEUE_STATES}
-    auth_error_code = row.auth_error_code if row is not None else None
-    last_ping_ok = row.last_ping_ok if row is not None else None
     return {
         "name": upstream.name,
         "base_url": upstream.base_url,
-        "healthy": last_ping_ok is True and auth_error_code is None,
-        "site_name": row.site_name if row is not None else None,
-        "protocol_version": row.protocol_version if row is not None else None,
-        "member_level": row.member_level if row is not None else None,
-        "last_ping": _last_ping(row),
+        "healthy": row.last_ping_ok is True and row.auth_error_code is None,
+        "site_name": row.site_name,
+        "protocol_version": row.protocol_version,
+        "member_level": row.member_level,
+        "last_ping": {
+            "at": iso(row.last_ping_at),
+            "ok": row.last_ping_ok,
+            "balance": row.balance,
+            "currency": row.currency,
+            "latency_ms": row.latency_ms,
+            "error": row.last_ping_error,
+        },
         "auth_error": (
-            {"code": auth_error_code, "at": iso(row.auth_error_at)} if auth_error_code is not None else None
+            {"code": row.auth_error_code, "at": iso(row.auth_error_at)}
+            if row.auth_error_code is not None
+            else None
         ),
         "last_sync": _last_sync(sync),
         "queue": queue,
@@ -85,26 +112,8 @@ def _upstream_status(
             max(0, int((now - oldest_queued).total_seconds())) if oldest_queued is not None else 0
         ),
         "open_exceptions": queue[State.EXCEPTION.value],
-        "callbacks": {
-            "accepted": int(row.callbacks_accepted) if row is not None else 0,
-            "rejected": int(row.callbacks_rejected) if row is not None else 0,
-        },
+        "callbacks": {"accepted": row.callbacks_accepted, "rejected": row.callbacks_rejected},
     }
-
-
-def _last_ping(row: Any) -> dict[str, Any]:
-    if row is None:
-        row_values: dict[str, Any] = {}
-    else:
-        row_values = {
-            "at": iso(row.last_ping_at),
-            "ok": row.last_ping_ok,
-            "balance": row.balance,
-            "currency": row.currency,
-            "latency_ms": row.latency_ms,
-            "error": row.last_ping_error,
-        }
-    return {key: row_values.get(key) for key in ("at", "ok", "balance", "currency", "latency_ms", "error")}
 
 
 def _last_sync(sync: SyncReport | None) -> dict[str, Any]:
@@ -198,27 +207,4 @@ def describe_failure(error: BaseException) -> str:
 
 async def update_health(runtime: Runtime, upstream: str, values: dict[str, Any], now: datetime) -> None:
     """Update the upstream's health row, creating it first when the daemon never did."""
-    for attempt in range(2):
-        try:
-            async with runtime.engine.begin() as conn:
-                await store.ensure_health_rows(conn, [upstream], now)
-                await store.update_health(conn, upstream, values, now)
-            return
-        except IntegrityError:
-            # Another instance created the row at the same moment; it exists now.
-            if attempt:
-                raise
-
-
-async def count_callback(runtime: Runtime, upstream: str, accepted: bool) -> None:
-    """Count one callback of ``upstream`` as accepted or rejected (status report and metrics)."""
-    now = utcnow()
-    for attempt in range(2):
-        try:
-            async with runtime.engine.begin() as conn:
-                await store.ensure_health_rows(conn, [upstream], now)
-                await store.count_callback(conn, upstream, accepted, now)
-            return
-        except IntegrityError:
-            if attempt:
-                raise
+    await runtime.database.write(lambda tx: tx.health.update(upstream, values, now))

@@ -10,19 +10,21 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from datetime import timedelta
+from collections.abc import Mapping
+from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
 import structlog
-from sqlalchemy.ext.asyncio import AsyncEngine
 
-from procurd.aio import wait_for_any
+from procurd.background import Worker
 from procurd.config import StorefrontSettings
-from procurd.db import procurement_store as store
+from procurd.core.backoff import retry_delay
+from procurd.db.database import Database
+from procurd.db.procurement_store import OutboxRow
+from procurd.db.stores import Tx
 from procurd.db.types import utcnow
-from procurd.procurement.backoff import retry_delay
 from procurd.signing import HeaderNames, signed_headers
 
 log = structlog.get_logger("procurd.webhook")
@@ -31,22 +33,37 @@ RETRY_BASE_SECONDS = 1.0
 RETRY_MAX_SECONDS = 300.0
 LEASE = timedelta(seconds=60)
 BATCH = 20
-IDLE_SECONDS = 1.0
 
 
-class WebhookDispatcher:
+def _claim_events(tx: Tx, owner: str, now: datetime) -> list[OutboxRow]:
+    return tx.procurements.claim_events(owner, now, now + LEASE, BATCH)
+
+
+def _delivered(tx: Tx, row_id: int, now: datetime) -> None:
+    tx.procurements.event_delivered(row_id, now)
+
+
+class WebhookDispatcher(Worker):
+    """Delivers the storefront's events from the outbox; wakes when the state path queues one."""
+
+    name = "storefront events"
+
     def __init__(
         self,
-        engine: AsyncEngine,
+        database: Database,
         settings: StorefrontSettings,
         worker_id: str,
         wakeup: asyncio.Event | None = None,
         timeout_seconds: float = 15,
+        idle_seconds: float = 5.0,
     ) -> None:
-        self.engine = engine
+        super().__init__()
+        self.database = database
         self.settings = settings
         self.worker_id = worker_id
-        self.wakeup = wakeup or asyncio.Event()
+        self.idle_seconds = idle_seconds
+        if wakeup is not None:
+            self.wakeup = wakeup
         self.timeout = aiohttp.ClientTimeout(total=timeout_seconds)
         self.path = urlsplit(settings.webhook_url).path or "/"
         self.names = HeaderNames.for_prefix(settings.header_prefix)
@@ -57,12 +74,16 @@ class WebhookDispatcher:
             await self._session.close()
             self._session = None
 
+    async def step(self) -> float | None:
+        await self.deliver_due()
+        due = await self.database.read(lambda tx: tx.procurements.next_event_due())
+        return None if due is None else (due - utcnow()).total_seconds()
+
     async def deliver_due(self) -> int:
         """Send every due event once; returns how many were delivered."""
         delivered = 0
         while True:
-            async with self.engine.begin() as conn:
-                rows = await store.claim_events(conn, self.worker_id, utcnow(), LEASE, BATCH)
+            rows = await self.database.write(_claim_events, self.worker_id, utcnow())
             if not rows:
                 return delivered
             failed_orders: set[str] = set()
@@ -74,8 +95,7 @@ class WebhookDispatcher:
                     continue
                 error = await self._send(row.payload)
                 if error is None:
-                    async with self.engine.begin() as conn:
-                        await store.mark_event_delivered(conn, row.id, utcnow())
+                    await self.database.write(_delivered, row.id, utcnow())
                     delivered += 1
                 else:
                     failed_orders.add(row.order_no)
@@ -83,10 +103,10 @@ class WebhookDispatcher:
             if failed_orders and delivered == 0:
                 return delivered
 
-    async def _reschedule(self, row: Any, error: str, delay: float | None, attempts: int = 1) -> None:
+    async def _reschedule(self, row: OutboxRow, error: str, delay: float | None, attempts: int = 1) -> None:
         wait = retry_delay(attempts, RETRY_BASE_SECONDS, RETRY_MAX_SECONDS) if delay is None else delay
-        async with self.engine.begin() as conn:
-            await store.mark_event_failed(conn, row.id, error, utcnow() + timedelta(seconds=wait))
+        retry_at = utcnow() + timedelta(seconds=wait)
+        await self.database.write(lambda tx: tx.procurements.event_failed(row.id, error, retry_at))
         if delay is None:
             log.warning(
                 "webhook.failed",
@@ -96,9 +116,9 @@ class WebhookDispatcher:
                 retry_in_seconds=round(wait, 1),
             )
 
-    async def _send(self, payload: dict[str, Any]) -> str | None:
+    async def _send(self, payload: Mapping[str, Any]) -> str | None:
         """POST one event; ``None`` on a 2xx answer, else the reason."""
-        body = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
+        body = json.dumps(dict(payload), separators=(",", ":"), ensure_ascii=False).encode()
         headers = signed_headers(
             self.names,
             self.settings.webhook_api_key,
@@ -120,12 +140,5 @@ class WebhookDispatcher:
         except (aiohttp.ClientError, TimeoutError) as exc:
             return type(exc).__name__
 
-    async def run(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            try:
-                await self.deliver_due()
-            except Exception:
-                log.exception("webhook.round_failed")
-            self.wakeup.clear()
-            await wait_for_any(stop, self.wakeup, timeout=IDLE_SECONDS)
+    async def drain(self) -> None:
         await self.close()

@@ -25,10 +25,8 @@ from datetime import datetime
 from typing import Any, Final, Literal, Protocol, TypeVar
 
 import structlog
-from sqlalchemy.exc import DBAPIError, SQLAlchemyError
-from sqlalchemy.ext.asyncio import AsyncEngine
 
-from procurd.catalog.diff import (
+from procurd.core.catalog import (
     ENTITIES,
     CategoryRules,
     Entity,
@@ -46,8 +44,10 @@ from procurd.catalog.diff import (
     product_record,
     sku_record,
 )
-from procurd.db import leases, mirror_store
+from procurd.db.database import Database
+from procurd.db.errors import DatabaseError
 from procurd.db.mirror_store import RunTotals
+from procurd.db.stores import Tx
 from procurd.db.types import utcnow
 from procurd.logs import scrub
 from procurd.upstream.errors import UpstreamError, truncate
@@ -141,7 +141,7 @@ def default_holder() -> str:
 
 
 async def run_sync(
-    engine: AsyncEngine,
+    database: Database,
     client: CatalogClient,
     upstream_name: str,
     *,
@@ -165,13 +165,16 @@ async def run_sync(
     lease_name = LEASE_PREFIX + upstream_name
     # A token per pass: two passes in one process exclude each other like passes on two machines.
     lease_holder = f"{holder or default_holder()}#{secrets.token_hex(4)}"
-    if not await leases.acquire(engine, lease_name, lease_holder, lease_ttl_seconds):
+    now = utcnow()
+    if not await database.write(
+        lambda tx: tx.leases.acquire(lease_name, lease_holder, now, lease_ttl_seconds)
+    ):
         log.info("catalog_sync_skipped", upstream=upstream_name, reason=SKIPPED_BUSY)
         now = utcnow()
         return SyncReport(None, upstream_name, "skipped", 0, 0, 0, 0, 0, 0, 0, 0, [], SKIPPED_BUSY, now, now)
     try:
         sync = _SyncPass(
-            engine,
+            database,
             client,
             upstream_name,
             page_size=min(max(page_size, 1), MAX_PAGE_SIZE),
@@ -181,22 +184,22 @@ async def run_sync(
         )
         return await sync.run()
     finally:
-        await _release(engine, lease_name, lease_holder)
+        await _release(database, lease_name, lease_holder)
 
 
-async def last_sync(engine: AsyncEngine, upstream: str, *, finished: bool = False) -> SyncReport | None:
+async def last_sync(database: Database, upstream: str, *, finished: bool = False) -> SyncReport | None:
     """The most recent sync pass of ``upstream``, or ``None``.
 
     While a pass is under way that is the ``running`` one, unless ``finished`` asks for the last that ended.
     """
-    row = await mirror_store.last_run(engine, upstream, finished=finished)
+    row = await database.read(lambda tx: tx.mirror.last_run(upstream, finished=finished))
     return None if row is None else SyncReport.from_row(row)
 
 
-async def _release(engine: AsyncEngine, name: str, holder: str) -> None:
+async def _release(database: Database, name: str, holder: str) -> None:
     try:
-        await leases.release(engine, name, holder)
-    except (OSError, SQLAlchemyError) as exc:
+        await database.write(lambda tx: tx.leases.release(name, holder))
+    except DatabaseError as exc:
         # The lease expires on its own; a failed release only delays the next pass.
         log.warning("catalog_sync_lease_release_failed", lease=name, error=describe_error(exc))
 
@@ -206,6 +209,10 @@ class _Lease:
     name: str
     holder: str
     ttl_seconds: float
+
+
+def _renew(tx: Tx, lease: _Lease, now: datetime) -> bool:
+    return tx.leases.renew(lease.name, lease.holder, now, lease.ttl_seconds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,7 +287,7 @@ class _Listing:
 class _SyncPass:
     def __init__(
         self,
-        engine: AsyncEngine,
+        database: Database,
         client: CatalogClient,
         upstream: str,
         *,
@@ -289,7 +296,7 @@ class _SyncPass:
         progress: ProgressCallback | None,
         lease: _Lease,
     ) -> None:
-        self._engine = engine
+        self._database = database
         self._client = client
         self._upstream = upstream
         self._page_size = page_size
@@ -310,8 +317,9 @@ class _SyncPass:
 
     async def run(self) -> SyncReport:
         self._started_at = utcnow()
-        await mirror_store.close_interrupted_runs(self._engine, self._upstream, self._started_at)
-        self._run_id = await mirror_store.start_run(self._engine, self._upstream, self._started_at)
+        started = self._started_at
+        await self._database.write(lambda tx: tx.mirror.close_interrupted_runs(self._upstream, started))
+        self._run_id = await self._database.write(lambda tx: tx.mirror.start_run(self._upstream, started))
         log.info("catalog_sync_started", upstream=self._upstream, run_id=self._run_id)
         keeper = asyncio.create_task(self._keep_lease())
         try:
@@ -339,15 +347,16 @@ class _SyncPass:
         if self._violations_left_out:
             self._totals.violations.append(f"... and {self._violations_left_out} more violations")
         finished_at = utcnow()
-        await mirror_store.finish_run(
-            self._engine,
-            self._run_id,
-            upstream=self._upstream,
-            status=status,
-            finished_at=finished_at,
-            totals=self._totals,
-            error=error,
-            plans=removals,
+        await self._database.write(
+            lambda tx: tx.mirror.finish_run(
+                self._run_id,
+                upstream=self._upstream,
+                status=status,
+                finished_at=finished_at,
+                totals=self._totals,
+                error=error,
+                plans=removals,
+            )
         )
         report = self._report(status, error, finished_at)
         event = "catalog_sync_finished" if status == "ok" else "catalog_sync_failed"
@@ -398,10 +407,8 @@ class _SyncPass:
                 await asyncio.wait_for(self._finished.wait(), interval)
                 return
             try:
-                renewed = await leases.renew(
-                    self._engine, self._lease.name, self._lease.holder, self._lease.ttl_seconds
-                )
-            except (OSError, SQLAlchemyError) as exc:
+                renewed = await self._database.write(_renew, self._lease, utcnow())
+            except DatabaseError as exc:
                 log.warning(
                     "catalog_sync_lease_renewal_failed", upstream=self._upstream, error=describe_error(exc)
                 )
@@ -422,7 +429,7 @@ class _SyncPass:
         # them fails the others still finish: a database read cut off mid-way can leave SQLite locked.
         # Shielded too, so a cancellation from outside (shutdown) never cuts the read short either.
         snapshot, categories, first = await asyncio.gather(
-            asyncio.shield(mirror_store.load_snapshot(self._engine, self._upstream)),
+            self._database.read(lambda tx: tx.mirror.load_snapshot(self._upstream)),
             self._client.categories(priority=Priority.CATALOG),
             self._client.products(1, self._page_size, priority=Priority.CATALOG),
             return_exceptions=True,
@@ -591,7 +598,10 @@ class _SyncPass:
     async def _write(self, plans: Sequence[Plan]) -> None:
         if self._failure is not None:
             raise self._failure
-        await mirror_store.write_plans(self._engine, self._upstream, plans, run_id=self._run_id, now=utcnow())
+        now = utcnow()
+        await self._database.write(
+            lambda tx: tx.mirror.write_plans(self._upstream, plans, run_id=self._run_id, now=now)
+        )
         for plan in plans:
             apply_plan(self._snapshot[plan.entity], plan)
         self._totals.count(plans)
@@ -634,10 +644,8 @@ def describe_error(exc: BaseException) -> str:
         exc = exc.exceptions[0]
     if isinstance(exc, UpstreamError | IncompleteListing | LeaseLost):
         text = str(exc)
-    elif isinstance(exc, DBAPIError):
-        text = f"database error: {type(exc.orig).__name__}: {exc.orig}"
-    elif isinstance(exc, SQLAlchemyError):
-        text = f"database error: {type(exc).__name__}"
+    elif isinstance(exc, DatabaseError):
+        text = f"database error: {exc.reason}"
     else:
         text = f"{type(exc).__name__}: {exc}"
     return truncate(scrub(text), MAX_ERROR_CHARS)

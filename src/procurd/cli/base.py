@@ -8,15 +8,17 @@ import socket
 import sys
 from collections.abc import Awaitable, Coroutine
 from dataclasses import dataclass
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 import structlog
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from procurd import __version__
 from procurd.config import ConfigError, Settings, UpstreamSettings, load_settings
 from procurd.logs import configure_logging, register_secrets
+
+if TYPE_CHECKING:
+    from procurd.db.database import Database
 
 T = TypeVar("T")
 
@@ -108,33 +110,36 @@ def main(ctx: click.Context, config_path: str | None, log_level: str | None, log
 
 
 async def database_errors(awaitable: Awaitable[T]) -> T:
-    """Turn database connection failures into one clear line and exit code 1."""
-    from sqlalchemy.exc import DBAPIError
+    """Turn database failures into one clear line and exit code 1."""
+    from procurd.db.errors import DatabaseError
 
     try:
         return await awaitable
-    except (DBAPIError, OSError) as exc:
-        original = getattr(exc, "orig", None) or exc
-        reason = (str(original).strip().splitlines() or [type(original).__name__])[0]
-        click.echo(f"procurd: database error: {reason}", err=True)
+    except DatabaseError as exc:
+        click.echo(f"procurd: database error: {exc.reason}", err=True)
         sys.exit(EXIT_FAILURE)
 
 
-async def open_current_database(url: str) -> AsyncEngine:
-    """An engine on a database at the current migration; otherwise a clear message and exit 1."""
-    from procurd.db import migrate
-    from procurd.db.engine import create_engine
+def open_database(url: str) -> Database:
+    """The configured database; one that cannot even be opened ends the program with exit code 1."""
+    from procurd.db.database import open_database as open_backend
+    from procurd.db.errors import DatabaseError
 
-    engine = create_engine(url)
-    current = await database_errors(migrate.current_revision(engine))
-    head = migrate.head_revision()
-    if current != head:
-        await engine.dispose()
-        where = "empty" if current is None else f"at revision {current}"
-        click.echo(
-            f"procurd: the database is {where} but this version needs revision {head}: "
-            "run `procurd db upgrade` first",
-            err=True,
-        )
+    try:
+        return open_backend(url)
+    except DatabaseError as exc:
+        click.echo(f"procurd: database error: {exc.reason}", err=True)
         sys.exit(EXIT_FAILURE)
-    return engine
+
+
+async def open_current_database(url: str) -> Database:
+    """The database, at the current migration; otherwise a clear message and exit 1."""
+    from procurd.db.revision import current_revision, describe_mismatch
+
+    database = open_database(url)
+    mismatch = describe_mismatch(await database_errors(current_revision(database)))
+    if mismatch is not None:
+        await database.close()
+        click.echo(f"procurd: {mismatch}", err=True)
+        sys.exit(EXIT_FAILURE)
+    return database

@@ -50,7 +50,7 @@ async def _sync_all(settings: Settings, upstreams: list[UpstreamSettings], show_
     from procurd.catalog.sync import SyncReport, run_sync
     from procurd.upstream.client import UpstreamClient
 
-    engine = await open_current_database(settings.database.url)
+    database = await open_current_database(settings.database.url)
     failed = 0
     console = Console(stderr=True)
     try:
@@ -73,7 +73,7 @@ async def _sync_all(settings: Settings, upstreams: list[UpstreamSettings], show_
 
                 async with UpstreamClient(upstream) as client:
                     report: SyncReport = await run_sync(
-                        engine,
+                        database,
                         client,
                         upstream.name,
                         page_size=settings.catalog.page_size,
@@ -87,7 +87,7 @@ async def _sync_all(settings: Settings, upstreams: list[UpstreamSettings], show_
             if report.status == "failed":
                 failed += 1
     finally:
-        await engine.dispose()
+        await database.close()
     return failed
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from procurd.cli.base import CliState, database_errors, main, pass_state, run_async
+from procurd.cli.base import CliState, database_errors, main, open_database, pass_state, run_async
 
 
 @main.group()
@@ -18,16 +18,15 @@ def db() -> None:
 def db_upgrade(state: CliState, revision: str) -> None:
     """Create the schema or migrate it to the current version (safe to run on every start)."""
     from procurd.db import migrate
-    from procurd.db.engine import create_engine
 
     settings = state.settings()
 
     async def upgrade() -> tuple[str | None, str | None]:
-        engine = create_engine(settings.database.url)
+        database = open_database(settings.database.url)
         try:
-            return await database_errors(migrate.upgrade(engine, revision))
+            return await database_errors(migrate.upgrade(database, revision))
         finally:
-            await engine.dispose()
+            await database.close()
 
     before, after = run_async(upgrade())
     if before == after:

@@ -17,7 +17,7 @@ from procurd.cli.orders import (
     run_command,
 )
 from procurd.config import Settings
-from procurd.procurement.model import Event, Resolve, Retry, Source
+from procurd.core.procurement import Event, Resolve, Retry, Source
 from procurd.procurement.service import DEFAULT_BULK_RETRY, MAX_BULK_RETRY
 
 MAX_PAGE_SIZE = 100
@@ -135,7 +135,7 @@ def exceptions_resolve(state: CliState, procurement_id: int, note: str, as_json:
 
 
 async def _act(settings: Settings, procurement_id: int, event: Event, as_json: bool) -> None:
-    from procurd.procurement.machine import NotAllowed
+    from procurd.core.procurement import NotAllowed
 
     async with open_runtime(settings) as runtime:
         try:
@@ -145,7 +145,7 @@ async def _act(settings: Settings, procurement_id: int, event: Event, as_json: b
         if applied is None:
             raise Refused("procurement_not_found", f"no procurement {procurement_id}")
         procurement = await runtime.service.procurement(procurement_id)
-        order = await runtime.service.order(applied.order_no)
+        order = await runtime.service.order(applied.procurement.order_no)
     assert procurement is not None
     if as_json:
         emit_json({"ok": True, "procurement": procurement, "order": order})

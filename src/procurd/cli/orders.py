@@ -47,8 +47,8 @@ class Refused(Exception):
 @asynccontextmanager
 async def open_runtime(settings: Settings) -> AsyncIterator[Runtime]:
     """A runtime on the configured database (which must be at the current migration)."""
-    engine = await open_current_database(settings.database.url)
-    runtime = Runtime.build(settings, engine=engine)
+    database = await open_current_database(settings.database.url)
+    runtime = Runtime.build(settings, database=database)
     try:
         yield runtime
     finally:
@@ -243,9 +243,9 @@ def _form_data(value: str) -> dict[str, Any]:
 
 
 async def _submit(settings: Settings, raw: bytes, as_json: bool) -> None:
+    from procurd.core.intake import IntakeError, parse_order_request
     from procurd.http.admin import decode_json
     from procurd.http.errors import ApiError
-    from procurd.procurement.intake import IntakeError, parse_order_request
 
     try:
         body = decode_json(raw)
@@ -309,14 +309,12 @@ def order_cancel(state: CliState, order_no: str, as_json: bool) -> None:
 
 
 async def _cancel(settings: Settings, order_no: str, as_json: bool) -> None:
-    from procurd.procurement.service import CancelDenied
+    from procurd.procurement.cancel import CancelDenied, OrderNotFound, cancel_order
 
     async with open_runtime(settings) as runtime:
-        if await runtime.service.order(order_no) is None:
-            raise Refused("order_not_found", f"no order {order_no!r}")
         try:
-            order = await runtime.service.cancel(order_no, runtime.cancel_upstream)
-        except KeyError:
+            order = await cancel_order(runtime.service, order_no, runtime.cancel_upstream)
+        except OrderNotFound:
             raise Refused("order_not_found", f"no order {order_no!r}") from None
         except CancelDenied as exc:
             items = cancel_items(exc)

@@ -1,4 +1,8 @@
-"""Schema migrations with Alembic, shipped inside the package (no ini file needed)."""
+"""Schema migrations with Alembic, shipped inside the package (no ini file needed).
+
+Only ``procurd db upgrade`` (and tests) import this module: a running daemon checks the schema's revision
+with :mod:`procurd.db.revision`, without loading Alembic.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,8 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, text
-from sqlalchemy.ext.asyncio import AsyncEngine
+
+from procurd.db.database import Database
 
 # An arbitrary constant: every procurd instance takes this PostgreSQL advisory lock around an upgrade.
 MIGRATION_LOCK_ID = 0x70726F63
@@ -25,21 +30,15 @@ def head_revision() -> str | None:
     return ScriptDirectory.from_config(alembic_config()).get_current_head()
 
 
-async def upgrade(engine: AsyncEngine, revision: str = "head") -> tuple[str | None, str | None]:
+async def upgrade(database: Database, revision: str = "head") -> tuple[str | None, str | None]:
     """Migrate to ``revision``; return the revisions before and after."""
-    async with engine.begin() as connection:
-        if connection.dialect.name == "postgresql":
-            await connection.execute(text("SELECT pg_advisory_xact_lock(:id)"), {"id": MIGRATION_LOCK_ID})
-        before = await connection.run_sync(_current)
-        await connection.run_sync(lambda sync: command.upgrade(alembic_config(sync), revision))
-        after = await connection.run_sync(_current)
+    return await database.write(lambda tx: _upgrade(tx.connection, revision))
+
+
+def _upgrade(connection: Connection, revision: str) -> tuple[str | None, str | None]:
+    if connection.dialect.name == "postgresql":
+        connection.execute(text("SELECT pg_advisory_xact_lock(:id)"), {"id": MIGRATION_LOCK_ID})
+    before = MigrationContext.configure(connection).get_current_revision()
+    command.upgrade(alembic_config(connection), revision)
+    after = MigrationContext.configure(connection).get_current_revision()
     return before, after
-
-
-async def current_revision(engine: AsyncEngine) -> str | None:
-    async with engine.connect() as connection:
-        return await connection.run_sync(_current)
-
-
-def _current(connection: Connection) -> str | None:
-    return MigrationContext.configure(connection).get_current_revision()

@@ -11,10 +11,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, RowMapping, Table, bindparam, insert, null, select, update
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy import JSON, Connection, RowMapping, Table, bindparam, insert, null, select, update
 
-from procurd.catalog.diff import TRACKED_FIELDS, Entity, Plan, Record, Snapshot, existing_from_row
+from procurd.core.catalog import TRACKED_FIELDS, Entity, Plan, Record, Snapshot, existing_from_row
 from procurd.db.schema import mirror_categories, mirror_changes, mirror_products, mirror_skus, sync_runs
 
 MIRROR_TABLES: dict[Entity, Table] = {
@@ -54,71 +53,128 @@ class RunTotals:
             self.rows_written += plan.rows
 
 
-async def load_snapshot(engine: AsyncEngine, upstream: str) -> dict[Entity, Snapshot]:
-    """What the mirror holds for ``upstream``: per entity, id to digest, removal mark and tracked fields."""
-    snapshots: dict[Entity, Snapshot] = {}
-    async with engine.connect() as connection:
-        for entity, table in MIRROR_TABLES.items():
-            snapshots[entity] = await _load_table_snapshot(connection, entity, table, upstream)
-    return snapshots
+class MirrorStore:
+    """The mirror's statements, on one transaction's connection."""
 
+    def __init__(self, connection: Connection) -> None:
+        self.connection = connection
 
-async def _load_table_snapshot(
-    connection: AsyncConnection, entity: Entity, table: Table, upstream: str
-) -> Snapshot:
-    statement = select(
-        table.c.id,
-        table.c.content_hash,
-        table.c.removed_at.is_not(None),
-        *(table.c[name] for name in TRACKED_FIELDS[entity]),
-    ).where(table.c.upstream == upstream)
-    snapshot: Snapshot = {}
-    result = await connection.stream(statement)
-    async for partition in result.partitions(SNAPSHOT_PARTITION_ROWS):
-        for identity, content_hash, removed, *tracked in partition:
+    def load_snapshot(self, upstream: str) -> dict[Entity, Snapshot]:
+        """What the mirror holds for ``upstream``: per entity, id to digest, removal mark, tracked fields."""
+        return {
+            entity: self._table_snapshot(entity, table, upstream) for entity, table in MIRROR_TABLES.items()
+        }
+
+    def _table_snapshot(self, entity: Entity, table: Table, upstream: str) -> Snapshot:
+        statement = select(
+            table.c.id,
+            table.c.content_hash,
+            table.c.removed_at.is_not(None),
+            *(table.c[name] for name in TRACKED_FIELDS[entity]),
+        ).where(table.c.upstream == upstream)
+        snapshot: Snapshot = {}
+        result = self.connection.execution_options(yield_per=SNAPSHOT_PARTITION_ROWS).execute(statement)
+        for identity, content_hash, removed, *tracked in result:
             snapshot[identity] = existing_from_row(entity, content_hash, bool(removed), tracked)
-    return snapshot
+        return snapshot
+
+    def write_plans(self, upstream: str, plans: Sequence[Plan], *, run_id: int, now: datetime) -> int:
+        """Write ``plans``; returns the number of mirror rows written."""
+        return _write_plans(self.connection, upstream, plans, run_id, now)
+
+    def start_run(self, upstream: str, started_at: datetime) -> int:
+        """Record a sync run of ``upstream`` as running; returns its id."""
+        result = self.connection.execute(
+            insert(sync_runs).values(upstream=upstream, started_at=started_at, status="running")
+        )
+        (run_id,) = result.inserted_primary_key or (None,)
+        if run_id is None:
+            raise RuntimeError("the database returned no id for the new sync run")
+        return int(run_id)
+
+    def close_interrupted_runs(self, upstream: str, now: datetime) -> int:
+        """Mark runs of ``upstream`` still shown as running as failed; only while holding its sync lease."""
+        result = self.connection.execute(
+            update(sync_runs)
+            .where(sync_runs.c.upstream == upstream, sync_runs.c.status == "running")
+            .values(status="failed", finished_at=now, error=INTERRUPTED_ERROR)
+        )
+        return int(result.rowcount)
+
+    def finish_run(
+        self,
+        run_id: int,
+        *,
+        upstream: str,
+        status: str,
+        finished_at: datetime,
+        totals: RunTotals,
+        error: str | None,
+        plans: Sequence[Plan] = (),
+    ) -> int:
+        """Write ``plans`` (the removals of a complete listing) and close the run.
+
+        ``totals`` must already count ``plans``. Returns the mirror rows ``plans`` wrote.
+        """
+        written = _write_plans(self.connection, upstream, plans, run_id, finished_at)
+        self.connection.execute(
+            update(sync_runs)
+            .where(sync_runs.c.id == run_id)
+            .values(
+                status=status,
+                finished_at=finished_at,
+                pages=totals.pages,
+                categories=totals.categories,
+                products=totals.products,
+                skus=totals.skus,
+                added=totals.added,
+                changed=totals.changed,
+                removed=totals.removed,
+                rows_written=totals.rows_written,
+                violations=list(totals.violations),
+                error=error,
+            )
+        )
+        return written
+
+    def last_run(self, upstream: str, *, finished: bool = False) -> RowMapping | None:
+        """The most recent ``sync_runs`` row of ``upstream`` (only finished ones if asked), or ``None``."""
+        statement = select(sync_runs).where(sync_runs.c.upstream == upstream)
+        if finished:
+            statement = statement.where(sync_runs.c.status != "running")
+        result = self.connection.execute(statement.order_by(sync_runs.c.id.desc()).limit(1))
+        return result.mappings().first()
 
 
-async def write_plans(
-    engine: AsyncEngine, upstream: str, plans: Sequence[Plan], *, run_id: int, now: datetime
-) -> int:
-    """Write ``plans`` in one transaction; returns the number of mirror rows written."""
-    if not any(plan.rows or plan.changes for plan in plans):
-        return 0
-    async with engine.begin() as connection:
-        return await _write_plans(connection, upstream, plans, run_id, now)
-
-
-async def _write_plans(
-    connection: AsyncConnection, upstream: str, plans: Sequence[Plan], run_id: int, now: datetime
+def _write_plans(
+    connection: Connection, upstream: str, plans: Sequence[Plan], run_id: int, now: datetime
 ) -> int:
     # Values shared by every row of a batch are bound once on the statement, not once per row.
     written = 0
     for plan in plans:
         table = MIRROR_TABLES[plan.entity]
         if plan.inserts:
-            await connection.execute(
+            connection.execute(
                 insert(table).values(upstream=upstream, synced_at=now),
                 [{"id": record.id, **_column_values(record)} for record in plan.inserts],
             )
         if plan.updates:
-            await connection.execute(
+            connection.execute(
                 _by_id(update(table), table, upstream).values(synced_at=now),
                 [{"b_id": record.id, **_column_values(record)} for record in plan.updates],
             )
         if plan.restores:
-            await connection.execute(
+            connection.execute(
                 _by_id(update(table), table, upstream).values(synced_at=now, removed_at=None),
                 [{"b_id": record.id, **_column_values(record)} for record in plan.restores],
             )
         if plan.removals:
-            await connection.execute(
+            connection.execute(
                 _by_id(update(table), table, upstream).values(is_active=False, removed_at=now),
                 [{"b_id": identity} for identity in plan.removals],
             )
         if plan.changes:
-            await connection.execute(
+            connection.execute(
                 insert(mirror_changes).values(upstream=upstream, changed_at=now, sync_run_id=run_id),
                 [
                     {
@@ -147,74 +203,3 @@ def _column_values(record: Record) -> dict[str, Any]:
             values[name] = null()
     values["content_hash"] = record.content_hash
     return values
-
-
-async def start_run(engine: AsyncEngine, upstream: str, started_at: datetime) -> int:
-    """Record a sync run of ``upstream`` as running; returns its id."""
-    async with engine.begin() as connection:
-        result = await connection.execute(
-            insert(sync_runs).values(upstream=upstream, started_at=started_at, status="running")
-        )
-        (run_id,) = result.inserted_primary_key or (None,)
-    if run_id is None:
-        raise RuntimeError("the database returned no id for the new sync run")
-    return int(run_id)
-
-
-async def close_interrupted_runs(engine: AsyncEngine, upstream: str, now: datetime) -> int:
-    """Mark runs of ``upstream`` still shown as running as failed; call only while holding its sync lease."""
-    async with engine.begin() as connection:
-        result = await connection.execute(
-            update(sync_runs)
-            .where(sync_runs.c.upstream == upstream, sync_runs.c.status == "running")
-            .values(status="failed", finished_at=now, error=INTERRUPTED_ERROR)
-        )
-        return int(result.rowcount)
-
-
-async def finish_run(
-    engine: AsyncEngine,
-    run_id: int,
-    *,
-    upstream: str,
-    status: str,
-    finished_at: datetime,
-    totals: RunTotals,
-    error: str | None,
-    plans: Sequence[Plan] = (),
-) -> int:
-    """Write ``plans`` (the removals of a complete listing) and close the run, in one transaction.
-
-    ``totals`` must already count ``plans``. Returns the mirror rows ``plans`` wrote.
-    """
-    async with engine.begin() as connection:
-        written = await _write_plans(connection, upstream, plans, run_id, finished_at)
-        await connection.execute(
-            update(sync_runs)
-            .where(sync_runs.c.id == run_id)
-            .values(
-                status=status,
-                finished_at=finished_at,
-                pages=totals.pages,
-                categories=totals.categories,
-                products=totals.products,
-                skus=totals.skus,
-                added=totals.added,
-                changed=totals.changed,
-                removed=totals.removed,
-                rows_written=totals.rows_written,
-                violations=list(totals.violations),
-                error=error,
-            )
-        )
-    return written
-
-
-async def last_run(engine: AsyncEngine, upstream: str, *, finished: bool = False) -> RowMapping | None:
-    """The most recent ``sync_runs`` row of ``upstream`` (only finished ones if asked), or ``None``."""
-    statement = select(sync_runs).where(sync_runs.c.upstream == upstream)
-    if finished:
-        statement = statement.where(sync_runs.c.status != "running")
-    async with engine.connect() as connection:
-        result = await connection.execute(statement.order_by(sync_runs.c.id.desc()).limit(1))
-        return result.mappings().first()

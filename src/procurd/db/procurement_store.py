@@ -1,22 +1,35 @@
-"""Every statement of the procurement engine: orders, procurements, numbers, audit, outbox, health.
+"""Every statement of the procurement engine: orders, procurements, numbers, audit, the storefront outbox.
 
-Functions take an open ``AsyncConnection`` inside a transaction the caller owns, so one state change (the
-procurement row, its audit entry, the order's status and the storefront event) commits atomically.
-Lock order, everywhere: the order row, then its procurement rows.
+Statements are built once; batches are written with ``executemany``. Rows leave this module as the
+core's frozen records. Lock order, everywhere: order rows (sorted by number), then nothing else — every
+writer of a procurement holds its order's row, so an order's items change one transaction at a time.
 """
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime, timedelta
-from typing import Any
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Final
 
-from sqlalchemy import ColumnElement, and_, case, func, insert, or_, select, type_coerce, update
-from sqlalchemy.dialects.postgresql import insert as postgresql_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy import (
+    Connection,
+    RowMapping,
+    Select,
+    and_,
+    bindparam,
+    case,
+    func,
+    insert,
+    or_,
+    select,
+    tuple_,
+    type_coerce,
+    update,
+)
 
+from procurd.core.orders import Order
+from procurd.core.procurement import MirroredSku, Procurement, State
 from procurd.db.schema import (
     audit_log,
     mirror_products,
@@ -25,473 +38,551 @@ from procurd.db.schema import (
     outbox,
     procurement_numbers,
     procurements,
-    upstream_health,
 )
-from procurd.procurement.model import State
 
-DbRow = Any  # a SQLAlchemy Row; attributes are the selected columns
+# Columns a decision may change (the rest are fixed at intake).
+MUTABLE_COLUMNS: Final = (
+    "upstream",
+    "sku_id",
+    "downstream_order_no",
+    "downstream_order_nos",
+    "number_canceled",
+    "state",
+    "upstream_status",
+    "upstream_order_id",
+    "upstream_order_no",
+    "amount",
+    "currency",
+    "attempts",
+    "last_error_code",
+    "last_error_message",
+    "exception_reason",
+    "fulfillment",
+    "upstream_may_exist",
+    "next_attempt_at",
+    "lease_owner",
+    "lease_expires_at",
+    "next_poll_at",
+    "poll_interval_seconds",
+    "submitted_at",
+    "delivered_at",
+    "resolution_note",
+    "updated_at",
+)
+INSERT_COLUMNS: Final = tuple(column.name for column in procurements.c if column.name != "id")
 
 
-class StaleWrite(Exception):
-    """The procurement changed between read and write (cannot happen under the row lock; a safety net)."""
+@dataclass(frozen=True, slots=True)
+class NumberRow:
+    """A downstream order number: whose it is, and (once retired) the upstream order it named."""
+
+    upstream: str
+    downstream_order_no: str
+    procurement_id: int
+    order_no: str
+    upstream_order_id: int | None
 
 
-# --- mirror lookups for intake ----------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class AuditRow:
+    order_no: str
+    procurement_id: int | None
+    at: datetime
+    source: str
+    event: str
+    old_state: str | None
+    new_state: str | None
+    detail: Mapping[str, Any] | None
 
 
-async def mirrored_sku(conn: AsyncConnection, upstream: str, sku_id: int) -> DbRow | None:
-    """The SKU and its product as mirrored, or ``None`` when never seen."""
-    statement = (
-        select(
-            mirror_skus.c.id,
-            mirror_skus.c.product_id,
-            mirror_skus.c.price_amount,
-            mirror_skus.c.is_active.label("sku_active"),
-            mirror_skus.c.removed_at.label("sku_removed_at"),
-            mirror_products.c.is_active.label("product_active"),
-            mirror_products.c.removed_at.label("product_removed_at"),
-            mirror_products.c.fulfillment_type,
+@dataclass(frozen=True, slots=True)
+class OutboxRow:
+    id: int
+    event_id: str
+    order_no: str
+    event: str
+    payload: Mapping[str, Any]
+    attempts: int
+
+
+def to_procurement(row: RowMapping) -> Procurement:
+    values = dict(row)
+    values["state"] = State(values["state"])
+    values["downstream_order_nos"] = tuple(values["downstream_order_nos"] or (values["downstream_order_no"],))
+    values["number_canceled"] = bool(values["number_canceled"])
+    values["upstream_may_exist"] = bool(values["upstream_may_exist"])
+    return Procurement(**values)
+
+
+def to_order(row: RowMapping) -> Order:
+    return Order(
+        order_no=row["order_no"],
+        trace_id=row["trace_id"],
+        fingerprint=row["fingerprint"],
+        status=row["status"],
+        exception=bool(row["exception"]),
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+    )
+
+
+def _row_values(p: Procurement, columns: Iterable[str]) -> dict[str, Any]:
+    values = {name: getattr(p, name) for name in columns}
+    values["state"] = p.state.value
+    values["downstream_order_nos"] = list(p.downstream_order_nos)
+    return values
+
+
+# --- statements, built once --------------------------------------------------------------------------------
+
+_ORDER_COLUMNS = (
+    orders.c.order_no,
+    orders.c.trace_id,
+    orders.c.fingerprint,
+    orders.c.status,
+    orders.c.exception,
+    orders.c.created_at,
+    orders.c.updated_at,
+)
+_LOCK_ORDERS = (
+    select(*_ORDER_COLUMNS)
+    .where(orders.c.order_no.in_(bindparam("order_nos", expanding=True)))
+    .order_by(orders.c.order_no)
+    .with_for_update()
+)
+_READ_ORDERS = select(*_ORDER_COLUMNS).where(orders.c.order_no.in_(bindparam("order_nos", expanding=True)))
+_ITEMS_OF_ORDERS = (
+    select(procurements)
+    .where(procurements.c.order_no.in_(bindparam("order_nos", expanding=True)))
+    .order_by(procurements.c.order_no, procurements.c.position)
+)
+_ORDER_NOS_OF = select(procurements.c.id, procurements.c.order_no).where(
+    procurements.c.id.in_(bindparam("ids", expanding=True))
+)
+_NUMBERS = select(
+    procurement_numbers.c.upstream,
+    procurement_numbers.c.downstream_order_no,
+    procurement_numbers.c.procurement_id,
+    procurements.c.order_no,
+    procurement_numbers.c.upstream_order_id,
+).join(procurements, procurements.c.id == procurement_numbers.c.procurement_id)
+_NUMBERS_BY_KEY = _NUMBERS.where(
+    tuple_(procurement_numbers.c.upstream, procurement_numbers.c.downstream_order_no).in_(
+        bindparam("keys", expanding=True)
+    )
+)
+_MIRRORED_SKUS = (
+    select(
+        mirror_skus.c.upstream,
+        mirror_skus.c.id,
+        mirror_skus.c.product_id,
+        mirror_skus.c.price_amount,
+        mirror_skus.c.is_active.label("sku_active"),
+        mirror_skus.c.removed_at.label("sku_removed_at"),
+        mirror_products.c.is_active.label("product_active"),
+        mirror_products.c.removed_at.label("product_removed_at"),
+        mirror_products.c.fulfillment_type,
+        mirror_products.c.manual_form_schema,
+    )
+    .select_from(
+        mirror_skus.outerjoin(
+            mirror_products,
+            and_(
+                mirror_products.c.upstream == mirror_skus.c.upstream,
+                mirror_products.c.id == mirror_skus.c.product_id,
+            ),
         )
-        .select_from(
-            mirror_skus.outerjoin(
-                mirror_products,
-                and_(
-                    mirror_products.c.upstream == mirror_skus.c.upstream,
-                    mirror_products.c.id == mirror_skus.c.product_id,
-                ),
-            )
-        )
-        .where(mirror_skus.c.upstream == upstream, mirror_skus.c.id == sku_id)
     )
-    return (await conn.execute(statement)).first()
-
-
-# --- orders -----------------------------------------------------------------------------------------------
-
-
-async def get_order(conn: AsyncConnection, order_no: str, *, lock: bool = False) -> DbRow | None:
-    statement = select(orders).where(orders.c.order_no == order_no)
-    if lock:
-        statement = statement.with_for_update()
-    return (await conn.execute(statement)).first()
-
-
-async def insert_order(
-    conn: AsyncConnection,
-    *,
-    order_no: str,
-    trace_id: str | None,
-    fingerprint: str,
-    request: Mapping[str, Any],
-    now: datetime,
-) -> None:
-    await conn.execute(
-        insert(orders).values(
-            order_no=order_no,
-            trace_id=trace_id,
-            fingerprint=fingerprint,
-            request=dict(request),
-            status="paid",
-            exception=False,
-            created_at=now,
-            updated_at=now,
-        )
+    .where(tuple_(mirror_skus.c.upstream, mirror_skus.c.id).in_(bindparam("keys", expanding=True)))
+)
+_INSERT_ORDER = insert(orders)
+_INSERT_PROCUREMENTS = insert(procurements).returning(procurements.c.id, sort_by_parameter_order=True)
+_UPDATE_PROCUREMENT = (
+    update(procurements)
+    .where(procurements.c.id == bindparam("b_id"))
+    .values({name: bindparam(name) for name in MUTABLE_COLUMNS})
+)
+_INSERT_NUMBER = insert(procurement_numbers)
+_RETIRE_NUMBER = (
+    update(procurement_numbers)
+    .where(
+        procurement_numbers.c.upstream == bindparam("b_upstream"),
+        procurement_numbers.c.downstream_order_no == bindparam("b_number"),
     )
+    .values(upstream_order_id=bindparam("upstream_order_id"))
+)
+_INSERT_AUDIT = insert(audit_log)
+_UPDATE_ORDER = (
+    update(orders)
+    .where(orders.c.order_no == bindparam("b_order_no"))
+    .values(status=bindparam("status"), exception=bindparam("exception"), updated_at=bindparam("updated_at"))
+)
+_INSERT_EVENT = insert(outbox)
 
 
-async def set_order_status(
-    conn: AsyncConnection, order_no: str, status: str, exception: bool, now: datetime
-) -> None:
-    await conn.execute(
-        update(orders)
-        .where(orders.c.order_no == order_no)
-        .values(status=status, exception=exception, updated_at=now)
-    )
-
-
-# --- procurements -----------------------------------------------------------------------------------------
-
-
-async def insert_procurement(conn: AsyncConnection, values: Mapping[str, Any]) -> int:
-    result = await conn.execute(insert(procurements).values(**values).returning(procurements.c.id))
-    return int(result.scalar_one())
-
-
-async def insert_number(
-    conn: AsyncConnection, upstream: str, number: str, procurement_id: int, now: datetime
-) -> None:
-    await conn.execute(
-        insert(procurement_numbers).values(
-            upstream=upstream,
-            downstream_order_no=number,
-            procurement_id=procurement_id,
-            upstream_order_id=None,
-            upstream_canceled=False,
-            created_at=now,
-        )
-    )
-
-
-async def procurements_of(conn: AsyncConnection, order_no: str, *, lock: bool = False) -> Sequence[DbRow]:
-    statement = (
-        select(procurements).where(procurements.c.order_no == order_no).order_by(procurements.c.position)
-    )
-    if lock:
-        statement = statement.with_for_update()
-    return (await conn.execute(statement)).all()
-
-
-async def get_procurement(conn: AsyncConnection, procurement_id: int) -> DbRow | None:
-    return (await conn.execute(select(procurements).where(procurements.c.id == procurement_id))).first()
-
-
-async def lock_procurement(conn: AsyncConnection, procurement_id: int) -> DbRow | None:
-    """The procurement row, locked for this transaction (its order row is locked first)."""
-    order_no = (
-        await conn.execute(select(procurements.c.order_no).where(procurements.c.id == procurement_id))
-    ).scalar_one_or_none()
-    if order_no is None:
-        return None
-    await get_order(conn, order_no, lock=True)
-    statement = select(procurements).where(procurements.c.id == procurement_id).with_for_update()
-    return (await conn.execute(statement)).first()
-
-
-async def update_procurement(
-    conn: AsyncConnection, row: DbRow, state: State, changes: Mapping[str, Any], now: datetime
-) -> None:
-    values = dict(changes)
-    values.update(state=state.value, updated_at=now, version=row.version + 1)
-    result = await conn.execute(
-        update(procurements)
-        .where(procurements.c.id == row.id, procurements.c.version == row.version)
-        .values(**values)
-    )
-    if result.rowcount != 1:
-        raise StaleWrite(f"procurement {row.id} changed concurrently")
-
-
-async def numbers_of(conn: AsyncConnection, procurement_id: int) -> Sequence[DbRow]:
-    statement = (
-        select(procurement_numbers)
-        .where(procurement_numbers.c.procurement_id == procurement_id)
-        .order_by(procurement_numbers.c.created_at, procurement_numbers.c.downstream_order_no)
-    )
-    return (await conn.execute(statement)).all()
-
-
-async def find_number(conn: AsyncConnection, upstream: str, number: str) -> DbRow | None:
-    statement = select(procurement_numbers).where(
-        procurement_numbers.c.upstream == upstream, procurement_numbers.c.downstream_order_no == number
-    )
-    return (await conn.execute(statement)).first()
-
-
-async def record_number_order(
-    conn: AsyncConnection, upstream: str, number: str, order_id: int | None, canceled: bool | None = None
-) -> None:
-    values: dict[str, Any] = {}
-    if order_id is not None:
-        values["upstream_order_id"] = order_id
-    if canceled is not None:
-        values["upstream_canceled"] = canceled
-    if values:
-        await conn.execute(
-            update(procurement_numbers)
-            .where(
-                procurement_numbers.c.upstream == upstream,
-                procurement_numbers.c.downstream_order_no == number,
-            )
-            .values(**values)
-        )
-
-
-async def claim_due(
-    conn: AsyncConnection, upstream: str, worker: str, now: datetime, lease: timedelta, limit: int
-) -> Sequence[DbRow]:
-    """Claim due queued procurements of ``upstream`` in one statement.
-
-    Free or expired claims are taken; an expired claim means a worker died mid-submission, so the upstream
-    may hold an order: ``upstream_may_exist`` is set. The attempt is counted here, before any HTTP call.
-    """
-    due = (
-        select(procurements.c.id)
+def _due_for_submission(now: datetime, upstream: str, limit: int) -> Select[Any]:
+    return (
+        select(procurements.c.id, procurements.c.order_no)
+        .join(orders, orders.c.order_no == procurements.c.order_no)
         .where(
-            procurements.c.state == State.QUEUED.value,
             procurements.c.upstream == upstream,
+            procurements.c.state == State.QUEUED.value,
             procurements.c.next_attempt_at <= now,
             or_(procurements.c.lease_owner.is_(None), procurements.c.lease_expires_at < now),
         )
         .order_by(procurements.c.next_attempt_at, procurements.c.id)
         .limit(limit)
-        .with_for_update(skip_locked=True)
+        .with_for_update(of=orders, skip_locked=True)
     )
-    statement = (
-        update(procurements)
-        .where(procurements.c.id.in_(due.scalar_subquery()))
-        .values(
-            lease_owner=worker,
-            lease_expires_at=now + lease,
-            attempts=procurements.c.attempts + 1,
-            upstream_may_exist=or_(
-                procurements.c.upstream_may_exist, procurements.c.lease_owner.is_not(None)
-            ),
-            version=procurements.c.version + 1,
-            updated_at=now,
-        )
-        .returning(*procurements.c)
-    )
-    return (await conn.execute(statement)).all()
 
 
-async def claim_polls(
-    conn: AsyncConnection, upstream: str, now: datetime, hold: timedelta, limit: int
-) -> Sequence[DbRow]:
-    """Claim procurements due for a poll (submitted ones, and delivered ones whose amount is still to be
-    fetched); the claim pushes next_poll_at by ``hold``."""
-    due = (
-        select(procurements.c.id)
+def _due_for_poll(now: datetime, upstream: str, limit: int) -> Select[Any]:
+    return (
+        select(procurements.c.id, procurements.c.order_no)
+        .join(orders, orders.c.order_no == procurements.c.order_no)
         .where(
-            procurements.c.state.in_((State.SUBMITTED.value, State.DELIVERED.value)),
             procurements.c.upstream == upstream,
+            procurements.c.state.in_((State.SUBMITTED.value, State.DELIVERED.value)),
             procurements.c.next_poll_at <= now,
             procurements.c.upstream_order_id.is_not(None),
         )
         .order_by(procurements.c.next_poll_at, procurements.c.id)
         .limit(limit)
-        .with_for_update(skip_locked=True)
+        .with_for_update(of=orders, skip_locked=True)
     )
-    statement = (
-        update(procurements)
-        .where(procurements.c.id.in_(due.scalar_subquery()))
-        .values(next_poll_at=now + hold, version=procurements.c.version + 1)
-        .returning(*procurements.c)
-    )
-    return (await conn.execute(statement)).all()
 
 
-async def next_due_at(conn: AsyncConnection, upstream: str) -> datetime | None:
-    """When the earliest queued procurement of ``upstream`` can next be claimed (to sleep that long).
+class ProcurementStore:
+    """The procurement statements, on one transaction's connection."""
 
-    A claimed one (its submission in flight) counts from its claim's expiry, not from its due time: that
-    time is past, and counting it would wake the claimer again and again until the submission ends.
-    """
-    claimable_at = case(
-        (procurements.c.lease_owner.is_(None), procurements.c.next_attempt_at),
-        else_=procurements.c.lease_expires_at,
-    )
-    statement = select(type_coerce(func.min(claimable_at), procurements.c.next_attempt_at.type)).where(
-        procurements.c.state == State.QUEUED.value, procurements.c.upstream == upstream
-    )
-    value = (await conn.execute(statement)).scalar_one_or_none()
-    return value if isinstance(value, datetime) else None
+    def __init__(self, connection: Connection) -> None:
+        self.connection = connection
 
+    # --- loading for a batch of changes ----------------------------------------------------------------
 
-def _exceptions_matching(upstream: str | None, reason: str | None) -> list[ColumnElement[bool]]:
-    conditions = [procurements.c.state == State.EXCEPTION.value]
-    if upstream:
-        conditions.append(procurements.c.upstream == upstream)
-    if reason:
-        conditions.append(procurements.c.exception_reason == reason)
-    return conditions
+    def lock_orders(self, order_nos: Iterable[str]) -> dict[str, Order]:
+        """The orders, locked for this transaction in a fixed order (their items with them)."""
+        wanted = sorted(set(order_nos))
+        if not wanted:
+            return {}
+        rows = self.connection.execute(_LOCK_ORDERS, {"order_nos": wanted}).mappings()
+        return {row["order_no"]: to_order(row) for row in rows}
 
+    def items_of(self, order_nos: Iterable[str]) -> dict[str, list[Procurement]]:
+        """Each order's procurements, by position."""
+        wanted = sorted(set(order_nos))
+        items: dict[str, list[Procurement]] = {order_no: [] for order_no in wanted}
+        if wanted:
+            for row in self.connection.execute(_ITEMS_OF_ORDERS, {"order_nos": wanted}).mappings():
+                items[row["order_no"]].append(to_procurement(row))
+        return items
 
-async def _count_procurements(conn: AsyncConnection, conditions: list[ColumnElement[bool]]) -> int:
-    statement = select(func.count()).select_from(procurements).where(*conditions)
-    return int((await conn.execute(statement)).scalar_one())
+    def order_nos_of(self, ids: Iterable[int]) -> dict[int, str]:
+        wanted = sorted(set(ids))
+        if not wanted:
+            return {}
+        return {row.id: row.order_no for row in self.connection.execute(_ORDER_NOS_OF, {"ids": wanted})}
 
+    def numbers(self, keys: Iterable[tuple[str, str]]) -> dict[tuple[str, str], NumberRow]:
+        """The numbers ``(upstream, downstream_order_no)`` that are registered, with their procurement."""
+        wanted = sorted(set(keys))
+        if not wanted:
+            return {}
+        rows = self.connection.execute(_NUMBERS_BY_KEY, {"keys": wanted})
+        return {(row.upstream, row.downstream_order_no): NumberRow(*row) for row in rows}
 
-async def list_exceptions(
-    conn: AsyncConnection, upstream: str | None, reason: str | None, page: int, page_size: int
-) -> tuple[int, Sequence[DbRow]]:
-    conditions = _exceptions_matching(upstream, reason)
-    rows = (
-        await conn.execute(
+    def mirrored_skus(self, keys: Iterable[tuple[str, int]]) -> dict[tuple[str, int], MirroredSku]:
+        """The SKUs ``(upstream, sku_id)`` the mirror holds, with what intake checks of their products."""
+        wanted = sorted(set(keys))
+        if not wanted:
+            return {}
+        rows = self.connection.execute(_MIRRORED_SKUS, {"keys": wanted}).mappings()
+        return {
+            (row["upstream"], row["id"]): MirroredSku(
+                id=int(row["id"]),
+                product_id=int(row["product_id"]),
+                price_amount=str(row["price_amount"]),
+                fulfillment_type=row["fulfillment_type"] or "auto",
+                sku_active=bool(row["sku_active"]),
+                sku_removed=row["sku_removed_at"] is not None,
+                product_known=row["product_active"] is not None,
+                product_active=bool(row["product_active"]),
+                product_removed=row["product_removed_at"] is not None,
+                manual_form_schema=row["manual_form_schema"],
+            )
+            for row in rows
+        }
+
+    def claim_due(self, upstream: str, now: datetime, limit: int) -> dict[int, str]:
+        """Due queued procurements of ``upstream`` (id to order number), their orders locked.
+
+        On PostgreSQL orders another transaction holds are skipped, so instances never wait on each other.
+        """
+        rows = self.connection.execute(_due_for_submission(now, upstream, limit))
+        return {row.id: row.order_no for row in rows}
+
+    def claim_polls(self, upstream: str, now: datetime, limit: int) -> dict[int, str]:
+        """Procurements of ``upstream`` due for a fallback poll (id to order number), their orders locked."""
+        rows = self.connection.execute(_due_for_poll(now, upstream, limit))
+        return {row.id: row.order_no for row in rows}
+
+    # --- writing a batch -------------------------------------------------------------------------------
+
+    def insert_orders(self, rows: Sequence[Mapping[str, Any]]) -> None:
+        if rows:
+            self.connection.execute(_INSERT_ORDER, list(rows))
+
+    def insert_procurements(self, items: Sequence[Procurement]) -> list[int]:
+        """Insert new procurements; their ids, in the order given."""
+        if not items:
+            return []
+        result = self.connection.execute(
+            _INSERT_PROCUREMENTS, [_row_values(p, INSERT_COLUMNS) for p in items]
+        )
+        return [int(row[0]) for row in result]
+
+    def update_procurements(self, items: Sequence[Procurement]) -> None:
+        if items:
+            rows = [dict(_row_values(p, MUTABLE_COLUMNS), b_id=p.id) for p in items]
+            self.connection.execute(_UPDATE_PROCUREMENT, rows)
+
+    def insert_numbers(self, rows: Sequence[Mapping[str, Any]]) -> None:
+        if rows:
+            self.connection.execute(_INSERT_NUMBER, list(rows))
+
+    def retire_numbers(self, rows: Sequence[tuple[str, str, int | None]]) -> None:
+        """Keep the upstream order id of numbers that are no longer used: ``(upstream, number, order_id)``."""
+        if rows:
+            self.connection.execute(
+                _RETIRE_NUMBER,
+                [{"b_upstream": u, "b_number": n, "upstream_order_id": order_id} for u, n, order_id in rows],
+            )
+
+    def insert_audit(self, rows: Sequence[AuditRow]) -> None:
+        if rows:
+            self.connection.execute(
+                _INSERT_AUDIT,
+                [
+                    {
+                        "order_no": row.order_no,
+                        "procurement_id": row.procurement_id,
+                        "at": row.at,
+                        "source": row.source,
+                        "event": row.event,
+                        "old_state": row.old_state,
+                        "new_state": row.new_state,
+                        "detail": dict(row.detail) if row.detail else None,
+                    }
+                    for row in rows
+                ],
+            )
+
+    def update_orders(self, rows: Sequence[tuple[str, str, bool, datetime]]) -> None:
+        """Store orders' derived status: ``(order_no, status, exception, updated_at)``."""
+        if rows:
+            self.connection.execute(
+                _UPDATE_ORDER,
+                [
+                    {"b_order_no": order_no, "status": status, "exception": exception, "updated_at": at}
+                    for order_no, status, exception, at in rows
+                ],
+            )
+
+    def insert_events(self, rows: Sequence[Mapping[str, Any]]) -> None:
+        if rows:
+            self.connection.execute(_INSERT_EVENT, list(rows))
+
+    # --- reads ------------------------------------------------------------------------------------------
+
+    def order(self, order_no: str) -> tuple[Order, list[Procurement]] | None:
+        """The order and its procurements, or ``None``."""
+        row = self.connection.execute(_READ_ORDERS, {"order_nos": [order_no]}).mappings().first()
+        if row is None:
+            return None
+        return to_order(row), self.items_of([order_no])[order_no]
+
+    def procurement(self, procurement_id: int) -> Procurement | None:
+        row = self.connection.execute(select(procurements).where(procurements.c.id == procurement_id))
+        found = row.mappings().first()
+        return None if found is None else to_procurement(found)
+
+    def exceptions(
+        self, upstream: str | None, reason: str | None, page: int, page_size: int
+    ) -> tuple[int, list[Procurement]]:
+        conditions = _exceptions_matching(upstream, reason)
+        rows = self.connection.execute(
             select(procurements)
             .where(*conditions)
             .order_by(procurements.c.updated_at, procurements.c.id)
             .limit(page_size)
             .offset((page - 1) * page_size)
-        )
-    ).all()
-    return await _count_procurements(conn, conditions), rows
+        ).mappings()
+        return self._count(conditions), [to_procurement(row) for row in rows]
 
-
-async def exception_ids(
-    conn: AsyncConnection, upstream: str | None, reason: str | None, limit: int
-) -> tuple[int, list[int]]:
-    """How many exceptions match, and the ids of the ``limit`` oldest (the exception list's order)."""
-    conditions = _exceptions_matching(upstream, reason)
-    ids = (
-        await conn.execute(
+    def exception_ids(self, upstream: str | None, reason: str | None, limit: int) -> tuple[int, list[int]]:
+        """How many exceptions match, and the ids of the ``limit`` oldest (the exception list's order)."""
+        conditions = _exceptions_matching(upstream, reason)
+        ids = self.connection.execute(
             select(procurements.c.id)
             .where(*conditions)
             .order_by(procurements.c.updated_at, procurements.c.id)
             .limit(limit)
+        ).scalars()
+        return self._count(conditions), [int(value) for value in ids]
+
+    def exception_reasons(self) -> dict[str, dict[str, int]]:
+        """Open exceptions per upstream and reason."""
+        statement = (
+            select(procurements.c.upstream, procurements.c.exception_reason, func.count())
+            .where(procurements.c.state == State.EXCEPTION.value)
+            .group_by(procurements.c.upstream, procurements.c.exception_reason)
         )
-    ).scalars()
-    return await _count_procurements(conn, conditions), list(ids)
+        counts: dict[str, dict[str, int]] = {}
+        for upstream, reason, count in self.connection.execute(statement):
+            counts.setdefault(upstream, {})[reason or "unknown"] = int(count)
+        return counts
 
+    def _count(self, conditions: Sequence[Any]) -> int:
+        statement = select(func.count()).select_from(procurements).where(*conditions)
+        return int(self.connection.execute(statement).scalar_one())
 
-async def queue_counts(conn: AsyncConnection) -> dict[tuple[str, str], int]:
-    statement = select(procurements.c.upstream, procurements.c.state, func.count()).group_by(
-        procurements.c.upstream, procurements.c.state
-    )
-    return {(row[0], row[1]): int(row[2]) for row in (await conn.execute(statement)).all()}
-
-
-async def oldest_queued(conn: AsyncConnection) -> dict[str, datetime]:
-    statement = (
-        select(procurements.c.upstream, func.min(procurements.c.created_at))
-        .where(procurements.c.state == State.QUEUED.value)
-        .group_by(procurements.c.upstream)
-    )
-    return {upstream: created for upstream, created in (await conn.execute(statement)).all() if created}
-
-
-# --- audit ------------------------------------------------------------------------------------------------
-
-
-async def add_audit(
-    conn: AsyncConnection,
-    *,
-    order_no: str,
-    procurement_id: int | None,
-    source: str,
-    event: str,
-    old_state: str | None,
-    new_state: str | None,
-    detail: Mapping[str, Any] | None,
-    now: datetime,
-) -> None:
-    await conn.execute(
-        insert(audit_log).values(
-            order_no=order_no,
-            procurement_id=procurement_id,
-            at=now,
-            source=source,
-            event=event,
-            old_state=old_state,
-            new_state=new_state,
-            detail=dict(detail) if detail else None,
-        )
-    )
-
-
-async def audit_trail(conn: AsyncConnection, order_no: str) -> Sequence[DbRow]:
-    statement = select(audit_log).where(audit_log.c.order_no == order_no).order_by(audit_log.c.id)
-    return (await conn.execute(statement)).all()
-
-
-# --- outbox -----------------------------------------------------------------------------------------------
-
-
-async def add_event(
-    conn: AsyncConnection, order_no: str, event: str, payload: Mapping[str, Any], now: datetime
-) -> str:
-    event_id = str(uuid.uuid4())
-    await conn.execute(
-        insert(outbox).values(
-            event_id=event_id,
-            order_no=order_no,
-            event=event,
-            payload=dict(payload, event_id=event_id),
-            created_at=now,
-            attempts=0,
-            next_attempt_at=now,
-        )
-    )
-    return event_id
-
-
-async def claim_events(
-    conn: AsyncConnection, worker: str, now: datetime, lease: timedelta, limit: int
-) -> Sequence[DbRow]:
-    """Claim due events that are the oldest undelivered one of their order (delivery in order per order)."""
-    earlier = outbox.alias("earlier")
-    blocked = (
-        select(earlier.c.id)
-        .where(
-            earlier.c.order_no == outbox.c.order_no,
-            earlier.c.id < outbox.c.id,
-            earlier.c.delivered_at.is_(None),
-        )
-        .exists()
-    )
-    due = (
-        select(outbox.c.id)
-        .where(
-            outbox.c.delivered_at.is_(None),
-            outbox.c.next_attempt_at <= now,
-            or_(outbox.c.lease_owner.is_(None), outbox.c.lease_expires_at < now),
-            ~blocked,
-        )
-        .order_by(outbox.c.id)
-        .limit(limit)
-        .with_for_update(skip_locked=True)
-    )
-    statement = (
-        update(outbox)
-        .where(outbox.c.id.in_(due.scalar_subquery()))
-        .values(lease_owner=worker, lease_expires_at=now + lease, attempts=outbox.c.attempts + 1)
-        .returning(*outbox.c)
-    )
-    return (await conn.execute(statement)).all()
-
-
-async def mark_event_delivered(conn: AsyncConnection, event_row_id: int, now: datetime) -> None:
-    await conn.execute(
-        update(outbox)
-        .where(outbox.c.id == event_row_id)
-        .values(delivered_at=now, lease_owner=None, lease_expires_at=None, last_error=None)
-    )
-
-
-async def mark_event_failed(conn: AsyncConnection, event_row_id: int, error: str, retry_at: datetime) -> None:
-    await conn.execute(
-        update(outbox)
-        .where(outbox.c.id == event_row_id)
-        .values(next_attempt_at=retry_at, lease_owner=None, lease_expires_at=None, last_error=error[:500])
-    )
-
-
-async def pending_events(conn: AsyncConnection) -> int:
-    statement = select(func.count()).select_from(outbox).where(outbox.c.delivered_at.is_(None))
-    return int((await conn.execute(statement)).scalar_one())
-
-
-# --- upstream health --------------------------------------------------------------------------------------
-
-
-async def ensure_health_rows(conn: AsyncConnection, names: Iterable[str], now: datetime) -> None:
-    """Create the missing health rows; instances starting together on one database may both try."""
-    existing = set((await conn.execute(select(upstream_health.c.upstream))).scalars())
-    insert_new = postgresql_insert if conn.dialect.name == "postgresql" else sqlite_insert
-    for name in names:
-        if name not in existing:
-            await conn.execute(
-                insert_new(upstream_health)
-                .values(upstream=name, callbacks_accepted=0, callbacks_rejected=0, updated_at=now)
-                .on_conflict_do_nothing(index_elements=[upstream_health.c.upstream])
+    def audit_trail(self, order_no: str) -> list[AuditRow]:
+        statement = select(audit_log).where(audit_log.c.order_no == order_no).order_by(audit_log.c.id)
+        return [
+            AuditRow(
+                row["order_no"],
+                row["procurement_id"],
+                row["at"],
+                row["source"],
+                row["event"],
+                row["old_state"],
+                row["new_state"],
+                row["detail"],
             )
+            for row in self.connection.execute(statement).mappings()
+        ]
+
+    def queue_counts(self) -> dict[tuple[str, str], int]:
+        statement = select(procurements.c.upstream, procurements.c.state, func.count()).group_by(
+            procurements.c.upstream, procurements.c.state
+        )
+        return {(row[0], row[1]): int(row[2]) for row in self.connection.execute(statement)}
+
+    def oldest_queued(self) -> dict[str, datetime]:
+        statement = (
+            select(
+                procurements.c.upstream,
+                type_coerce(func.min(procurements.c.created_at), procurements.c.created_at.type),
+            )
+            .where(procurements.c.state == State.QUEUED.value)
+            .group_by(procurements.c.upstream)
+        )
+        return {
+            upstream: value for upstream, value in self.connection.execute(statement) if value is not None
+        }
+
+    def next_submission_due(self, upstream: str) -> datetime | None:
+        """When the earliest queued procurement of ``upstream`` can next be claimed.
+
+        A claimed one (its submission in flight) counts from its claim's expiry, not from its due time.
+        """
+        claimable_at = case(
+            (procurements.c.lease_owner.is_(None), procurements.c.next_attempt_at),
+            else_=procurements.c.lease_expires_at,
+        )
+        statement = select(type_coerce(func.min(claimable_at), procurements.c.next_attempt_at.type)).where(
+            procurements.c.upstream == upstream, procurements.c.state == State.QUEUED.value
+        )
+        value = self.connection.execute(statement).scalar_one_or_none()
+        return value if isinstance(value, datetime) else None
+
+    def next_poll_due(self, upstream: str) -> datetime | None:
+        """When the earliest fallback poll (or amount fetch) of ``upstream`` falls due."""
+        statement = select(
+            type_coerce(func.min(procurements.c.next_poll_at), procurements.c.next_poll_at.type)
+        ).where(
+            procurements.c.upstream == upstream,
+            procurements.c.state.in_((State.SUBMITTED.value, State.DELIVERED.value)),
+            procurements.c.upstream_order_id.is_not(None),
+        )
+        value = self.connection.execute(statement).scalar_one_or_none()
+        return value if isinstance(value, datetime) else None
+
+    # --- the storefront outbox -----------------------------------------------------------------------------
+
+    def claim_events(self, owner: str, now: datetime, lease_until: datetime, limit: int) -> list[OutboxRow]:
+        """Claim due events that are the oldest undelivered one of their order (in order per order)."""
+        earlier = outbox.alias("earlier")
+        blocked = (
+            select(earlier.c.id)
+            .where(
+                earlier.c.order_no == outbox.c.order_no,
+                earlier.c.id < outbox.c.id,
+                earlier.c.delivered_at.is_(None),
+            )
+            .exists()
+        )
+        due = (
+            select(outbox.c.id)
+            .where(
+                outbox.c.delivered_at.is_(None),
+                outbox.c.next_attempt_at <= now,
+                or_(outbox.c.lease_owner.is_(None), outbox.c.lease_expires_at < now),
+                ~blocked,
+            )
+            .order_by(outbox.c.id)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+        )
+        statement = (
+            update(outbox)
+            .where(outbox.c.id.in_(due.scalar_subquery()))
+            .values(lease_owner=owner, lease_expires_at=lease_until, attempts=outbox.c.attempts + 1)
+            .returning(
+                outbox.c.id,
+                outbox.c.event_id,
+                outbox.c.order_no,
+                outbox.c.event,
+                outbox.c.payload,
+                outbox.c.attempts,
+            )
+        )
+        rows = sorted(self.connection.execute(statement), key=lambda row: row.id)
+        return [
+            OutboxRow(row.id, row.event_id, row.order_no, row.event, row.payload, row.attempts)
+            for row in rows
+        ]
+
+    def event_delivered(self, event_row_id: int, now: datetime) -> None:
+        self.connection.execute(
+            update(outbox)
+            .where(outbox.c.id == event_row_id)
+            .values(delivered_at=now, lease_owner=None, lease_expires_at=None, last_error=None)
+        )
+
+    def event_failed(self, event_row_id: int, error: str, retry_at: datetime) -> None:
+        self.connection.execute(
+            update(outbox)
+            .where(outbox.c.id == event_row_id)
+            .values(next_attempt_at=retry_at, lease_owner=None, lease_expires_at=None, last_error=error[:500])
+        )
+
+    def pending_events(self) -> int:
+        statement = select(func.count()).select_from(outbox).where(outbox.c.delivered_at.is_(None))
+        return int(self.connection.execute(statement).scalar_one())
+
+    def next_event_due(self) -> datetime | None:
+        statement = select(
+            type_coerce(func.min(outbox.c.next_attempt_at), outbox.c.next_attempt_at.type)
+        ).where(outbox.c.delivered_at.is_(None))
+        value = self.connection.execute(statement).scalar_one_or_none()
+        return value if isinstance(value, datetime) else None
 
 
-async def update_health(
-    conn: AsyncConnection, upstream: str, values: Mapping[str, Any], now: datetime
-) -> None:
-    await conn.execute(
-        update(upstream_health).where(upstream_health.c.upstream == upstream).values(**values, updated_at=now)
-    )
-
-
-async def count_callback(conn: AsyncConnection, upstream: str, accepted: bool, now: datetime) -> None:
-    column = upstream_health.c.callbacks_accepted if accepted else upstream_health.c.callbacks_rejected
-    await conn.execute(
-        update(upstream_health)
-        .where(upstream_health.c.upstream == upstream)
-        .values({column: column + 1, upstream_health.c.updated_at: now})
-    )
-
-
-async def health_rows(conn: AsyncConnection) -> dict[str, DbRow]:
-    return {row.upstream: row for row in (await conn.execute(select(upstream_health))).all()}
+def _exceptions_matching(upstream: str | None, reason: str | None) -> list[Any]:
+    conditions: list[Any] = [procurements.c.state == State.EXCEPTION.value]
+    if upstream:
+        conditions.append(procurements.c.upstream == upstream)
+    if reason:
+        conditions.append(procurements.c.exception_reason == reason)
+    return conditions

@@ -204,6 +204,10 @@ procurements = Table(
     Column("fulfillment_type", String(16), nullable=True),
     Column("trace_id", String(128), nullable=True),
     Column("downstream_order_no", String(96), nullable=False),
+    # Every number the procurement was bought under, the first first (the last is downstream_order_no).
+    Column("downstream_order_nos", JsonDocument, nullable=False),
+    # The upstream canceled the order under downstream_order_no: a retry needs a new number.
+    Column("number_canceled", Boolean, nullable=False, default=False),
     Column("state", String(16), nullable=False),
     Column("upstream_status", String(32), nullable=True),
     Column("upstream_order_id", BigInteger, nullable=True),
@@ -215,8 +219,8 @@ procurements = Table(
     Column("last_error_message", Text, nullable=True),
     Column("exception_reason", String(64), nullable=True),
     Column("fulfillment", JsonDocument, nullable=True),
-    # True from the moment a submission is claimed until an answer proves no upstream order exists under
-    # the current number: such a procurement must never be reported canceled without an upstream cancel.
+    # True from the moment a submission may have reached the upstream until an answer proves no upstream
+    # order exists under the current number: such a procurement is never canceled locally.
     Column("upstream_may_exist", Boolean, nullable=False, default=False),
     Column("next_attempt_at", UtcDateTime(), nullable=True),
     Column("lease_owner", String(128), nullable=True),
@@ -226,12 +230,11 @@ procurements = Table(
     Column("submitted_at", UtcDateTime(), nullable=True),
     Column("delivered_at", UtcDateTime(), nullable=True),
     Column("resolution_note", Text, nullable=True),
-    Column("version", Integer, nullable=False, default=1),
     Column("created_at", UtcDateTime(), nullable=False),
     Column("updated_at", UtcDateTime(), nullable=False),
     UniqueConstraint("order_no", "position", name="uq_procurements_order_position"),
-    Index("ix_procurements_due", "state", "next_attempt_at"),
-    Index("ix_procurements_poll", "state", "next_poll_at"),
+    Index("ix_procurements_due", "upstream", "state", "next_attempt_at"),
+    Index("ix_procurements_poll", "upstream", "state", "next_poll_at"),
     Index("ix_procurements_upstream_order", "upstream", "upstream_order_id"),
 )
 
@@ -241,8 +244,8 @@ procurement_numbers = Table(
     Column("upstream", String(64), primary_key=True),
     Column("downstream_order_no", String(96), primary_key=True),
     Column("procurement_id", BigInteger, ForeignKey("procurements.id"), nullable=False),
+    # Set once the number is no longer the procurement's current one: reports about it must name this order.
     Column("upstream_order_id", BigInteger, nullable=True),
-    Column("upstream_canceled", Boolean, nullable=False, default=False),
     Column("created_at", UtcDateTime(), nullable=False),
     Index("ix_procurement_numbers_procurement", "procurement_id"),
 )

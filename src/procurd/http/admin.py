@@ -8,8 +8,6 @@ is set, every path but ``/healthz`` needs ``Authorization: Bearer <admin_token>`
 from __future__ import annotations
 
 import hmac
-import json
-from decimal import Decimal
 from typing import Any
 
 import structlog
@@ -17,6 +15,10 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 from prometheus_client.aiohttp import make_aiohttp_handler
 
+from procurd.core.exact import loads_exact
+from procurd.core.intake import CONFLICTS, MALFORMED, IntakeError, parse_order_request
+from procurd.core.numbers import MAX_ID, ORDER_NO_PATTERN
+from procurd.core.procurement import NotAllowed, Resolve, Retry, Source
 from procurd.http.errors import (
     MAX_BODY_BYTES,
     ApiError,
@@ -27,11 +29,8 @@ from procurd.http.errors import (
     read_body,
 )
 from procurd.http.json_limits import json_problem, text_problem
-from procurd.procurement.intake import IntakeError, parse_order_request
-from procurd.procurement.machine import NotAllowed
-from procurd.procurement.model import Resolve, Retry, Source
-from procurd.procurement.numbers import ORDER_NO_PATTERN
-from procurd.procurement.service import DEFAULT_BULK_RETRY, MAX_BULK_RETRY, CancelDenied
+from procurd.procurement import cancel
+from procurd.procurement.service import DEFAULT_BULK_RETRY, MAX_BULK_RETRY
 from procurd.runtime import Runtime
 from procurd.status import refresh_metrics, status_report
 
@@ -42,7 +41,6 @@ HEALTH_PATH = "/healthz"
 DEFAULT_PAGE_SIZE = 20
 MAX_PAGE_SIZE = 100
 MAX_PAGE = 1_000_000
-MAX_ID = 2**63 - 1
 MAX_FILTER_CHARS = 64
 MAX_NOTE_CHARS = 4000
 
@@ -50,16 +48,12 @@ MAX_NOTE_CHARS = 4000
 # --- request helpers --------------------------------------------------------------------------------------
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
-
-
 def decode_json(raw: bytes) -> Any:
     """The body as JSON with every fractional number an exact ``Decimal``; 400 ``invalid_json`` otherwise,
     and 400 ``invalid_request`` for JSON that cannot be stored (a NUL, an unpaired surrogate, deep
     nesting)."""
     try:
-        body = json.loads(raw, parse_float=Decimal, parse_constant=_reject_constant)
+        body = loads_exact(raw)
     except (ValueError, UnicodeDecodeError, RecursionError):
         raise ApiError(400, "invalid_json", "the body is not valid JSON") from None
     problem = json_problem(body)
@@ -127,8 +121,10 @@ def _note(body: dict[str, Any], *, required: bool) -> str | None:
 
 
 def _intake_error(exc: IntakeError) -> ApiError:
+    """400 for a malformed request, 409 for one that collides with an earlier order, 422 otherwise."""
+    status = 400 if exc.code in MALFORMED else 409 if exc.code in CONFLICTS else 422
     extra = {"details": exc.details} if exc.details else {}
-    return ApiError(exc.http_status, exc.code, exc.message, **extra)
+    return ApiError(status, exc.code, exc.message, **extra)
 
 
 def _order_not_found(order_no: str) -> ApiError:
@@ -164,13 +160,11 @@ async def cancel_order(request: web.Request) -> web.Response:
     """Upstream-first cancel of the whole order; 409 ``cancel_not_allowed`` with the reason of each item."""
     runtime = request.app[RUNTIME]
     order_no = _order_no(request)
-    if await runtime.service.order(order_no) is None:
-        raise _order_not_found(order_no)
     try:
-        view = await runtime.service.cancel(order_no, runtime.cancel_upstream)
-    except KeyError:
+        view = await cancel.cancel_order(runtime.service, order_no, runtime.cancel_upstream)
+    except cancel.OrderNotFound:
         raise _order_not_found(order_no) from None
-    except CancelDenied as exc:
+    except cancel.CancelDenied as exc:
         items = [
             {"procurement_id": item.procurement_id or None, "downstream_order_no": item.downstream_order_no,
              "reason": item.reason}
@@ -268,7 +262,7 @@ async def _admin_action(request: web.Request, procurement_id: int, event: Retry 
         {
             "ok": True,
             "procurement": await service.procurement(procurement_id),
-            "order": await service.order(applied.order_no),
+            "order": await service.order(applied.procurement.order_no),
         }
     )
 

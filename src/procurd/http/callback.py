@@ -14,12 +14,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from procurd.core.exact import loads_exact
+from procurd.core.numbers import MAX_ID
+from procurd.core.procurement import UpstreamReport
 from procurd.http.json_limits import json_problem, text_problem
-from procurd.procurement.model import UpstreamReport
-from procurd.upstream.errors import loads_exact
 from procurd.upstream.models import Fulfillment
 
-MAX_ORDER_ID = 2**63 - 1
 MAX_NUMBER_CHARS = 96  # the longest downstream / upstream order number procurd stores
 MAX_STATUS_CHARS = 32
 MAX_EVENT_CHARS = 64
@@ -48,7 +48,7 @@ def parse_callback(raw: bytes) -> Callback:
     order_id = data.get("order_id")
     if isinstance(order_id, bool) or not isinstance(order_id, int):
         raise CallbackBodyError("order_id is required and must be an integer")
-    if not 0 < order_id <= MAX_ORDER_ID:
+    if not 0 < order_id <= MAX_ID:
         raise CallbackBodyError("order_id is out of range")
     number = _text(data, "downstream_order_no", MAX_NUMBER_CHARS, required=True)
     status = _text(data, "status", MAX_STATUS_CHARS, required=True)

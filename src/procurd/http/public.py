@@ -18,6 +18,7 @@ import structlog
 from aiohttp import web
 
 from procurd.config import CALLBACK_PATH, UpstreamSettings
+from procurd.core.procurement import Source
 from procurd.http.callback import Callback, CallbackBodyError, parse_callback
 from procurd.http.errors import (
     MAX_BODY_BYTES,
@@ -27,11 +28,9 @@ from procurd.http.errors import (
     public_error_body,
     read_body,
 )
-from procurd.procurement.model import Source
-from procurd.procurement.service import Applied, ReportRejected
+from procurd.procurement.service import ReportOutcome, ReportRejected
 from procurd.runtime import Runtime
 from procurd.signing import HeaderNames, parse_timestamp, signature_matches, timestamp_fresh
-from procurd.status import count_callback
 
 log = structlog.get_logger("procurd.callback")
 
@@ -68,11 +67,11 @@ class CallbackReceiver:
                 raise ApiError(403, "invalid_api_key", "the API key belongs to no configured upstream")
             self._check_signature(claimed, credentials, raw)
             callback = _parse(raw)
-            applied = await self._apply(claimed, callback)
+            outcome = await self._apply(claimed, callback)
         except ApiError as error:
-            await self._rejected(request, claimed, error)
+            self._rejected(request, claimed, error)
             raise
-        await self._accepted(claimed, callback, applied)
+        self._accepted(claimed, callback, outcome)
         return json_response({"ok": True, "message": "received"})
 
     def _credentials(self, request: web.Request) -> _Credentials:
@@ -101,7 +100,7 @@ class CallbackReceiver:
                 return
         raise ApiError(401, "invalid_signature", "the signature does not match")
 
-    async def _apply(self, upstream: UpstreamSettings, callback: Callback) -> Applied:
+    async def _apply(self, upstream: UpstreamSettings, callback: Callback) -> ReportOutcome:
         try:
             return await self.runtime.service.report(
                 upstream.name, callback.downstream_order_no, callback.report, Source.CALLBACK
@@ -109,7 +108,7 @@ class CallbackReceiver:
         except ReportRejected as exc:
             raise ApiError(404, "order_not_found", exc.reason) from None
 
-    async def _accepted(self, upstream: UpstreamSettings, callback: Callback, applied: Applied) -> None:
+    def _accepted(self, upstream: UpstreamSettings, callback: Callback, outcome: ReportOutcome) -> None:
         log.info(
             "callback.accepted",
             upstream=upstream.name,
@@ -117,15 +116,13 @@ class CallbackReceiver:
             order_id=callback.report.order_id,
             status=callback.report.status,
             callback_event=callback.event,
-            outcome=applied.decision.event,
-            changed=applied.changed,
+            outcome=outcome.outcome,
+            changed=outcome.changed,
         )
         self.runtime.metrics.observe_callback(upstream.name, True)
-        await self._count(upstream.name, True)
+        self.runtime.callbacks.count(upstream.name, True)
 
-    async def _rejected(
-        self, request: web.Request, upstream: UpstreamSettings | None, error: ApiError
-    ) -> None:
+    def _rejected(self, request: web.Request, upstream: UpstreamSettings | None, error: ApiError) -> None:
         name = upstream.name if upstream is not None else None
         log.warning(
             "callback.rejected",
@@ -137,14 +134,7 @@ class CallbackReceiver:
         )
         self.runtime.metrics.observe_callback(name, False, error.code)
         if name is not None:
-            await self._count(name, False)
-
-    async def _count(self, upstream: str, accepted: bool) -> None:
-        # The answer does not depend on the counter: a failed count is logged, not turned into a 500.
-        try:
-            await count_callback(self.runtime, upstream, accepted)
-        except Exception:
-            log.exception("callback.count_failed", upstream=upstream)
+            self.runtime.callbacks.count(name, False)
 
 
 def _check_timestamp(raw: str) -> None:

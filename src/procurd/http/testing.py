@@ -27,7 +27,7 @@ from procurd.catalog.sync import SyncReport, run_sync
 from procurd.config import CALLBACK_PATH, Settings
 from procurd.http.admin import make_admin_app
 from procurd.http.public import make_public_app
-from procurd.procurement.worker import SubmissionWorker
+from procurd.procurement.submitter import Submitter
 from procurd.runtime import Runtime
 from procurd.sandbox import Sandbox, SandboxConfig
 from procurd.sandbox.config import DEFAULT_API_KEY, DEFAULT_API_SECRET
@@ -149,19 +149,29 @@ class Stack:
         assert view is not None, f"no order {order_no}"
         return view
 
-    def worker(self, upstream: str = "main") -> SubmissionWorker:
-        """A submission worker of ``upstream``; call ``run_once()`` to submit one due procurement."""
-        return SubmissionWorker(
+    def submitter(self, upstream: str = "main", size: int = 1) -> Submitter:
+        """A submitter of ``upstream`` driven by hand: ``step()`` claims and sends what is due, ``drain()``
+        waits for the answers to be recorded."""
+        return Submitter(
             self.runtime.service,
             self.runtime.client(upstream),
-            f"test-worker-{upstream}",
+            "test-instance",
+            size,
             self.settings.server.callback_url,
             on_auth_failure=self.runtime.record_auth_failure,
         )
 
+    async def submit_due(self, upstream: str = "main") -> int:
+        """Claim and send one due procurement of ``upstream`` and record the answer; how many were sent."""
+        submitter = self.submitter(upstream)
+        await submitter.step()
+        sent = len(submitter.in_flight)
+        await submitter.drain()
+        return sent
+
     async def sync(self, upstream: str = "main") -> SyncReport:
         """One catalogue sync pass of ``upstream`` into the mirror."""
-        return await run_sync(self.runtime.engine, self.runtime.client(upstream), upstream)
+        return await run_sync(self.runtime.database, self.runtime.client(upstream), upstream)
 
     async def post_signed(
         self, url: str, body: bytes, *, sign_path: str = CALLBACK_PATH, upstream: str = "main"

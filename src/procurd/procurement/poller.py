@@ -1,18 +1,18 @@
 """Fallback polls: ``GET /orders/:id`` for submitted, undelivered procurements whose callbacks are late.
 
-Polls go through the same state-change path as callbacks. They run at poll priority, so order submissions
-go first within the upstream's request budget.
+Polls go through the same state path as callbacks, at poll priority, so order submissions go first within
+the upstream's request budget. A poll is claimed before it is sent: its next poll moves out until the
+answer comes, so no two pollers ask about one order at once.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import structlog
 
-from procurd.aio import wait_for_any
-from procurd.procurement.model import Event, GiveUp, PollFailed, Source, UpstreamReport
+from procurd.background import Worker
+from procurd.core.procurement import Event, GiveUp, PollFailed, Procurement, Source, UpstreamReport
 from procurd.procurement.service import ProcurementService
 from procurd.upstream.client import UpstreamClient
 from procurd.upstream.errors import BusinessError, UpstreamError
@@ -36,46 +36,47 @@ def report_of(order: UpstreamOrder) -> UpstreamReport:
     )
 
 
-class Poller:
-    """Polls one upstream's due orders."""
+class Poller(Worker):
+    """Polls one upstream's due orders, and wakes when the next one falls due."""
 
-    def __init__(self, service: ProcurementService, client: UpstreamClient, give_up_seconds: float) -> None:
+    def __init__(
+        self,
+        service: ProcurementService,
+        client: UpstreamClient,
+        give_up_seconds: float,
+        *,
+        idle_seconds: float = 5.0,
+    ) -> None:
+        super().__init__()
         self.service = service
         self.client = client
         self.give_up_seconds = give_up_seconds
         self.upstream = client.name
-        self.wakeup = asyncio.Event()
+        self.name = f"poller {self.upstream}"
+        self.idle_seconds = idle_seconds
+        self.wakeup = service.wakeups.for_polls(self.upstream)
 
-    async def poll_due(self) -> int:
-        """Poll every procurement that is due now; returns how many were handled."""
-        handled = 0
-        while True:
-            rows = await self.service.claim_polls(self.upstream, POLL_BATCH)
-            if not rows:
-                return handled
-            for row in rows:
-                await self.service.apply(row.id, await self._event_for(row), Source.POLL)
-                handled += 1
+    async def step(self) -> float | None:
+        while claimed := await self.service.claim_polls(self.upstream, POLL_BATCH):
+            await asyncio.gather(*(self._poll(procurement) for procurement in claimed))
+        due = await self.service.next_poll_due(self.upstream)
+        return None if due is None else (due - self.service.clock()).total_seconds()
 
-    async def _event_for(self, row: Any) -> Event:
-        waited = (self.service.clock() - row.submitted_at).total_seconds() if row.submitted_at else 0.0
+    async def _poll(self, procurement: Procurement) -> None:
+        event = await self._event_for(procurement)
+        await self.service.apply(procurement.id, event, Source.POLL, order_no=procurement.order_no)
+
+    async def _event_for(self, procurement: Procurement) -> Event:
+        submitted_at = procurement.submitted_at
+        waited = (self.service.clock() - submitted_at).total_seconds() if submitted_at else 0.0
         if waited > self.give_up_seconds:
             return GiveUp(waited)
+        assert procurement.upstream_order_id is not None
         try:
-            order = await self.client.get_order(row.upstream_order_id)
+            order = await self.client.get_order(procurement.upstream_order_id)
         except BusinessError as exc:
             return PollFailed(exc.code, exc.message, not_found=exc.code == "order_not_found")
         except UpstreamError as exc:
-            log.info("poll.failed", procurement_id=row.id, code=exc.code, upstream=self.upstream)
+            log.info("poll.failed", procurement_id=procurement.id, code=exc.code, upstream=self.upstream)
             return PollFailed(exc.code, exc.message)
         return report_of(order)
-
-    async def run(self, stop: asyncio.Event, interval: float) -> None:
-        """Poll whenever woken (the scheduler's tick) or every ``interval`` seconds, until ``stop``."""
-        while not stop.is_set():
-            try:
-                await self.poll_due()
-            except Exception:
-                log.exception("poll.round_failed", upstream=self.upstream)
-            self.wakeup.clear()
-            await wait_for_any(stop, self.wakeup, timeout=interval)

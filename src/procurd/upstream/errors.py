@@ -8,12 +8,12 @@ said (truncated); they never contain secrets, signatures or delivered goods.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
-from decimal import Decimal
 from email.utils import parsedate_to_datetime
 from typing import Any, ClassVar, TypedDict
+
+from procurd.core.exact import loads_exact
 
 MAX_MESSAGE_CHARS = 200
 DEFAULT_RETRY_AFTER_SECONDS = 30.0
@@ -293,15 +293,6 @@ def http_date_timestamp(value: str | None) -> float | None:
         return parsedate_to_datetime(value).timestamp()
     except (TypeError, ValueError, IndexError, OverflowError):
         return None
-
-
-def loads_exact(raw: bytes) -> Any:
-    """Parse JSON keeping every number with a fraction or exponent as an exact ``Decimal``."""
-    return json.loads(raw, parse_float=Decimal, parse_constant=_reject_constant)
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
 
 
 def classify_response(

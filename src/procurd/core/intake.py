@@ -9,23 +9,38 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError, field_validator
 
-from procurd.procurement.numbers import ORDER_NO_PATTERN
+from procurd.core.numbers import MAX_ID, ORDER_NO_PATTERN
 
 MAX_ITEMS = 100
-MAX_ID = 2**63 - 1  # the database's BIGINT
 MAX_AMOUNT_CHARS = 40  # the database's Money column
 MAX_FORM_NUMBER_EXPONENT = 308  # a float's range
 
 
 class IntakeError(Exception):
-    """A request procurd refuses; nothing was stored."""
+    """A request procurd refuses; nothing was stored. ``code`` says why (grouped below)."""
 
-    def __init__(self, code: str, message: str, http_status: int = 400, details: Any = None) -> None:
+    def __init__(self, code: str, message: str, details: Any = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
-        self.http_status = http_status
         self.details = details
+
+
+# Why intake refuses an order: the request itself is malformed, it cannot be bought as asked, or it
+# collides with an order taken in before.
+MALFORMED = frozenset({"invalid_request"})
+UNPROCESSABLE = frozenset(
+    {
+        "upstream_required",
+        "unknown_upstream",
+        "sku_not_found",
+        "sku_inactive",
+        "product_not_found",
+        "product_inactive",
+        "manual_form_data_required",
+    }
+)
+CONFLICTS = frozenset({"order_conflict", "downstream_order_no_taken"})
 
 
 def _decimal_text(value: Any) -> str:
@@ -123,4 +138,4 @@ def parse_order_request(body: Any) -> OrderRequest:
             f"{str(error['msg']).removeprefix('Value error, ')}"
             for error in exc.errors(include_url=False, include_input=False)
         ]
-        raise IntakeError("invalid_request", "; ".join(problems), 400, problems) from None
+        raise IntakeError("invalid_request", "; ".join(problems), problems) from None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+MAX_ID = 2**63 - 1  # the largest id the database (BIGINT) and the upstreams hold
 ORDER_NO_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
 
 

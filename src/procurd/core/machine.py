@@ -1,0 +1,618 @@
+"""The procurement state machine (pure): a procurement and one event in, one decision out.
+
+Every change of a procurement — intake, claim, submission answer, callback, poll, cancel, admin action — is
+decided here and written by the store in one transaction with its audit entry. Rules (seed 000 parts 1
+and 3):
+
+* nothing cancels or refunds by itself: failures become exceptions for a person;
+* a state never moves backwards: a late ``paid`` after ``delivered`` is recorded, not applied;
+* an upstream report may heal an exception that was only procurd not knowing the order existed;
+* the same downstream order number is reused while an upstream order under it may be live; once the
+  upstream canceled the order under it, a retry takes a new number.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from decimal import Decimal
+from typing import Any, assert_never
+
+from procurd.core import backoff
+from procurd.core.numbers import retry_number
+from procurd.core.procurement import (
+    CANCELED_STATUS,
+    COMPLETED_STATUS,
+    DELIVERED_STATUSES,
+    HEALABLE_REASONS,
+    REFUNDED_STATUSES,
+    Admit,
+    Cancel,
+    Claim,
+    Decision,
+    Effect,
+    Event,
+    ExceptionOpened,
+    GiveUp,
+    NotAllowed,
+    NumberAdded,
+    NumberRetired,
+    PollClaim,
+    PollFailed,
+    Procurement,
+    Reason,
+    Resolve,
+    Retry,
+    State,
+    SubmitAccepted,
+    SubmitRejected,
+    SubmitUnavailable,
+    UpstreamReport,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """The schedule knobs of ``[procurement]``."""
+
+    max_attempts: int = 6
+    retry_base_seconds: float = 1
+    retry_max_seconds: float = 300
+    poll_initial_seconds: float = 30
+    poll_max_seconds: float = 900
+
+
+def decide(
+    procurement: Procurement | None,
+    event: Event,
+    now: datetime,
+    policy: Policy,
+    rng: random.Random | None = None,
+) -> Decision:
+    """The decision for ``event``; ``procurement`` is ``None`` only for :class:`Admit`.
+
+    Raises :class:`NotAllowed` for an action that does not apply to the procurement's state.
+    """
+    if isinstance(event, Admit):
+        if procurement is not None:
+            raise NotAllowed("already_admitted", f"procurement {procurement.id} exists")
+        return _admit(event, now)
+    if procurement is None:
+        raise NotAllowed("procurement_not_found", "no such procurement")
+    decision = _decide(procurement, event, now, policy, rng)
+    return _stamped(procurement, decision, now)
+
+
+def _decide(
+    p: Procurement, event: Event, now: datetime, policy: Policy, rng: random.Random | None
+) -> Decision:
+    match event:
+        case Admit():
+            raise NotAllowed("already_admitted", f"procurement {p.id} exists")
+        case Claim():
+            return _claim(p, event, now)
+        case SubmitAccepted():
+            return _submit_accepted(p, event, now, policy)
+        case SubmitRejected():
+            return _submit_rejected(p, event)
+        case SubmitUnavailable():
+            return _submit_unavailable(p, event, now, policy, rng)
+        case UpstreamReport():
+            if event.number is not None and event.number != p.downstream_order_no:
+                # About an order under a number the procurement no longer uses (the upstream canceled it).
+                detail = {
+                    "downstream_order_no": event.number,
+                    "status": event.status,
+                    "order_id": event.order_id,
+                }
+                return Decision(p, "status_for_previous_number", detail)
+            return _after_amount_fetch(p, event, _upstream_report(p, event, now, policy))
+        case PollClaim():
+            return _poll_claim(p, event, now)
+        case PollFailed():
+            return _poll_failed(p, event, now, policy)
+        case GiveUp():
+            return _give_up(p, event)
+        case Retry():
+            return _retry(p, event, now)
+        case Resolve():
+            return _resolve(p, event)
+        case Cancel():
+            return _cancel(p, event)
+        case _:
+            assert_never(event)
+
+
+def _stamped(before: Procurement, decision: Decision, now: datetime) -> Decision:
+    """Stamp a changed record with ``now``; an exception newly opened is an effect of the transition."""
+    after = decision.procurement
+    if after == before:
+        return decision
+    effects: tuple[Effect, ...] = decision.effects
+    if after.state is State.EXCEPTION and before.state is not State.EXCEPTION:
+        opened = ExceptionOpened(
+            after.exception_reason or "", after.last_error_code, after.last_error_message
+        )
+        effects = (*effects, opened)
+    return replace(decision, procurement=replace(after, updated_at=now), effects=effects)
+
+
+def is_noop(before: Procurement | None, decision: Decision) -> bool:
+    """True when the decision writes nothing at all."""
+    return decision.procurement == before and not decision.audited and not decision.effects
+
+
+# --- helpers ----------------------------------------------------------------------------------------------
+
+
+def _seconds(value: float) -> timedelta:
+    return timedelta(seconds=value)
+
+
+def _released(p: Procurement, **changes: Any) -> Procurement:
+    """``p`` without its submission claim."""
+    return replace(p, lease_owner=None, lease_expires_at=None, **changes)
+
+
+def _exception(
+    p: Procurement, reason: str, code: str | None = None, message: str | None = None
+) -> Procurement:
+    """``p`` as an exception for a person: nothing is scheduled any more."""
+    return replace(
+        p,
+        state=State.EXCEPTION,
+        exception_reason=reason,
+        last_error_code=code or reason,
+        last_error_message=message,
+        lease_owner=None,
+        lease_expires_at=None,
+        next_attempt_at=None,
+        next_poll_at=None,
+    )
+
+
+def _ignored(p: Procurement, event: str, **detail: Any) -> Decision:
+    return Decision(p, event, detail, audited=False)
+
+
+def _holds_claim(p: Procurement, owner: str) -> bool:
+    return p.state is State.QUEUED and p.lease_owner == owner
+
+
+# --- intake and claims -------------------------------------------------------------------------------------
+
+
+def _admit(event: Admit, now: datetime) -> Decision:
+    number = event.downstream_order_no
+    price = event.sku.price_amount
+    procurement = Procurement(
+        id=0,
+        order_no=event.order_no,
+        position=event.position,
+        upstream=event.upstream,
+        sku_id=event.sku_id,
+        product_id=event.sku.product_id,
+        quantity=event.quantity,
+        manual_form_data=event.manual_form_data,
+        max_unit_price=event.max_unit_price,
+        unit_price=price,
+        fulfillment_type=event.sku.fulfillment_type,
+        trace_id=event.trace_id,
+        downstream_order_no=number,
+        downstream_order_nos=(number,),
+        state=State.QUEUED,
+        next_attempt_at=now,
+        created_at=now,
+        updated_at=now,
+    )
+    detail = {"downstream_order_no": number, "unit_price": price}
+    if event.max_unit_price is not None and Decimal(price) > Decimal(event.max_unit_price):
+        message = f"mirrored unit price {price} is above max_unit_price {event.max_unit_price}"
+        refused = _exception(procurement, Reason.PRICE_ABOVE_LIMIT, message=message)
+        opened = ExceptionOpened(Reason.PRICE_ABOVE_LIMIT, Reason.PRICE_ABOVE_LIMIT, message)
+        return Decision(refused, "price_above_limit", detail, effects=(NumberAdded(number), opened))
+    return Decision(procurement, "accepted", detail, effects=(NumberAdded(number),))
+
+
+def _claim(p: Procurement, event: Claim, now: datetime) -> Decision:
+    if p.state is not State.QUEUED or p.next_attempt_at is None or p.next_attempt_at > now:
+        return _ignored(p, "not_due")
+    if p.lease_owner is not None and p.lease_expires_at is not None and p.lease_expires_at >= now:
+        return _ignored(p, "claimed_elsewhere", owner=p.lease_owner)
+    # A claim that expired means its submitter died mid-request: the upstream may hold an order.
+    expired_claim = p.lease_owner
+    attempts = p.attempts + 1
+    claimed = replace(
+        p,
+        attempts=attempts,
+        lease_owner=event.owner,
+        lease_expires_at=now + _seconds(event.lease_seconds),
+        upstream_may_exist=p.upstream_may_exist or expired_claim is not None,
+    )
+    detail: dict[str, Any] = {"attempt": attempts, "owner": event.owner}
+    if expired_claim is not None:
+        detail["expired_claim"] = expired_claim
+    return Decision(claimed, "claimed", detail)
+
+
+# --- submission answers ------------------------------------------------------------------------------------
+
+
+def _submit_accepted(p: Procurement, event: SubmitAccepted, now: datetime, policy: Policy) -> Decision:
+    detail: dict[str, Any] = {"order_id": event.order_id, "order_no": event.order_no, "status": event.status}
+    if not _holds_claim(p, event.owner):
+        # Another path settled it first (a callback, or a submitter whose claim outlived ours). Callbacks
+        # carry no amount: keep the one this answer brings, without touching the state.
+        if p.upstream_order_id == event.order_id and p.amount is None and event.amount:
+            known = replace(p, amount=event.amount, currency=event.currency, upstream_order_no=event.order_no)
+            if p.state is State.DELIVERED:
+                known = replace(known, next_poll_at=None)  # the amount fetch a delivery without it asked for
+            return Decision(known, "late_submission_answer", detail)
+        return Decision(p, "late_submission_answer", detail)
+    submitted = _released(
+        p,
+        upstream_order_id=event.order_id,
+        upstream_order_no=event.order_no,
+        upstream_status=event.status,
+        amount=event.amount,
+        currency=event.currency,
+        next_attempt_at=None,
+        upstream_may_exist=True,
+    )
+    if event.status == CANCELED_STATUS:
+        # A repeated number answers with the order it already holds, canceled ones included.
+        message = "the upstream holds this number as canceled"
+        canceled = _exception(submitted, Reason.UPSTREAM_CANCELED, message=message)
+        return Decision(
+            replace(canceled, upstream_may_exist=False, number_canceled=True), "upstream_canceled", detail
+        )
+    if event.status in REFUNDED_STATUSES:
+        refunded = _exception(
+            submitted, Reason.UPSTREAM_REFUNDED, message=f"the upstream reports {event.status}"
+        )
+        return Decision(refunded, "upstream_refunded", detail)
+    live = replace(
+        submitted,
+        state=State.SUBMITTED,
+        submitted_at=now,
+        last_error_code=None,
+        last_error_message=None,
+        exception_reason=None,
+        poll_interval_seconds=policy.poll_initial_seconds,
+        # Already delivered (a repeat of a delivered order): the answer carries no fulfillment, fetch it now.
+        next_poll_at=now
+        if event.status in DELIVERED_STATUSES
+        else now + _seconds(policy.poll_initial_seconds),
+    )
+    return Decision(live, "submitted", detail)
+
+
+def _submit_rejected(p: Procurement, event: SubmitRejected) -> Decision:
+    detail: dict[str, Any] = {"code": event.code, "message": event.message}
+    if not _holds_claim(p, event.owner):
+        return Decision(p, "late_submission_answer", detail)
+    if event.kind == "payment_failed":
+        failed = _exception(p, Reason.PAYMENT_FAILED, event.code, event.message)
+        failed = replace(
+            failed,
+            upstream_order_id=event.order_id,
+            upstream_order_no=event.order_no,
+            upstream_status=event.status or CANCELED_STATUS,
+            upstream_may_exist=False,
+            number_canceled=True,
+        )
+        detail.update(order_id=event.order_id, order_no=event.order_no)
+        return Decision(failed, "payment_failed", detail)
+    # A definite refusal proves this request created nothing; an earlier attempt whose answer was lost
+    # may still have, so upstream_may_exist keeps its value.
+    detail["kind"] = event.kind
+    return Decision(_exception(p, event.code, event.code, event.message), f"{event.kind}_error", detail)
+
+
+def _submit_unavailable(
+    p: Procurement, event: SubmitUnavailable, now: datetime, policy: Policy, rng: random.Random | None
+) -> Decision:
+    detail: dict[str, Any] = {"code": event.code, "message": event.message, "attempt": p.attempts}
+    if not _holds_claim(p, event.owner):
+        return Decision(p, "late_submission_answer", detail)
+    failed = _released(p, last_error_code=event.code, last_error_message=event.message)
+    if event.rate_limited:
+        # Throttled before the upstream looked at the request: not an attempt, and nothing was created.
+        wait = event.retry_after if event.retry_after is not None else policy.retry_base_seconds
+        waiting = replace(failed, next_attempt_at=now + _seconds(wait), attempts=max(0, p.attempts - 1))
+        return Decision(waiting, "rate_limited", detail)
+    # A request that went out may have made the order even though no answer came back.
+    failed = replace(failed, upstream_may_exist=p.upstream_may_exist or event.request_sent)
+    detail["max_attempts"] = policy.max_attempts
+    if p.attempts >= policy.max_attempts:
+        exhausted = _exception(failed, Reason.MAX_ATTEMPTS_EXCEEDED, event.code, event.message)
+        return Decision(exhausted, "max_attempts_exceeded", detail)
+    delay = backoff.retry_delay(p.attempts, policy.retry_base_seconds, policy.retry_max_seconds, rng)
+    retry_at = now + _seconds(delay)
+    detail.update(retry_in_seconds=round(delay, 3), next_attempt_at=retry_at.isoformat())
+    return Decision(replace(failed, next_attempt_at=retry_at), "retry_scheduled", detail)
+
+
+# --- what the upstream says (callback or poll) ------------------------------------------------------------
+
+
+def _upstream_report(p: Procurement, event: UpstreamReport, now: datetime, policy: Policy) -> Decision:
+    status = event.status
+    detail: dict[str, Any] = {"status": status, "order_id": event.order_id}
+    known = replace(
+        p,
+        upstream_order_id=event.order_id,
+        upstream_order_no=event.order_no or p.upstream_order_no,
+        upstream_status=status,
+        amount=event.amount if event.amount is not None else p.amount,
+        currency=event.currency if event.currency is not None else p.currency,
+    )
+    same_status = status == p.upstream_status
+
+    if p.state is State.DELIVERED:
+        if status in DELIVERED_STATUSES:
+            if same_status:
+                return _ignored(p, "duplicate")
+            if p.upstream_status == COMPLETED_STATUS:
+                # A delivered report that arrives after completed is older news: recorded, not applied.
+                return Decision(p, "late_status_ignored", detail)
+            return Decision(replace(p, upstream_status=status), "status_recorded", detail)
+        if status == CANCELED_STATUS:
+            conflicting = _exception(p, Reason.CONFLICTING_CALLBACK, message="canceled after delivered")
+            return Decision(conflicting, "conflicting_status", detail)
+        if status in REFUNDED_STATUSES:
+            return _refunded(replace(p, upstream_status=status), event, detail)
+        return Decision(p, "late_status_ignored", detail)
+
+    if p.state is State.CANCELED:
+        if status == CANCELED_STATUS:
+            return _ignored(p, "duplicate")
+        if status in DELIVERED_STATUSES:
+            conflicting = _exception(p, Reason.CONFLICTING_CALLBACK, message=f"{status} after canceled")
+            return Decision(replace(conflicting, fulfillment=event.fulfillment), "conflicting_status", detail)
+        return Decision(p, "late_status_ignored", detail)
+
+    if p.state is State.RESOLVED:
+        if status in DELIVERED_STATUSES and event.fulfillment and p.fulfillment is None:
+            delivered = replace(known, fulfillment=event.fulfillment, delivered_at=now)
+            return Decision(delivered, "delivered_after_resolution", detail)
+        if same_status:
+            return _ignored(p, "duplicate")
+        return Decision(replace(p, upstream_status=status), "status_after_resolution", detail)
+
+    if p.state is State.EXCEPTION and p.exception_reason not in HEALABLE_REASONS:
+        unhealable = (Reason.CONFLICTING_CALLBACK, Reason.UPSTREAM_REFUNDED)
+        if status in DELIVERED_STATUSES and event.fulfillment and p.exception_reason not in unhealable:
+            return _delivered(p, known, event, now, policy, detail, healed=True)
+        if same_status:
+            return _ignored(p, "duplicate")
+        return Decision(replace(p, upstream_status=status), "status_recorded", detail)
+
+    # queued (the answer to our submission was lost), submitted, or a healable exception
+    healing = p.state is State.EXCEPTION
+    if status in DELIVERED_STATUSES:
+        if event.fulfillment:
+            return _delivered(p, known, event, now, policy, detail, healed=healing)
+        # Delivered without the content (a status-only report): fetch the order at once, unless this was
+        # the fetch itself, which then backs off like any unchanged poll.
+        if event.polled:
+            return _poll_unchanged(p, known, now, policy, detail)
+        if same_status and p.state is State.SUBMITTED:
+            # A repeat: the fetch the first report asked for is already scheduled.
+            return _ignored(p, "duplicate")
+        return _live(p, replace(known, next_poll_at=now), now, detail, healing, "delivery_pending_fetch")
+    if status == CANCELED_STATUS:
+        canceled = _exception(known, Reason.UPSTREAM_CANCELED, message="the upstream canceled the order")
+        return Decision(
+            replace(canceled, upstream_may_exist=False, number_canceled=True), "upstream_canceled", detail
+        )
+    if status in REFUNDED_STATUSES:
+        return _refunded(known, event, detail)
+    if same_status and p.state is State.SUBMITTED:
+        if event.polled:
+            return _poll_unchanged(p, known, now, policy, detail)
+        return _ignored(p, "duplicate")
+    interval = p.poll_interval_seconds or policy.poll_initial_seconds
+    scheduled = replace(known, next_poll_at=now + _seconds(interval), poll_interval_seconds=interval)
+    return _live(p, scheduled, now, detail, healing, "status_changed")
+
+
+def _poll_unchanged(
+    p: Procurement, known: Procurement, now: datetime, policy: Policy, detail: dict[str, Any]
+) -> Decision:
+    interval = backoff.next_poll_interval(
+        p.poll_interval_seconds, policy.poll_initial_seconds, policy.poll_max_seconds
+    )
+    scheduled = replace(known, next_poll_at=now + _seconds(interval), poll_interval_seconds=interval)
+    if p.state is not State.SUBMITTED:
+        return _live(p, scheduled, now, detail, p.state is State.EXCEPTION, "status_changed")
+    return Decision(scheduled, "poll_unchanged", detail, audited=False)
+
+
+def _live(
+    p: Procurement, changed: Procurement, now: datetime, detail: dict[str, Any], healing: bool, name: str
+) -> Decision:
+    """The upstream holds a live order: the procurement is (or becomes) submitted."""
+    live = replace(changed, upstream_may_exist=True)
+    if p.state is not State.SUBMITTED:
+        live = _released(
+            live,
+            state=State.SUBMITTED,
+            submitted_at=p.submitted_at or now,
+            next_attempt_at=None,
+            exception_reason=None,
+        )
+        name = "healed" if healing else "found_upstream"
+    return Decision(live, name, detail)
+
+
+def _delivered(
+    p: Procurement,
+    known: Procurement,
+    event: UpstreamReport,
+    now: datetime,
+    policy: Policy,
+    detail: dict[str, Any],
+    healed: bool,
+) -> Decision:
+    # A callback carries no amount: when the submission's answer was lost too (a crash, a timeout), one
+    # poll fetches it, unless a late answer brings it first.
+    amount_known = known.amount is not None
+    delivered = _released(
+        known,
+        state=State.DELIVERED,
+        fulfillment=event.fulfillment,
+        delivered_at=now,
+        exception_reason=None,
+        next_attempt_at=None,
+        next_poll_at=None if amount_known else now + _seconds(policy.poll_initial_seconds),
+        poll_interval_seconds=None if amount_known else policy.poll_initial_seconds,
+        upstream_may_exist=True,
+    )
+    return Decision(delivered, "healed_delivered" if healed else "delivered", detail)
+
+
+def _after_amount_fetch(p: Procurement, event: UpstreamReport, decision: Decision) -> Decision:
+    """A poll of a delivered procurement is the fetch of its amount: keep the amount, poll no more."""
+    if not (event.polled and p.state is State.DELIVERED and decision.procurement.state is State.DELIVERED):
+        return decision
+    fetched = replace(decision.procurement, next_poll_at=None)
+    if p.amount is None and event.amount is not None:
+        fetched = replace(fetched, amount=event.amount, currency=event.currency)
+    return replace(decision, procurement=fetched)
+
+
+def _refunded(known: Procurement, event: UpstreamReport, detail: dict[str, Any]) -> Decision:
+    refunded = _exception(known, Reason.UPSTREAM_REFUNDED, message=f"the upstream reports {event.status}")
+    if event.refunded_amount is not None:
+        detail["refunded_amount"] = event.refunded_amount
+    return Decision(refunded, "upstream_refunded", detail)
+
+
+# --- polls ------------------------------------------------------------------------------------------------
+
+
+def _poll_claim(p: Procurement, event: PollClaim, now: datetime) -> Decision:
+    due = p.next_poll_at is not None and p.next_poll_at <= now
+    if p.state not in (State.SUBMITTED, State.DELIVERED) or not due or p.upstream_order_id is None:
+        return _ignored(p, "poll_not_due")
+    return Decision(
+        replace(p, next_poll_at=now + _seconds(event.hold_seconds)), "poll_claimed", audited=False
+    )
+
+
+def _poll_failed(p: Procurement, event: PollFailed, now: datetime, policy: Policy) -> Decision:
+    interval = backoff.next_poll_interval(
+        p.poll_interval_seconds, policy.poll_initial_seconds, policy.poll_max_seconds
+    )
+    if p.state is State.DELIVERED:
+        # The amount fetch failed: again later, backing off; never for an order the upstream does not know.
+        retry_at = None if event.not_found else now + _seconds(interval)
+        later = replace(p, next_poll_at=retry_at, poll_interval_seconds=interval)
+        return Decision(later, "amount_fetch_failed", {"code": event.code}, audited=False)
+    if p.state is not State.SUBMITTED:
+        return _ignored(p, "poll_not_needed")
+    detail = {"code": event.code, "message": event.message}
+    if event.not_found:
+        missing = _exception(p, Reason.UPSTREAM_ORDER_MISSING, event.code, event.message)
+        return Decision(missing, "upstream_order_missing", detail)
+    later = replace(p, next_poll_at=now + _seconds(interval), poll_interval_seconds=interval)
+    return Decision(later, "poll_failed", detail, audited=False)
+
+
+def _give_up(p: Procurement, event: GiveUp) -> Decision:
+    if p.state is State.DELIVERED:
+        return Decision(replace(p, next_poll_at=None), "amount_fetch_given_up", audited=False)
+    if p.state is not State.SUBMITTED:
+        return _ignored(p, "give_up_not_needed")
+    message = f"not delivered after {int(event.waited_seconds)} s"
+    return Decision(_exception(p, Reason.STALE, message=message), "stale", {"message": message})
+
+
+# --- people -----------------------------------------------------------------------------------------------
+
+
+def _retry(p: Procurement, event: Retry, now: datetime) -> Decision:
+    if p.state is not State.EXCEPTION:
+        raise NotAllowed("not_an_exception", f"procurement is {p.state.value}, not exception")
+    queued = _released(
+        p,
+        state=State.QUEUED,
+        exception_reason=None,
+        last_error_code=None,
+        last_error_message=None,
+        attempts=0,
+        next_attempt_at=now,
+        next_poll_at=None,
+        poll_interval_seconds=None,
+    )
+    detail: dict[str, Any] = {"previous_reason": p.exception_reason}
+    if event.note:
+        detail["note"] = event.note
+    if not p.number_canceled:
+        detail["downstream_order_no"] = p.downstream_order_no
+        return Decision(queued, "retry", detail)
+    # The upstream answers this number with its canceled order forever: buy under a new one.
+    number = retry_number(p.downstream_order_nos[0], len(p.downstream_order_nos))
+    renumbered = replace(
+        queued,
+        downstream_order_no=number,
+        downstream_order_nos=(*p.downstream_order_nos, number),
+        number_canceled=False,
+        upstream_order_id=None,
+        upstream_order_no=None,
+        upstream_status=None,
+        amount=None,
+        currency=None,
+        upstream_may_exist=False,
+    )
+    detail["new_downstream_order_no"] = number
+    effects = (NumberRetired(p.downstream_order_no, p.upstream_order_id), NumberAdded(number))
+    return Decision(renumbered, "retry", detail, effects=effects)
+
+
+def _resolve(p: Procurement, event: Resolve) -> Decision:
+    if p.state is not State.EXCEPTION:
+        raise NotAllowed("not_an_exception", f"procurement is {p.state.value}, not exception")
+    resolved = replace(
+        p, state=State.RESOLVED, resolution_note=event.note, next_attempt_at=None, next_poll_at=None
+    )
+    return Decision(resolved, "resolved", {"note": event.note, "previous_reason": p.exception_reason})
+
+
+def _cancel(p: Procurement, event: Cancel) -> Decision:
+    if p.state in (State.CANCELED, State.RESOLVED):
+        return _ignored(p, "duplicate")
+    unscheduled = _released(p, state=State.CANCELED, next_poll_at=None, next_attempt_at=None)
+    if event.upstream_confirmed:
+        confirmed = replace(
+            unscheduled, upstream_status=CANCELED_STATUS, upstream_may_exist=False, number_canceled=True
+        )
+        return Decision(confirmed, "canceled_upstream")
+    reason = cancel_refusal(p)
+    if reason is not None:
+        raise NotAllowed("cancel_not_allowed", reason)
+    return Decision(unscheduled, "canceled_locally")
+
+
+def cancel_refusal(p: Procurement) -> str | None:
+    """Why the procurement cannot be canceled without the upstream, or ``None`` when it can be locally."""
+    if p.state is State.DELIVERED:
+        return "delivered"
+    if p.submission_in_flight:
+        return "a submission is in flight"
+    if p.upstream_may_exist:
+        if p.upstream_order_id is not None:
+            return "the upstream order must be canceled first"
+        return "an upstream order may exist (an earlier submission's answer was lost)"
+    return None
+
+
+def needs_upstream_cancel(p: Procurement) -> bool:
+    """True when the cancel must go upstream first: a known upstream order that is not canceled."""
+    return (
+        p.state in (State.SUBMITTED, State.EXCEPTION, State.QUEUED)
+        and p.upstream_order_id is not None
+        and p.upstream_may_exist
+    )

@@ -1,0 +1,380 @@
+"""The vocabulary of procurement: states, reasons, the procurement record, events and decisions.
+
+A :class:`Procurement` is one order item bought as one upstream order. Everything that happens to it is an
+event; the pure :func:`procurd.core.machine.decide` turns the record and one event into a
+:class:`Decision`: the record as it is to be stored, the audit entry, and the effects the store carries out
+in the same transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+
+class State(StrEnum):
+    """Where one procurement (one order item, one upstream order) stands."""
+
+    QUEUED = "queued"  # waiting for a worker to submit it upstream
+    SUBMITTED = "submitted"  # the upstream holds a live order; waiting for delivery
+    DELIVERED = "delivered"  # delivered, fulfillment stored
+    CANCELED = "canceled"  # canceled upstream-first, or never sent and canceled locally
+    EXCEPTION = "exception"  # needs a person: retry or resolve
+    RESOLVED = "resolved"  # closed by a person
+
+
+class Source(StrEnum):
+    """Who caused a state change (recorded in the audit trail)."""
+
+    INTAKE = "intake"
+    WORKER = "worker"
+    CALLBACK = "callback"
+    POLL = "poll"
+    ADMIN = "admin"
+
+
+class Reason(StrEnum):
+    """Exception reasons procurd itself assigns; upstream business and auth codes are used as given."""
+
+    PRICE_ABOVE_LIMIT = "price_above_limit"
+    PAYMENT_FAILED = "payment_failed"
+    MAX_ATTEMPTS_EXCEEDED = "max_attempts_exceeded"
+    UPSTREAM_CANCELED = "upstream_canceled"
+    UPSTREAM_REFUNDED = "upstream_refunded"
+    CONFLICTING_CALLBACK = "conflicting_callback"
+    STALE = "stale"
+    UPSTREAM_ORDER_MISSING = "upstream_order_missing"
+
+
+# Upstream statuses (seed 000 part 3, plus what real sites report).
+COMPLETED_STATUS = "completed"  # the last status of a delivered order
+DELIVERED_STATUSES = frozenset({"delivered", COMPLETED_STATUS})
+CANCELED_STATUS = "canceled"
+REFUNDED_STATUSES = frozenset({"refunded", "partially_refunded"})
+
+# Exceptions that an upstream report of a live or delivered order can heal: procurd did not know the order
+# existed (its answer was lost) or stopped waiting for it.
+HEALABLE_REASONS = frozenset({Reason.MAX_ATTEMPTS_EXCEEDED, Reason.STALE, Reason.UPSTREAM_ORDER_MISSING})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Procurement:
+    """One procurement as stored (``procurements`` row)."""
+
+    id: int
+    order_no: str
+    position: int
+    upstream: str
+    sku_id: int
+    product_id: int | None
+    quantity: int
+    manual_form_data: Mapping[str, Any] | None
+    max_unit_price: str | None
+    unit_price: str | None
+    fulfillment_type: str | None
+    trace_id: str | None
+    downstream_order_no: str
+    # Every number it was bought under, the first first; the last one is ``downstream_order_no``.
+    downstream_order_nos: tuple[str, ...]
+    # The upstream canceled the order under ``downstream_order_no``: a retry needs a new number.
+    number_canceled: bool = False
+    state: State
+    upstream_status: str | None = None
+    upstream_order_id: int | None = None
+    upstream_order_no: str | None = None
+    amount: str | None = None
+    currency: str | None = None
+    attempts: int = 0
+    last_error_code: str | None = None
+    last_error_message: str | None = None
+    exception_reason: str | None = None
+    fulfillment: Mapping[str, Any] | None = None
+    # True from the moment a submission may have reached the upstream until an answer proves that no
+    # upstream order exists under the current number: such a procurement is never canceled locally.
+    upstream_may_exist: bool = False
+    next_attempt_at: datetime | None = None
+    lease_owner: str | None = None
+    lease_expires_at: datetime | None = None
+    next_poll_at: datetime | None = None
+    poll_interval_seconds: float | None = None
+    submitted_at: datetime | None = None
+    delivered_at: datetime | None = None
+    resolution_note: str | None = None
+    created_at: datetime
+    updated_at: datetime
+
+    @property
+    def submission_in_flight(self) -> bool:
+        return self.state is State.QUEUED and self.lease_owner is not None
+
+    @property
+    def attempted(self) -> bool:
+        """A submission was tried, or the upstream holds an order for it."""
+        return self.attempts > 0 or self.upstream_order_id is not None
+
+    @property
+    def holds_fulfillment(self) -> bool:
+        return self.fulfillment is not None and self.state in (State.DELIVERED, State.RESOLVED)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MirroredSku:
+    """What intake knows of a SKU and its product from the mirror."""
+
+    id: int
+    product_id: int
+    price_amount: str
+    fulfillment_type: str
+    sku_active: bool = True
+    sku_removed: bool = False
+    product_known: bool = True
+    product_active: bool = True
+    product_removed: bool = False
+    manual_form_schema: Any = None
+
+    def problem(self, manual_form_data: Mapping[str, Any] | None) -> tuple[str, str] | None:
+        """``(code, message)`` when an item of this SKU cannot be bought as asked, else ``None``."""
+        if self.sku_removed or not self.sku_active:
+            return "sku_inactive", f"SKU {self.id} is not active upstream"
+        if not self.product_known:
+            return "product_not_found", f"the product of SKU {self.id} is not in the mirrored catalogue"
+        if self.product_removed or not self.product_active:
+            return "product_inactive", f"product {self.product_id} is not active upstream"
+        if self.fulfillment_type == "manual":
+            if not manual_form_data:
+                return (
+                    "manual_form_data_required",
+                    f"product {self.product_id} is manual: manual_form_data is required",
+                )
+            missing = [
+                key
+                for key in required_form_fields(self.manual_form_schema)
+                if _blank(manual_form_data.get(key))
+            ]
+            if missing:
+                return (
+                    "manual_form_data_required",
+                    f"product {self.product_id} is manual: manual_form_data lacks required "
+                    + ", ".join(repr(key) for key in missing),
+                )
+        return None
+
+
+def required_form_fields(schema: Any) -> list[str]:
+    """The keys a manual product's form marks required (its schema lists fields with key and required)."""
+    fields = schema.get("fields") if isinstance(schema, Mapping) else schema
+    if not isinstance(fields, list):
+        return []
+    return [
+        str(field["key"])
+        for field in fields
+        if isinstance(field, Mapping) and field.get("required") is True and field.get("key") is not None
+    ]
+
+
+def _blank(value: Any) -> bool:
+    return value is None or (isinstance(value, str) and not value.strip())
+
+
+# --- events ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Admit:
+    """A paid order item is taken in (the procurement's first event)."""
+
+    order_no: str
+    position: int
+    upstream: str
+    sku_id: int
+    quantity: int
+    manual_form_data: Mapping[str, Any] | None
+    max_unit_price: str | None
+    trace_id: str | None
+    downstream_order_no: str
+    sku: MirroredSku
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A submitter takes a due procurement for ``lease_seconds`` before it calls the upstream."""
+
+    owner: str
+    lease_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitAccepted:
+    """The upstream answered the order creation with ``ok: true``."""
+
+    owner: str
+    order_id: int
+    order_no: str
+    status: str
+    amount: str | None
+    currency: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitRejected:
+    """A definite refusal: no order exists under the number because of this request (or it was canceled).
+
+    ``kind`` is ``payment_failed`` (the upstream created the order and canceled it at once), ``business`` or
+    ``auth``.
+    """
+
+    owner: str
+    kind: str
+    code: str
+    message: str
+    order_id: int | None = None
+    order_no: str | None = None
+    status: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitUnavailable:
+    """No usable answer (network, timeout, 5xx, malformed answer, rate limited): the outcome is unknown."""
+
+    owner: str
+    code: str
+    message: str
+    rate_limited: bool = False
+    retry_after: float | None = None
+    request_sent: bool = True  # False when no connection could be opened: nothing reached the upstream
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamReport:
+    """The upstream's word on an order, from a callback or a poll (one code path for both).
+
+    ``number`` is the downstream order number the report is about; ``None`` means the current one.
+    """
+
+    order_id: int
+    status: str
+    order_no: str | None = None
+    fulfillment: Mapping[str, Any] | None = None
+    amount: str | None = None
+    currency: str | None = None
+    refunded_amount: str | None = None
+    polled: bool = False  # from a fallback poll: an unchanged answer backs the next poll off
+    number: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PollClaim:
+    """A poller takes a due poll; the next one is pushed ``hold_seconds`` out until the answer comes."""
+
+    hold_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class PollFailed:
+    """A fallback poll got no usable answer; ``not_found`` when the upstream says the order does not exist."""
+
+    code: str
+    message: str
+    not_found: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class GiveUp:
+    """The order was not delivered within ``poll_give_up_seconds``."""
+
+    waited_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """A person sends the procurement again."""
+
+    note: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Resolve:
+    """A person closes the exception by hand."""
+
+    note: str
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    """The order is being canceled: locally (never sent) or after the upstream confirmed the cancel."""
+
+    upstream_confirmed: bool
+
+
+Event = (
+    Admit
+    | Claim
+    | SubmitAccepted
+    | SubmitRejected
+    | SubmitUnavailable
+    | UpstreamReport
+    | PollClaim
+    | PollFailed
+    | GiveUp
+    | Retry
+    | Resolve
+    | Cancel
+)
+
+
+# --- what a decision asks of the store, besides writing the record ---------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class NumberAdded:
+    """A downstream order number to register for this procurement (unique per upstream, forever)."""
+
+    number: str
+
+
+@dataclass(frozen=True, slots=True)
+class NumberRetired:
+    """The number is no longer used; reports about it must still name ``upstream_order_id``."""
+
+    number: str
+    upstream_order_id: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class ExceptionOpened:
+    """The procurement became an exception: a person has to look at it."""
+
+    reason: str
+    code: str | None
+    message: str | None
+
+
+Effect = NumberAdded | NumberRetired | ExceptionOpened
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What one event does to one procurement.
+
+    ``procurement`` is the record as it is to be stored (the same object when nothing changes). ``event``
+    and ``detail`` are the audit entry, written when ``audited``: every state change, and facts recorded
+    without being applied, such as a late status.
+    """
+
+    procurement: Procurement
+    event: str
+    detail: Mapping[str, Any] = field(default_factory=dict)
+    audited: bool = True
+    effects: tuple[Effect, ...] = ()
+
+
+class NotAllowed(Exception):
+    """An action that does not apply to the procurement's state; nothing is written."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message

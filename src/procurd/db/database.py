@@ -1,0 +1,243 @@
+"""The database: owns every connection and transaction, one class per backend behind one interface.
+
+Store code is synchronous: a function of a :class:`Tx` (a transaction and the stores that speak SQL in it)
+that the backend runs as one transaction.
+
+* :class:`SqliteDatabase` runs write transactions one at a time on a dedicated writer thread
+  (``BEGIN IMMEDIATE``, so a writer queues for the lock instead of failing) and read transactions on a small
+  pool of reader threads (deferred ``BEGIN``: reads never take the write lock, WAL lets them run beside it).
+  A whole transaction is one hop to a thread, however many statements it runs.
+* :class:`PostgresDatabase` runs the same functions through asyncpg (``run_sync``), writes at READ
+  COMMITTED with row locks, reads in a REPEATABLE READ READ ONLY transaction (one snapshot).
+
+Driver failures leave this module as :mod:`procurd.db.errors` exceptions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from decimal import Decimal
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
+
+from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy.engine import make_url
+
+from procurd.db.errors import DatabaseError, translate
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
+    from procurd.db.stores import Tx
+
+P = ParamSpec("P")
+T = TypeVar("T")
+TxFunction = Callable[Concatenate["Tx", P], T]
+
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+SQLITE_READERS = 4
+POSTGRES_POOL_SIZE = 10
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, Decimal):
+        return str(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def dumps_json(value: Any) -> str:
+    """How JSON columns are written: compact, non-ASCII as is, exact decimals as text."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=_json_default)
+
+
+class Database(ABC):
+    """Runs store functions as transactions. Build one with :func:`open_database`."""
+
+    dialect: str
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    @abstractmethod
+    async def read(self, fn: TxFunction[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        """Run ``fn(tx, ...)`` in a read-only transaction that sees one snapshot."""
+
+    @abstractmethod
+    async def write(self, fn: TxFunction[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        """Run ``fn(tx, ...)`` in a write transaction; commit when it returns, roll back when it raises."""
+
+    @abstractmethod
+    async def close(self) -> None:
+        """Finish running transactions and close every connection."""
+
+    @property
+    @abstractmethod
+    def sync_engine(self) -> Engine:
+        """A synchronous engine on the same database, for migrations and tests."""
+
+
+def open_database(url: str) -> Database:
+    """The backend for ``url`` (``sqlite+aiosqlite://`` or ``postgresql+asyncpg://``)."""
+    backend = make_url(url).get_backend_name()
+    if backend == "sqlite":
+        return SqliteDatabase(url)
+    if backend == "postgresql":
+        return PostgresDatabase(url)
+    raise ValueError(f"unsupported database URL scheme {backend!r}")
+
+
+def _in_tx(connection: Connection, fn: TxFunction[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+    from procurd.db.stores import Tx
+
+    return fn(Tx(connection), *args, **kwargs)
+
+
+# --- SQLite ------------------------------------------------------------------------------------------------
+
+
+class SqliteDatabase(Database):
+    dialect = "sqlite"
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        parsed = make_url(url)
+        database = parsed.database or ""
+        if database in ("", ":memory:"):
+            raise ValueError("an in-memory SQLite database cannot be shared between tasks; use a file")
+        self.path = Path(database)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            reason = exc.strerror or type(exc).__name__
+            raise DatabaseError(
+                f"cannot create the directory {self.path.parent} for {self.path}: {reason}"
+            ) from None
+        sync_url = parsed.set(drivername="sqlite+pysqlite")
+        self._writer_engine = self._engine(sync_url, "BEGIN IMMEDIATE", pool_size=1)
+        self._reader_engine = self._engine(sync_url, "BEGIN", pool_size=SQLITE_READERS)
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="procurd-db-writer")
+        self._readers = ThreadPoolExecutor(SQLITE_READERS, thread_name_prefix="procurd-db-reader")
+
+    @staticmethod
+    def _engine(url: Any, begin: str, pool_size: int) -> Engine:
+        engine = create_engine(
+            url,
+            connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000, "check_same_thread": False},
+            pool_size=pool_size,
+            max_overflow=0,
+            hide_parameters=True,  # statement errors would otherwise log delivered goods and form data
+            json_serializer=dumps_json,
+        )
+
+        @event.listens_for(engine, "connect")
+        def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+            # SQLAlchemy's "begin" hook below owns the transaction boundaries.
+            dbapi_connection.isolation_level = None
+            cursor = dbapi_connection.cursor()
+            try:
+                cursor.execute("PRAGMA journal_mode=WAL")
+                cursor.execute("PRAGMA synchronous=NORMAL")
+                cursor.execute("PRAGMA foreign_keys=ON")
+                cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+            finally:
+                cursor.close()
+
+        @event.listens_for(engine, "begin")
+        def _on_begin(connection: Connection) -> None:
+            connection.exec_driver_sql(begin)
+
+        return engine
+
+    @property
+    def sync_engine(self) -> Engine:
+        return self._writer_engine
+
+    async def read(self, fn: TxFunction[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return await self._run(self._readers, self._reader_engine, lambda c: _in_tx(c, fn, *args, **kwargs))
+
+    async def write(self, fn: TxFunction[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return await self._run(self._writer, self._writer_engine, lambda c: _in_tx(c, fn, *args, **kwargs))
+
+    async def _run(self, pool: ThreadPoolExecutor, engine: Engine, work: Callable[[Connection], T]) -> T:
+        loop = asyncio.get_running_loop()
+        # The thread finishes the transaction even when the awaiting task is cancelled meanwhile.
+        future = loop.run_in_executor(pool, self._transaction, engine, work)
+        return await asyncio.shield(future)
+
+    @staticmethod
+    def _transaction(engine: Engine, work: Callable[[Connection], T]) -> T:
+        with _translating(), engine.begin() as connection:
+            return work(connection)
+
+    async def close(self) -> None:
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self._close)
+
+    def _close(self) -> None:
+        self._writer.shutdown(wait=True)
+        self._readers.shutdown(wait=True)
+        self._writer_engine.dispose()
+        self._reader_engine.dispose()
+
+
+# --- PostgreSQL --------------------------------------------------------------------------------------------
+
+
+class PostgresDatabase(Database):
+    dialect = "postgresql"
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        from sqlalchemy.ext.asyncio import create_async_engine
+
+        self._engine: AsyncEngine = create_async_engine(
+            url,
+            pool_size=POSTGRES_POOL_SIZE,
+            max_overflow=POSTGRES_POOL_SIZE,
+            pool_pre_ping=True,
+            pool_recycle=1800,
+            hide_parameters=True,
+            json_serializer=dumps_json,
+        )
+        # Reads see one snapshot: an order row read before another instance's commit and its procurements
+        # read after it would otherwise disagree.
+        self._reader = self._engine.execution_options(
+            isolation_level="REPEATABLE READ", postgresql_readonly=True
+        )
+
+    @property
+    def sync_engine(self) -> Engine:
+        return self._engine.sync_engine
+
+    async def read(self, fn: TxFunction[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        with _translating():
+            async with self._reader.begin() as connection:
+                return await connection.run_sync(_in_tx, fn, *args, **kwargs)
+
+    async def write(self, fn: TxFunction[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        with _translating():
+            async with self._engine.begin() as connection:
+                return await connection.run_sync(_in_tx, fn, *args, **kwargs)
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await self._engine.dispose()
+
+
+@contextlib.contextmanager
+def _translating() -> Iterator[None]:
+    """Re-raise driver failures as :mod:`procurd.db.errors` exceptions."""
+    try:
+        yield
+    except DatabaseError:
+        raise
+    except Exception as exc:
+        translated = translate(exc)
+        if translated is None:
+            raise
+        raise translated from None

@@ -1,0 +1,92 @@
+"""Statements of ``upstream_health``: the last ping of each upstream, pending auth errors, callback counts."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, bindparam, select, update
+
+from procurd.db.schema import upstream_health
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UpstreamHealth:
+    upstream: str
+    last_ping_at: datetime | None = None
+    last_ping_ok: bool | None = None
+    last_ping_error: str | None = None
+    site_name: str | None = None
+    protocol_version: str | None = None
+    balance: str | None = None
+    currency: str | None = None
+    member_level: Mapping[str, Any] | None = None
+    latency_ms: int | None = None
+    auth_error_code: str | None = None
+    auth_error_at: datetime | None = None
+    callbacks_accepted: int = 0
+    callbacks_rejected: int = 0
+    updated_at: datetime | None = None
+
+
+_COUNT_CALLBACKS = (
+    update(upstream_health)
+    .where(upstream_health.c.upstream == bindparam("b_upstream"))
+    .values(
+        callbacks_accepted=upstream_health.c.callbacks_accepted + bindparam("accepted"),
+        callbacks_rejected=upstream_health.c.callbacks_rejected + bindparam("rejected"),
+    )
+)
+
+
+class HealthStore:
+    def __init__(self, connection: Connection) -> None:
+        self.connection = connection
+
+    def ensure_rows(self, names: Iterable[str], now: datetime) -> None:
+        """Create the missing rows; instances starting together on one database may both try."""
+        existing = set(self.connection.execute(select(upstream_health.c.upstream)).scalars())
+        missing = [name for name in dict.fromkeys(names) if name not in existing]
+        if not missing:
+            return
+        if self.connection.dialect.name == "postgresql":
+            from sqlalchemy.dialects.postgresql import insert
+        else:
+            from sqlalchemy.dialects.sqlite import insert  # type: ignore[assignment]
+        self.connection.execute(
+            insert(upstream_health)
+            .values(
+                [
+                    {"upstream": name, "callbacks_accepted": 0, "callbacks_rejected": 0, "updated_at": now}
+                    for name in missing
+                ]
+            )
+            .on_conflict_do_nothing(index_elements=[upstream_health.c.upstream])
+        )
+
+    def update(self, upstream: str, values: Mapping[str, Any], now: datetime) -> None:
+        self.ensure_rows([upstream], now)
+        self.connection.execute(
+            update(upstream_health)
+            .where(upstream_health.c.upstream == upstream)
+            .values(**values, updated_at=now)
+        )
+
+    def count_callbacks(self, counts: Mapping[str, tuple[int, int]], now: datetime) -> None:
+        """Add ``(accepted, rejected)`` callbacks per upstream."""
+        if not counts:
+            return
+        self.ensure_rows(counts, now)
+        self.connection.execute(
+            _COUNT_CALLBACKS,
+            [
+                {"b_upstream": name, "accepted": accepted, "rejected": rejected}
+                for name, (accepted, rejected) in counts.items()
+            ],
+        )
+
+    def all(self) -> dict[str, UpstreamHealth]:
+        rows = self.connection.execute(select(upstream_health)).mappings()
+        return {row["upstream"]: UpstreamHealth(**row) for row in rows}

@@ -1,0 +1,41 @@
+"""One transaction and the stores that speak SQL in it: what :class:`procurd.db.database.Database` hands to
+the functions it runs."""
+
+from __future__ import annotations
+
+from functools import cached_property
+
+from sqlalchemy import Connection
+
+from procurd.db.health_store import HealthStore
+from procurd.db.leases import LeaseStore
+from procurd.db.mirror_store import MirrorStore
+from procurd.db.procurement_store import ProcurementStore
+
+
+class Tx:
+    """A transaction in progress. Its stores share its connection; nothing commits until the function that
+    received it returns."""
+
+    def __init__(self, connection: Connection) -> None:
+        self.connection = connection
+
+    @property
+    def dialect(self) -> str:
+        return self.connection.dialect.name
+
+    @cached_property
+    def procurements(self) -> ProcurementStore:
+        return ProcurementStore(self.connection)
+
+    @cached_property
+    def mirror(self) -> MirrorStore:
+        return MirrorStore(self.connection)
+
+    @cached_property
+    def health(self) -> HealthStore:
+        return HealthStore(self.connection)
+
+    @cached_property
+    def leases(self) -> LeaseStore:
+        return LeaseStore(self.connection)

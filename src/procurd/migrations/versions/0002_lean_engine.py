@@ -1,0 +1,81 @@
+"""the lean engine: numbers on the procurement, claims by upstream
+
+Revision ID: 0002
+Revises: 0001
+Create Date: 2026-11-23 16:00:00
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+from sqlalchemy.dialects import postgresql
+
+revision = "0002"
+down_revision = "0001"
+branch_labels = None
+depends_on = None
+
+JSON_DOCUMENT = sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql")
+
+
+def upgrade() -> None:
+    with op.batch_alter_table("procurements") as batch_op:
+        batch_op.add_column(sa.Column("downstream_order_nos", JSON_DOCUMENT, nullable=True))
+        batch_op.add_column(
+            sa.Column("number_canceled", sa.Boolean(), nullable=False, server_default=sa.false())
+        )
+        batch_op.drop_column("version")
+        batch_op.drop_index("ix_procurements_due")
+        batch_op.drop_index("ix_procurements_poll")
+        batch_op.create_index("ix_procurements_due", ["upstream", "state", "next_attempt_at"], unique=False)
+        batch_op.create_index("ix_procurements_poll", ["upstream", "state", "next_poll_at"], unique=False)
+
+    connection = op.get_bind()
+    numbers = connection.execute(
+        sa.text(
+            "SELECT procurement_id, downstream_order_no, upstream_canceled FROM procurement_numbers "
+            "ORDER BY procurement_id, created_at, downstream_order_no"
+        )
+    ).all()
+    by_procurement: dict[int, list[tuple[str, bool]]] = {}
+    for procurement_id, number, canceled in numbers:
+        by_procurement.setdefault(procurement_id, []).append((number, bool(canceled)))
+    current = {
+        row.id: row.downstream_order_no
+        for row in connection.execute(sa.text("SELECT id, downstream_order_no FROM procurements")).all()
+    }
+    procurements = sa.table(
+        "procurements",
+        sa.column("id", sa.BigInteger()),
+        sa.column("downstream_order_nos", JSON_DOCUMENT),
+        sa.column("number_canceled", sa.Boolean()),
+    )
+    for procurement_id, number in current.items():
+        used = by_procurement.get(procurement_id, [(number, False)])
+        canceled = any(used_number == number and flag for used_number, flag in used)
+        connection.execute(
+            sa.update(procurements)
+            .where(procurements.c.id == procurement_id)
+            .values(downstream_order_nos=[n for n, _ in used], number_canceled=canceled)
+        )
+
+    with op.batch_alter_table("procurements") as batch_op:
+        batch_op.alter_column("downstream_order_nos", existing_type=JSON_DOCUMENT, nullable=False)
+    with op.batch_alter_table("procurement_numbers") as batch_op:
+        batch_op.drop_column("upstream_canceled")
+
+
+def downgrade() -> None:
+    with op.batch_alter_table("procurement_numbers") as batch_op:
+        batch_op.add_column(
+            sa.Column("upstream_canceled", sa.Boolean(), nullable=False, server_default=sa.false())
+        )
+    with op.batch_alter_table("procurements") as batch_op:
+        batch_op.drop_index("ix_procurements_due")
+        batch_op.drop_index("ix_procurements_poll")
+        batch_op.create_index("ix_procurements_due", ["state", "next_attempt_at"], unique=False)
+        batch_op.create_index("ix_procurements_poll", ["state", "next_poll_at"], unique=False)
+        batch_op.add_column(sa.Column("version", sa.Integer(), nullable=False, server_default="1"))
+        batch_op.drop_column("number_canceled")
+        batch_op.drop_column("downstream_order_nos")

@@ -1,0 +1,535 @@
+"""The one state path: commands turned into decisions and written, many at once, in one transaction.
+
+Intake, claims, submission answers, callbacks, polls and a person's actions all arrive here as commands.
+A batch of them runs inside one transaction (:class:`procurd.db.batching.BatchWriter`):
+
+1. everything the batch needs is looked up in a few statements: the numbers callbacks name, the due
+   claims, the mirrored SKUs intake checks; then the orders concerned are locked and their items loaded;
+2. each command is decided by :func:`procurd.core.machine.decide` against the records as the commands
+   before it in the batch left them; a command that is refused (:class:`NotAllowed`, an intake error, a
+   report about no known order) changes nothing and fails alone;
+3. every change is written with one ``executemany`` per kind: procurements, numbers, audit entries, the
+   orders' derived status and their storefront events.
+
+This module is synchronous: it runs on the database's writer (a thread on SQLite, a greenlet on
+PostgreSQL) and speaks to the database only through :class:`procurd.db.stores.Tx`.
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Any
+
+from procurd.core.intake import IntakeError, OrderRequest
+from procurd.core.machine import Policy, decide, is_noop
+from procurd.core.numbers import item_number
+from procurd.core.orders import Order, OrderStatus, derive_status, event_for, order_view
+from procurd.core.procurement import (
+    Admit,
+    Claim,
+    Decision,
+    Event,
+    ExceptionOpened,
+    NotAllowed,
+    NumberAdded,
+    NumberRetired,
+    PollClaim,
+    Procurement,
+    Source,
+    UpstreamReport,
+)
+from procurd.db.procurement_store import AuditRow
+from procurd.db.stores import Tx
+
+ACCEPTED: OrderStatus = ("paid", False)  # an order as intake first records it
+
+
+class ReportRejected(Exception):
+    """A report that matches no procurement of the upstream (unknown number, or another order id)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+# --- commands -----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Intake:
+    """Take in a paid order (its items' upstreams already filled in)."""
+
+    request: OrderRequest
+    fingerprint: str
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One event for one procurement; ``order_no`` saves a lookup when the caller knows it."""
+
+    procurement_id: int
+    event: Event
+    source: Source
+    order_no: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeAll:
+    """Events for several procurements of one order that succeed or fail together (a cancel)."""
+
+    order_no: str
+    events: tuple[tuple[int, Event], ...]
+    source: Source
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """What the upstream says about the order under ``number`` (a callback, or a poll)."""
+
+    upstream: str
+    number: str
+    report: UpstreamReport
+    source: Source
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimSubmissions:
+    """Claim up to ``limit`` due procurements of ``upstream`` for ``owner``."""
+
+    upstream: str
+    owner: str
+    limit: int
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimPolls:
+    """Claim up to ``limit`` procurements of ``upstream`` due for a fallback poll."""
+
+    upstream: str
+    limit: int
+
+
+Command = Intake | Change | ChangeAll | Report | ClaimSubmissions | ClaimPolls
+
+
+# --- results ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """One event applied: the procurement before and after, and the decision."""
+
+    before: Procurement
+    decision: Decision
+    source: Source
+
+    @property
+    def procurement(self) -> Procurement:
+        return self.decision.procurement
+
+    @property
+    def changed(self) -> bool:
+        return not is_noop(self.before, self.decision)
+
+    @property
+    def state_changed(self) -> bool:
+        return self.before.state is not self.decision.procurement.state
+
+
+@dataclass(frozen=True, slots=True)
+class IntakeResult:
+    created: bool
+    order: dict[str, Any]
+    admitted: tuple[Applied, ...] = ()
+
+
+Result = IntakeResult | Applied | list[Applied] | list[Procurement] | None
+
+
+@dataclass(frozen=True, slots=True)
+class Rules:
+    """What the state path needs besides the database."""
+
+    policy: Policy
+    upstreams: tuple[str, ...]
+    lease_seconds: float
+    storefront_events: bool
+    clock: Callable[[], datetime]
+    rng: random.Random | None = None
+
+
+# --- one batch ----------------------------------------------------------------------------------------------
+
+Key = tuple[str, int]  # (order_no, position): names a procurement before the database gives it an id
+
+
+def _key(p: Procurement) -> Key:
+    return p.order_no, p.position
+
+
+@dataclass
+class _Event:
+    """A storefront event, its order view built once the new procurements have ids."""
+
+    order_no: str
+    name: str
+    order: Order
+    items: tuple[Procurement, ...]
+
+
+@dataclass
+class _Batch:
+    tx: Tx
+    rules: Rules
+    now: datetime
+    orders: dict[str, Order] = field(default_factory=dict)
+    items: dict[str, list[Procurement]] = field(default_factory=dict)
+    new_orders: dict[str, Order] = field(default_factory=dict)
+    updated: dict[Key, Procurement] = field(default_factory=dict)
+    inserted: dict[Key, Procurement] = field(default_factory=dict)
+    order_changes: dict[str, Order] = field(default_factory=dict)
+    numbers_added: list[tuple[str, str, Key]] = field(default_factory=list)
+    numbers_retired: list[tuple[str, str, int | None]] = field(default_factory=list)
+    audit: list[tuple[Key, AuditRow]] = field(default_factory=list)
+    events: list[_Event] = field(default_factory=list)
+    requests: dict[str, Mapping[str, Any]] = field(default_factory=dict)
+    exceptions_opened: list[tuple[Key, ExceptionOpened]] = field(default_factory=list)
+
+
+def apply_batch(tx: Tx, commands: Sequence[Command], rules: Rules) -> list[Result | Exception]:
+    """Run ``commands`` in ``tx``; one result (or the exception of that command alone) per command."""
+    batch = _Batch(tx, rules, rules.clock())
+    store = tx.procurements
+
+    # 1. Look up what the commands name, then lock their orders and load the items.
+    intakes = [c for c in commands if isinstance(c, Intake)]
+    number_keys = [(c.upstream, c.number) for c in commands if isinstance(c, Report)]
+    for intake in intakes:
+        number_keys += [
+            (item.upstream or "", item_number(intake.request.order_no, position))
+            for position, item in enumerate(intake.request.items)
+        ]
+    numbers = store.numbers(number_keys)
+    order_nos = store.order_nos_of(
+        c.procurement_id for c in commands if isinstance(c, Change) and not c.order_no
+    )
+    claims: dict[int, dict[int, str]] = {}
+    for index, command in enumerate(commands):
+        if isinstance(command, ClaimSubmissions):
+            claims[index] = store.claim_due(command.upstream, batch.now, command.limit)
+        elif isinstance(command, ClaimPolls):
+            claims[index] = store.claim_polls(command.upstream, batch.now, command.limit)
+    skus = store.mirrored_skus(
+        (item.upstream or "", item.sku_id) for intake in intakes for item in intake.request.items
+    )
+    wanted: set[str] = {intake.request.order_no for intake in intakes}
+    wanted.update(row.order_no for row in numbers.values())
+    wanted.update(order_nos.values())
+    wanted.update(c.order_no for c in commands if isinstance(c, Change | ChangeAll) and c.order_no)
+    for claimed in claims.values():
+        wanted.update(claimed.values())
+    batch.orders = store.lock_orders(wanted)
+    batch.items = store.items_of(batch.orders)
+
+    # 2. Decide each command against the records as the commands before it left them.
+    pending: list[Callable[[dict[Key, int]], Result] | Exception] = []
+    for index, command in enumerate(commands):
+        try:
+            pending.append(_run(batch, command, numbers, order_nos, claims.get(index, {}), skus))
+        except (NotAllowed, IntakeError, ReportRejected) as refused:
+            pending.append(refused)
+
+    # 3. Write everything, then build the results that need the new ids.
+    ids = _flush(batch)
+    return [item if isinstance(item, Exception) else item(ids) for item in pending]
+
+
+def _run(
+    batch: _Batch,
+    command: Command,
+    numbers: Mapping[tuple[str, str], Any],
+    order_nos: Mapping[int, str],
+    claimed: Mapping[int, str],
+    skus: Mapping[tuple[str, int], Any],
+) -> Callable[[dict[Key, int]], Result]:
+    match command:
+        case Intake():
+            return _intake(batch, command, numbers, skus)
+        case Change():
+            order_no = command.order_no or order_nos.get(command.procurement_id)
+            current = _find(batch, order_no, command.procurement_id)
+            if current is None:
+                return lambda ids: None
+            applied = _apply(batch, [(current, command.event)], command.source)[0]
+            return lambda ids: _with_id(applied, ids)
+        case ChangeAll():
+            steps = []
+            for procurement_id, event in command.events:
+                current = _find(batch, command.order_no, procurement_id)
+                if current is None:
+                    raise NotAllowed("procurement_not_found", f"no procurement {procurement_id}")
+                steps.append((current, event))
+            applied_all = _apply(batch, steps, command.source)
+            return lambda ids: [_with_id(applied, ids) for applied in applied_all]
+        case Report():
+            return _report(batch, command, numbers)
+        case ClaimSubmissions():
+            return _claim(batch, claimed, Claim(command.owner, batch.rules.lease_seconds))
+        case ClaimPolls():
+            return _claim(batch, claimed, PollClaim(batch.rules.lease_seconds))
+
+
+def _find(batch: _Batch, order_no: str | None, procurement_id: int) -> Procurement | None:
+    if order_no is None:
+        return None
+    return next((p for p in batch.items.get(order_no, ()) if p.id == procurement_id), None)
+
+
+def _claim(batch: _Batch, claimed: Mapping[int, str], event: Event) -> Callable[[dict[Key, int]], Result]:
+    taken: list[Procurement] = []
+    for procurement_id, order_no in claimed.items():
+        current = _find(batch, order_no, procurement_id)
+        if current is None:
+            continue
+        applied = _apply(
+            batch, [(current, event)], Source.WORKER if isinstance(event, Claim) else Source.POLL
+        )[0]
+        if applied.changed:
+            taken.append(applied.procurement)
+    return lambda ids: taken
+
+
+def _report(
+    batch: _Batch, command: Report, numbers: Mapping[tuple[str, str], Any]
+) -> Callable[[dict[Key, int]], Result]:
+    found = numbers.get((command.upstream, command.number))
+    current = None if found is None else _find(batch, found.order_no, found.procurement_id)
+    if found is None or current is None:
+        raise ReportRejected(f"no order {command.number!r} for upstream {command.upstream!r}")
+    expected = (
+        current.upstream_order_id
+        if command.number == current.downstream_order_no
+        else found.upstream_order_id
+    )
+    if expected is not None and expected != command.report.order_id:
+        raise ReportRejected(f"order {command.number!r} has another upstream order id")
+    event = replace(command.report, number=command.number)
+    applied = _apply(batch, [(current, event)], command.source)[0]
+    return lambda ids: applied
+
+
+def _intake(
+    batch: _Batch,
+    command: Intake,
+    numbers: Mapping[tuple[str, str], Any],
+    skus: Mapping[tuple[str, int], Any],
+) -> Callable[[dict[Key, int]], Result]:
+    request = command.request
+    order_no = request.order_no
+    existing = batch.orders.get(order_no) or batch.new_orders.get(order_no)
+    if existing is not None:
+        if existing.fingerprint != command.fingerprint:
+            raise IntakeError("order_conflict", f"order {order_no} exists with a different body")
+        items = tuple(batch.items.get(order_no, ()))
+        return lambda ids: IntakeResult(False, order_view(existing, _with_ids(items, ids)))
+    steps: list[tuple[None, Event]] = []
+    for position, item in enumerate(request.items):
+        upstream = item.upstream
+        if upstream is None:
+            raise IntakeError(
+                "upstream_required",
+                f"items.{position}.upstream: required when several upstreams are configured",
+            )
+        if upstream not in batch.rules.upstreams:
+            raise IntakeError("unknown_upstream", f"items.{position}.upstream: no upstream {upstream!r}")
+        sku = skus.get((upstream, item.sku_id))
+        if sku is None:
+            raise IntakeError(
+                "sku_not_found",
+                f"items.{position}: no such SKU in the mirrored catalogue (run a catalogue sync?)",
+            )
+        problem = sku.problem(item.manual_form_data)
+        if problem is not None:
+            raise IntakeError(problem[0], f"items.{position}: {problem[1]}")
+        number = item_number(order_no, position)
+        if (upstream, number) in numbers or any(
+            added[:2] == (upstream, number) for added in batch.numbers_added
+        ):
+            raise IntakeError(
+                "downstream_order_no_taken",
+                "a downstream order number derived from this order_no is already used by another order",
+            )
+        admit = Admit(
+            order_no=order_no,
+            position=position,
+            upstream=upstream,
+            sku_id=item.sku_id,
+            quantity=item.quantity,
+            manual_form_data=item.manual_form_data,
+            max_unit_price=item.max_unit_price,
+            trace_id=request.trace_id,
+            downstream_order_no=number,
+            sku=sku,
+        )
+        steps.append((None, admit))
+    order = Order(
+        order_no=order_no,
+        trace_id=request.trace_id,
+        fingerprint=command.fingerprint,
+        status=ACCEPTED[0],
+        exception=ACCEPTED[1],
+        created_at=batch.now,
+        updated_at=batch.now,
+    )
+    batch.new_orders[order_no] = order
+    batch.requests[order_no] = request.canonical()
+    batch.orders[order_no] = order
+    batch.items[order_no] = []
+    admitted = _apply(batch, steps, Source.INTAKE)
+    return lambda ids: IntakeResult(
+        True,
+        order_view(batch.orders[order_no], _with_ids(tuple(batch.items[order_no]), ids)),
+        tuple(_with_id(applied, ids) for applied in admitted),
+    )
+
+
+def _apply(batch: _Batch, steps: Sequence[tuple[Procurement | None, Event]], source: Source) -> list[Applied]:
+    """Decide every step; write nothing into the batch unless all of them are allowed."""
+    decided: list[tuple[Procurement | None, Decision]] = []
+    for current, event in steps:
+        decided.append((current, decide(current, event, batch.now, batch.rules.policy, batch.rules.rng)))
+    results: list[Applied] = []
+    touched: set[str] = set()
+    for current, decision in decided:
+        after = decision.procurement
+        before = current or after
+        results.append(Applied(before, decision, source))
+        if current is not None and is_noop(current, decision):
+            continue
+        key = _key(after)
+        touched.add(after.order_no)
+        siblings = batch.items[after.order_no]
+        if current is None:
+            siblings.append(after)
+            batch.inserted[key] = after
+        else:
+            siblings[siblings.index(current)] = after
+            if key in batch.inserted:
+                batch.inserted[key] = after
+            else:
+                batch.updated[key] = after
+        if decision.audited:
+            old_state = None if current is None else current.state.value
+            row = AuditRow(
+                after.order_no, after.id or None, batch.now, source.value, decision.event, old_state,
+                after.state.value, decision.detail,
+            )  # fmt: skip
+            batch.audit.append((key, row))
+        for effect in decision.effects:
+            if isinstance(effect, NumberAdded):
+                batch.numbers_added.append((after.upstream, effect.number, key))
+            elif isinstance(effect, NumberRetired):
+                batch.numbers_retired.append((before.upstream, effect.number, effect.upstream_order_id))
+            else:
+                batch.exceptions_opened.append((key, effect))
+    for order_no in touched:
+        _refresh_order(batch, order_no)
+    return results
+
+
+def _refresh_order(batch: _Batch, order_no: str) -> None:
+    """Derive the order's status from its items; on a change, store it and queue the storefront's event."""
+    order = batch.orders[order_no]
+    old: OrderStatus = (order.status, order.exception)
+    new = derive_status(batch.items[order_no])
+    if new == old:
+        return
+    changed = replace(order, status=new[0], exception=new[1], updated_at=batch.now)
+    batch.orders[order_no] = changed
+    if order_no in batch.new_orders:
+        batch.new_orders[order_no] = changed
+    else:
+        batch.order_changes[order_no] = changed
+    name = event_for(old, new)
+    if name is not None and batch.rules.storefront_events:
+        batch.events.append(_Event(order_no, name, changed, tuple(batch.items[order_no])))
+
+
+def _flush(batch: _Batch) -> dict[Key, int]:
+    """Write the batch; the ids of every procurement it touched, by key."""
+    store = batch.tx.procurements
+    store.insert_orders(
+        [
+            {
+                "order_no": order.order_no,
+                "trace_id": order.trace_id,
+                "fingerprint": order.fingerprint,
+                "request": batch.requests[order.order_no],
+                "status": order.status,
+                "exception": order.exception,
+                "created_at": order.created_at,
+                "updated_at": order.updated_at,
+            }
+            for order in batch.new_orders.values()
+        ]
+    )
+    new = list(batch.inserted.values())
+    ids = {_key(p): p.id for p in batch.updated.values()}
+    ids.update(zip([_key(p) for p in new], store.insert_procurements(new), strict=True))
+    store.update_procurements(list(batch.updated.values()))
+    store.insert_numbers(
+        [
+            {
+                "upstream": upstream,
+                "downstream_order_no": number,
+                "procurement_id": ids[key],
+                "upstream_order_id": None,
+                "created_at": batch.now,
+            }
+            for upstream, number, key in batch.numbers_added
+        ]
+    )
+    store.retire_numbers(batch.numbers_retired)
+    store.insert_audit([replace(row, procurement_id=ids[key]) for key, row in batch.audit])
+    store.update_orders(
+        [
+            (order.order_no, order.status, order.exception, order.updated_at)
+            for order in batch.order_changes.values()
+        ]
+    )
+    store.insert_events([_event_row(event, ids, batch.now) for event in batch.events])
+    return ids
+
+
+def _event_row(event: _Event, ids: Mapping[Key, int], now: datetime) -> dict[str, Any]:
+    event_id = str(uuid.uuid4())
+    payload = {
+        "event": event.name,
+        "timestamp": int(now.timestamp()),
+        "order": order_view(event.order, _with_ids(event.items, ids)),
+        "event_id": event_id,
+    }
+    return {
+        "event_id": event_id,
+        "order_no": event.order_no,
+        "event": event.name,
+        "payload": payload,
+        "created_at": now,
+        "attempts": 0,
+        "next_attempt_at": now,
+    }
+
+
+def _with_ids(items: Sequence[Procurement], ids: Mapping[Key, int]) -> list[Procurement]:
+    return [p if p.id else replace(p, id=ids[_key(p)]) for p in items]
+
+
+def _with_id(applied: Applied, ids: Mapping[Key, int]) -> Applied:
+    if applied.procurement.id:
+        return applied
+    procurement = replace(applied.procurement, id=ids[_key(applied.procurement)])
+    return replace(applied, before=procurement, decision=replace(applied.decision, procurement=procurement))
