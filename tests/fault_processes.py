@@ -23,7 +23,7 @@ from typing import Any
 import aiohttp
 
 from procurd.db import migrate
-from procurd.db.engine import create_engine
+from procurd.db.database import open_database
 from scale_cluster import DaemonProcess, to_toml
 from support import free_port
 
@@ -186,11 +186,11 @@ class PostgresServer:
         """A new, migrated database; its URL."""
         await self._pg("createdb", "-h", "127.0.0.1", "-p", str(self.port), "-U", POSTGRES_USER, name)
         url = self.url(name)
-        engine = create_engine(url)
+        database = open_database(url)
         try:
-            await migrate.upgrade(engine)
+            await migrate.upgrade(database)
         finally:
-            await engine.dispose()
+            await database.close()
         return url
 
     async def _ctl(self, action: str) -> None:

@@ -25,9 +25,9 @@ from typing import Any
 import aiohttp
 from sqlalchemy import select
 
-from procurd.db.engine import create_engine
 from procurd.db.schema import audit_log, orders, procurements
 from procurd.sandbox import Sandbox, SandboxConfig, SandboxOrder
+from support import sql_rows
 
 INTAKE_PATH = "/api/v1/orders"
 INTAKE_DEADLINE_SECONDS = 60.0
@@ -169,23 +169,13 @@ class Ledger:
 
 
 async def procurement_rows(database_url: str) -> list[Any]:
-    engine = create_engine(database_url)
-    try:
-        async with engine.connect() as conn:
-            return list((await conn.execute(select(procurements).order_by(procurements.c.id))).all())
-    finally:
-        await engine.dispose()
+    return await sql_rows(database_url, select(procurements).order_by(procurements.c.id))
 
 
 async def take_ledger(database_url: str, sandbox: Sandbox, accepted: Iterable[str]) -> Ledger:
     """The ledger after a run in which every order in ``accepted`` should end delivered."""
-    engine = create_engine(database_url)
-    try:
-        async with engine.connect() as conn:
-            order_numbers = set((await conn.execute(select(orders.c.order_no))).scalars())
-            rows = (await conn.execute(select(procurements))).all()
-    finally:
-        await engine.dispose()
+    order_numbers = {row.order_no for row in await sql_rows(database_url, select(orders.c.order_no))}
+    rows = await sql_rows(database_url, select(procurements))
     upstream = Counter(order.downstream_order_no for order in sandbox.state.orders.values())
     delivered = {row.order_no for row in rows if row.state == "delivered"}
     mismatched = sum(
@@ -225,13 +215,8 @@ async def all_delivered(database_url: str, count: int) -> bool:
 async def audit_problems(database_url: str) -> list[str]:
     """What is wrong with the audit trails: each procurement's starts with the intake's ``accepted`` into
     ``queued``, each entry starts where the one before ended, and the last ends in the current state."""
-    engine = create_engine(database_url)
-    try:
-        async with engine.connect() as conn:
-            rows = (await conn.execute(select(procurements.c.id, procurements.c.state))).all()
-            entries = (await conn.execute(select(audit_log).order_by(audit_log.c.id))).all()
-    finally:
-        await engine.dispose()
+    rows = await sql_rows(database_url, select(procurements.c.id, procurements.c.state))
+    entries = await sql_rows(database_url, select(audit_log).order_by(audit_log.c.id))
     trails: dict[int | None, list[Any]] = {}
     for entry in entries:
         trails.setdefault(entry.procurement_id, []).append(entry)
@@ -265,12 +250,7 @@ def _trail_problems(procurement_id: int, state: str, trail: list[Any]) -> list[s
 
 async def audit_events(database_url: str) -> Counter[tuple[str, str]]:
     """How often each (source, event) pair was recorded."""
-    engine = create_engine(database_url)
-    try:
-        async with engine.connect() as conn:
-            rows = (await conn.execute(select(audit_log.c.source, audit_log.c.event))).all()
-    finally:
-        await engine.dispose()
+    rows = await sql_rows(database_url, select(audit_log.c.source, audit_log.c.event))
     return Counter((row.source, row.event) for row in rows)
 
 

@@ -11,8 +11,11 @@ from typing import Any, TypeVar
 
 import aiohttp
 
+from sqlalchemy import Executable, Row
+
 from procurd.catalog.sync import run_sync
 from procurd.config import Settings
+from procurd.db.database import Database, open_database
 from procurd.daemon import Daemon
 from procurd.runtime import Runtime
 from procurd.sandbox import Sandbox
@@ -36,6 +39,28 @@ async def wait_until(
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout} s")
         await asyncio.sleep(interval)
+
+
+async def sql_rows(database: Database | str, statement: Executable) -> list[Row[Any]]:
+    """The rows of one SELECT, read in its own transaction (``database`` may be a URL)."""
+    return await _on(database, lambda connection: list(connection.execute(statement).all()), write=False)
+
+
+async def sql_execute(database: Database | str, statement: Executable) -> int:
+    """Run one write statement in its own transaction; the rows it changed."""
+    return await _on(database, lambda connection: int(connection.execute(statement).rowcount), write=True)
+
+
+async def _on(database: Database | str, work: Callable[[Any], T], *, write: bool) -> T:
+    owned = open_database(database) if isinstance(database, str) else None
+    target = owned or database
+    assert isinstance(target, Database)
+    try:
+        run = target.write if write else target.read
+        return await run(lambda tx: work(tx.connection))
+    finally:
+        if owned is not None:
+            await owned.close()
 
 
 def free_port() -> int:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from procurd.catalog.diff import (
+from procurd.core.catalog import (
     CATEGORY_FIELDS,
     ENTITIES,
     PRODUCT_FIELDS,

@@ -7,7 +7,7 @@ from typing import Any
 from sqlalchemy import func, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from procurd.catalog.diff import (
+from procurd.core.catalog import (
     Existing,
     apply_plan,
     category_record,

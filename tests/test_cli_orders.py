@@ -148,7 +148,7 @@ async def test_submit_refusals_exit_1_and_usage_errors_exit_2(
 async def test_show_hides_delivered_goods_unless_asked(shell: Shell) -> None:
     """order show prints the order, its procurements and audit trail; the payload only with --show-payload."""
     assert (await shell.run("order", "submit", "--order-no", "S1", "--sku", str(shell.sku))).exit_code == 0
-    assert await shell.stack.worker().run_once()
+    assert await shell.stack.submit_due()
     await shell.stack.sandbox.wait_callbacks_idle()
     payload = (await shell.stack.order("S1"))["procurements"][0]["fulfillment"]["payload"]
 
@@ -168,7 +168,12 @@ async def test_show_hides_delivered_goods_unless_asked(shell: Shell) -> None:
         None,
         True,
     )
-    assert [entry["event"] for entry in hidden_json["audit"]] == ["accepted", "submitted", "delivered"]
+    assert [entry["event"] for entry in hidden_json["audit"]] == [
+        "accepted",
+        "claimed",
+        "submitted",
+        "delivered",
+    ]
     full_json = parsed(await shell.run("order", "show", "S1", "--json", "--show-payload"))
     assert full_json["order"]["procurements"][0]["fulfillment"]["payload"] == payload
 
@@ -187,7 +192,7 @@ async def test_cancel_local_and_denied(shell: Shell) -> None:
 
     shell.stack.sandbox.faults.hold_delivery_next()
     assert (await shell.run("order", "submit", "--order-no", "K2", "--sku", str(shell.sku))).exit_code == 0
-    assert await shell.stack.worker().run_once()
+    assert await shell.stack.submit_due()
     before = await shell.stack.order("K2")
     denied = await shell.run("order", "cancel", "K2", "--json")
     assert denied.exit_code == 1

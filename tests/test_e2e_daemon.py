@@ -157,4 +157,4 @@ async def test_failing_catalogue_job_does_not_stop_the_daemon(database_url: str)
             admin = AdminClient(settings, session)
             status, _ = await admin.call("GET", "/healthz")
             assert status == 200
-            assert all(not task.done() for task in daemon.tasks)
+            assert all(not task.done() for task in daemon.supervisor.tasks)

@@ -26,7 +26,7 @@ from multidict import CIMultiDict
 
 from procurd.db.schema import audit_log, orders, procurement_numbers, procurements
 from procurd.http.errors import MAX_BODY_BYTES
-from procurd.procurement.numbers import ORDER_NO_PATTERN, item_number
+from procurd.core.numbers import ORDER_NO_PATTERN, item_number
 from test_hostile_callbacks import (
     ADMIN_TOKEN,
     HOSTILE_JSON,

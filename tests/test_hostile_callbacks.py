@@ -46,12 +46,12 @@ from procurd.db.schema import audit_log, orders, outbox, procurement_numbers, pr
 from procurd.http.admin import make_admin_app
 from procurd.http.errors import MAX_BODY_BYTES
 from procurd.http.public import make_public_app
-from procurd.http.testing import reserve_port, serve, url_of
+from procurd.http.testing import reserve_port, serve, submit_due, url_of
 from procurd.logs import configure_logging
-from procurd.procurement.worker import SubmissionWorker
 from procurd.runtime import Runtime
 from procurd.sandbox import Sandbox, SandboxConfig
 from procurd.signing import HeaderNames, sign
+from support import sql_rows
 
 HOSTILE_EXAMPLES = int(os.environ.get("PROCURD_HOSTILE_EXAMPLES", "120"))
 # Shrinking a failure of these big requests can take minutes: on only when asked for.
@@ -190,12 +190,11 @@ class Target:
 
     async def rows(self) -> Rows:
         """Every row of the tables a state change writes, in key order."""
-        async with self.runtime.engine.connect() as conn:
-            snapshot: Rows = {}
-            for table in STATE_TABLES:
-                statement = select(*snapshot_columns(table)).order_by(*table.primary_key.columns)
-                snapshot[table.name] = [tuple(row) for row in (await conn.execute(statement)).all()]
-            return snapshot
+        snapshot: Rows = {}
+        for table in STATE_TABLES:
+            statement = select(*snapshot_columns(table)).order_by(*table.primary_key.columns)
+            snapshot[table.name] = [tuple(row) for row in await sql_rows(self.runtime.database, statement)]
+        return snapshot
 
     def assert_quiet(self, reply: Reply | None = None, *, goods_in_fulfillments: bool = False) -> None:
         """No secret or delivered goods in the log lines written since the last check, nor in ``reply``
@@ -211,15 +210,6 @@ class Target:
             text = json.dumps(_without_fulfillments(reply.body), default=str)
         assert not leaked(text), f"answer leaks {leaked(text)}: {reply.text[:300]}"
         assert not [secret for secret in SECRETS if secret in reply.text], reply.text[:300]
-
-    def worker(self, upstream: str) -> SubmissionWorker:
-        return SubmissionWorker(
-            self.runtime.service,
-            self.runtime.client(upstream),
-            f"hostile-worker-{upstream}",
-            self.settings.server.callback_url,
-            on_auth_failure=self.runtime.record_auth_failure,
-        )
 
     async def intake(self, order_no: str, upstream: str, **item: Any) -> None:
         """Accept an order through the admin API (the setup; hostile intake is test_hostile_admin's)."""
@@ -241,7 +231,7 @@ class Target:
         """Accept ``order_no`` and submit it; the sandbox keeps it paid, undelivered. Its upstream id."""
         self.sandboxes[upstream].faults.hold_delivery_next()
         await self.intake(order_no, upstream)
-        assert await self.worker(upstream).run_once()
+        assert await submit_due(self.runtime, upstream)
         view = await self.runtime.service.order(order_no)
         assert view is not None
         procurement = view["procurements"][0]
@@ -343,7 +333,7 @@ async def _prepare(target: Target) -> None:
         state = sandbox.state
         target.skus[name] = state.product(state.add_product(price="9.90")).skus[0].id
         target.manual_skus[name] = state.product(state.add_product(fulfillment_type="manual")).skus[0].id
-        report = await run_sync(target.runtime.engine, target.runtime.client(name), name, holder="hostile")
+        report = await run_sync(target.runtime.database, target.runtime.client(name), name, holder="hostile")
         assert report.status == "ok", report.error
     delivered_id = await target.submitted("HC-D1", "main")
     main = target.sandboxes["main"]
@@ -363,12 +353,19 @@ async def _prepare(target: Target) -> None:
 
 
 def numbers_known(rows: Rows) -> dict[tuple[str, str], tuple[int | None, str]]:
-    """``(upstream, downstream_order_no)`` to the upstream order id procurd knows and the order number."""
-    order_of = {row.id: row.order_no for row in named_rows(rows, procurements)}
-    return {
-        (row.upstream, row.downstream_order_no): (row.upstream_order_id, order_of[row.procurement_id])
-        for row in named_rows(rows, procurement_numbers)
-    }
+    """``(upstream, downstream_order_no)`` to the upstream order id procurd knows and the order number: the
+    procurement's own for its current number, the one kept with a number it no longer uses otherwise."""
+    current = {row.id: row for row in named_rows(rows, procurements)}
+    known = {}
+    for row in named_rows(rows, procurement_numbers):
+        owner = current[row.procurement_id]
+        order_id = (
+            owner.upstream_order_id
+            if owner.downstream_order_no == row.downstream_order_no
+            else row.upstream_order_id
+        )
+        known[(row.upstream, row.downstream_order_no)] = (order_id, owner.order_no)
+    return known
 
 
 def snapshot_columns(table: Table) -> list[Any]:

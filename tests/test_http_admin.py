@@ -15,6 +15,7 @@ from sqlalchemy import func, select, text, update
 from procurd.db.schema import mirror_products, mirror_skus, orders, procurements
 from procurd.http.errors import MAX_BODY_BYTES
 from procurd.http.testing import Stack, procurd_stack
+from support import sql_execute, sql_rows
 
 
 @dataclass
@@ -96,9 +97,9 @@ async def test_concurrent_identical_posts_create_one_order(shop: Shop) -> None:
     body = order_body("A3", shop.auto_sku)
     answers = await asyncio.gather(*(shop.stack.admin("POST", "/api/v1/orders", body) for _ in range(2)))
     assert sorted(answer.status for answer in answers) == [200, 202]
-    async with shop.stack.runtime.engine.connect() as conn:
-        assert (await conn.execute(select(func.count()).select_from(orders))).scalar_one() == 1
-        assert (await conn.execute(select(func.count()).select_from(procurements))).scalar_one() == 1
+    database = shop.stack.runtime.database
+    assert (await sql_rows(database, select(func.count()).select_from(orders)))[0][0] == 1
+    assert (await sql_rows(database, select(func.count()).select_from(procurements)))[0][0] == 1
 
 
 INVALID_BODIES: dict[str, tuple[Any, int, str]] = {
@@ -137,20 +138,20 @@ async def test_invalid_order_is_refused_and_nothing_stored(shop: Shop, case: str
     answer = await shop.stack.admin("POST", "/api/v1/orders", raw=raw)
     assert (answer.status, answer.body["ok"], answer.body["error_code"]) == (status, False, code)
     assert answer.body["error_message"]
-    async with shop.stack.runtime.engine.connect() as conn:
-        assert (await conn.execute(select(func.count()).select_from(orders))).scalar_one() == 0
+    assert (await sql_rows(shop.stack.runtime.database, select(func.count()).select_from(orders)))[0][0] == 0
 
 
 async def test_inactive_sku_and_inactive_product_are_refused(shop: Shop) -> None:
     """A SKU or a product the mirror holds as inactive is refused with 422."""
     other_sku = shop.stack.sandbox.state.product(shop.auto_product).skus[0].id
-    async with shop.stack.runtime.engine.begin() as conn:
-        await conn.execute(
-            update(mirror_skus).where(mirror_skus.c.id == shop.manual_sku).values(is_active=False)
-        )
-        await conn.execute(
-            update(mirror_products).where(mirror_products.c.id == shop.auto_product).values(is_active=False)
-        )
+    database = shop.stack.runtime.database
+    await sql_execute(
+        database, update(mirror_skus).where(mirror_skus.c.id == shop.manual_sku).values(is_active=False)
+    )
+    await sql_execute(
+        database,
+        update(mirror_products).where(mirror_products.c.id == shop.auto_product).values(is_active=False),
+    )
     sku = await shop.stack.admin("POST", "/api/v1/orders", order_body("V2", shop.manual_sku))
     product = await shop.stack.admin("POST", "/api/v1/orders", order_body("V3", other_sku))
     assert (sku.status, sku.body["error_code"]) == (422, "sku_inactive")
@@ -163,7 +164,7 @@ async def test_price_above_limit_becomes_an_exception_and_is_never_sent(shop: Sh
     [item] = order["procurements"]
     assert order["exception"] is True
     assert (item["state"], item["exception_reason"]) == ("exception", "price_above_limit")
-    assert not await shop.stack.worker().run_once()
+    assert not await shop.stack.submit_due()
     assert shop.stack.sandbox.orders_for("P1") == []
 
 
@@ -210,14 +211,14 @@ async def test_cancel_of_a_never_sent_order_is_local(shop: Shop) -> None:
     assert answer.body["order"]["status"] == "canceled"
     assert answer.body["order"]["procurements"][0]["state"] == "canceled"
     assert again.status == 200
-    assert not await shop.stack.worker().run_once()
+    assert not await shop.stack.submit_due()
 
 
 async def test_cancel_of_a_pending_payment_order_goes_upstream_first(shop: Shop) -> None:
     """A submitted item the upstream holds as pending_payment is canceled upstream, then locally."""
     shop.stack.sandbox.faults.pending_payment_next()
     await submit(shop, "K2")
-    assert await shop.stack.worker().run_once()
+    assert await shop.stack.submit_due()
     item = (await shop.stack.order("K2"))["procurements"][0]
     assert (item["state"], item["upstream_status"]) == ("submitted", "pending_payment")
     answer = await shop.stack.admin("POST", "/api/v1/orders/K2/cancel")
@@ -230,7 +231,7 @@ async def test_cancel_of_a_paid_order_is_denied_and_changes_nothing(shop: Shop) 
     """The upstream refuses to cancel a paid order: 409 cancel_not_allowed, nothing changes on either side."""
     shop.stack.sandbox.faults.hold_delivery_next()
     await submit(shop, "K3")
-    assert await shop.stack.worker().run_once()
+    assert await shop.stack.submit_due()
     before = await shop.stack.order("K3")
     answer = await shop.stack.admin("POST", "/api/v1/orders/K3/cancel")
     assert (answer.status, answer.body["error_code"]) == (409, "cancel_not_allowed")
@@ -244,7 +245,7 @@ async def test_cancel_of_a_paid_order_is_denied_and_changes_nothing(shop: Shop) 
 async def test_cancel_of_a_delivered_order_is_denied(shop: Shop) -> None:
     """A delivered item cannot be canceled: 409 with the reason ``delivered``."""
     await submit(shop, "K4")
-    assert await shop.stack.worker().run_once()
+    assert await shop.stack.submit_due()
     await shop.stack.sandbox.wait_callbacks_idle()
     assert (await shop.stack.order("K4"))["status"] == "delivered"
     answer = await shop.stack.admin("POST", "/api/v1/orders/K4/cancel")
@@ -264,7 +265,7 @@ async def test_exception_list_filters_and_pages(shop: Shop) -> None:
     await submit(shop, "E4", upstream="second", max_unit_price="1.00")
     shop.stack.sandbox.state.set_balance(Decimal("0"))
     await submit(shop, "E5")
-    assert await shop.stack.worker().run_once()
+    assert await shop.stack.submit_due()
 
     async def listing(query: str) -> dict[str, Any]:
         answer = await shop.stack.admin("GET", "/api/v1/exceptions" + query)
@@ -302,7 +303,7 @@ async def test_retry_after_payment_failed_uses_a_new_number_and_then_delivers(sh
     """After payment_failed a retry buys under ``-r2``; with money on the wallet the worker delivers it."""
     shop.stack.sandbox.state.set_balance(Decimal("0"))
     await submit(shop, "F1")
-    assert await shop.stack.worker().run_once()
+    assert await shop.stack.submit_due()
     item = (await shop.stack.order("F1"))["procurements"][0]
     assert (item["state"], item["exception_reason"]) == ("exception", "payment_failed")
     shop.stack.sandbox.state.top_up(Decimal("100"))
@@ -315,7 +316,7 @@ async def test_retry_after_payment_failed_uses_a_new_number_and_then_delivers(sh
         "F1",
     )
     assert answer.body["order"]["exception"] is False
-    assert await shop.stack.worker().run_once()
+    assert await shop.stack.submit_due()
     await shop.stack.sandbox.wait_callbacks_idle()
     delivered = (await shop.stack.order("F1"))["procurements"][0]
     assert delivered["state"] == "delivered"
@@ -327,13 +328,13 @@ async def test_retry_after_a_refusal_reuses_the_number(shop: Shop) -> None:
     """A business refusal created nothing upstream, so the retry sends the same number again."""
     shop.stack.sandbox.faults.fail_next("orders.create", status=409, error_code="insufficient_stock")
     await submit(shop, "S1")
-    assert await shop.stack.worker().run_once()
+    assert await shop.stack.submit_due()
     item = (await shop.stack.order("S1"))["procurements"][0]
     assert item["exception_reason"] == "insufficient_stock"
     answer = await shop.stack.admin("POST", f"/api/v1/exceptions/{item['id']}/retry", raw=b"")
     assert answer.status == 200, answer.body
     assert answer.body["procurement"]["downstream_order_no"] == "S1"
-    assert await shop.stack.worker().run_once()
+    assert await shop.stack.submit_due()
     assert (await shop.stack.order("S1"))["procurements"][0]["state"] in ("submitted", "delivered")
 
 
@@ -353,7 +354,7 @@ async def test_bulk_retry_queues_the_matching_exceptions(shop: Shop) -> None:
     await submit(shop, "R4", upstream="second", max_unit_price="1.00")
     shop.stack.sandbox.state.set_balance(Decimal("0"))
     await submit(shop, "R5")
-    assert await shop.stack.worker().run_once()
+    assert await shop.stack.submit_due()
     ids = {
         item["order_no"]: item["id"]
         for item in (await shop.stack.admin("GET", "/api/v1/exceptions")).body["items"]
@@ -424,11 +425,10 @@ async def test_concurrent_bulk_retries_queue_each_exception_once(shop: Shop) -> 
     skipped = [item for answer in answers for item in answer.body["skipped"]]
     assert len(retried) == len(set(retried)) == 4
     assert {item["error_code"] for item in skipped} <= {"not_an_exception"}
-    async with shop.stack.runtime.engine.connect() as conn:
-        retries = (
-            await conn.execute(text("SELECT count(*) FROM audit_log WHERE event = 'retry'"))
-        ).scalar_one()
-    assert retries == 4
+    retries = await sql_rows(
+        shop.stack.runtime.database, text("SELECT count(*) FROM audit_log WHERE event = 'retry'")
+    )
+    assert retries[0][0] == 4
 
 
 async def test_resolve_needs_a_note_and_closes_the_exception(shop: Shop) -> None:
@@ -499,8 +499,7 @@ async def test_unknown_paths_and_methods_answer_json(shop: Shop) -> None:
 
 async def test_unexpected_failure_answers_json_without_a_traceback(shop: Shop) -> None:
     """A failure deep in the database answers a JSON error, never HTML or a traceback."""
-    async with shop.stack.runtime.engine.begin() as conn:
-        await conn.execute(text("DROP TABLE audit_log"))
+    await sql_execute(shop.stack.runtime.database, text("DROP TABLE audit_log"))
     answer = await shop.stack.admin("POST", "/api/v1/orders", order_body("X1", shop.auto_sku))
     assert answer.status in (500, 503)
     assert answer.body["ok"] is False

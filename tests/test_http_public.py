@@ -19,6 +19,7 @@ from procurd.logs import configure_logging
 from procurd.sandbox.callbacks import callback_body
 from procurd.sandbox.testing import ApiResponse, SignedClient
 from procurd.signing import HeaderNames, sign
+from support import sql_execute
 
 
 @pytest.fixture
@@ -40,7 +41,7 @@ async def submitted(stack: Stack, order_no: str = "C1", upstream: str = "main") 
         {"order_no": order_no, "items": [{"upstream": upstream, "sku_id": sku.id, "quantity": 1}]},
     )
     assert answer.status == 202, answer.body
-    assert await stack.worker(upstream).run_once()
+    assert await stack.submit_due(upstream)
     procurement: dict[str, Any] = (await stack.order(order_no))["procurements"][0]
     assert procurement["state"] == "submitted"
     return procurement
@@ -84,7 +85,7 @@ async def test_sandbox_pushes_its_own_callback_end_to_end(stack: Stack) -> None:
         "/api/v1/orders",
         {"order_no": "E2E", "items": [{"upstream": "main", "sku_id": sku.id, "quantity": 1}]},
     )
-    assert await stack.worker().run_once()
+    assert await stack.submit_due()
     await stack.sandbox.wait_callbacks_idle()
     assert [attempt.ok for attempt in stack.sandbox.callback_log] == [True]
     assert (await stack.order("E2E"))["status"] == "delivered"
@@ -310,7 +311,7 @@ async def test_callback_url_path_is_served_too(database_url: str) -> None:
         await stack.admin(
             "POST", "/api/v1/orders", {"order_no": "H1", "items": [{"sku_id": sku.id, "quantity": 1}]}
         )
-        assert await stack.worker().run_once()
+        assert await stack.submit_due()
         await stack.sandbox.wait_callbacks_idle()
         assert [(attempt.url, attempt.ok) for attempt in stack.sandbox.callback_log] == [
             (stack.settings.server.callback_url, True)
@@ -342,8 +343,7 @@ async def test_rejection_is_logged_with_its_reason_but_no_secrets(stack: Stack) 
 async def test_unexpected_failure_answers_500_without_details(stack: Stack) -> None:
     """An unexpected error is answered 500 ``internal error`` as JSON, with no traceback in the answer."""
     procurement = await submitted(stack)
-    async with stack.runtime.engine.begin() as conn:
-        await conn.execute(text("DROP TABLE procurement_numbers"))
+    await sql_execute(stack.runtime.database, text("DROP TABLE procurement_numbers"))
     async with stack.signer() as signer:
         answer = await post(signer, _body(procurement))
     assert answer.status == 500

@@ -6,19 +6,21 @@ import asyncio
 import itertools
 import random
 from collections import Counter
+from collections.abc import AsyncIterator
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-from sqlalchemy import event, select, text, update
-from sqlalchemy.ext.asyncio import AsyncEngine
+import pytest
+from sqlalchemy import Engine, event, select, text, update
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from fault_support import orderable_skus
-from procurd.db import procurement_store as store
+from procurd.db.health_store import HealthStore
 from procurd.db.schema import audit_log, orders, procurements, sync_runs, upstream_health
 from procurd.db.types import utcnow
-from procurd.procurement.intake import parse_order_request
+from procurd.core.intake import parse_order_request
 from procurd.runtime import Runtime
 from procurd.sandbox import Sandbox, SandboxConfig
 from scale_cluster import (
@@ -70,6 +72,16 @@ async def queue_counts(admin: AdminClient) -> dict[str, int]:
     assert status == 200, body
     (upstream,) = body["upstreams"]
     return upstream["queue"]  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
+    """A connection pool of this test's own on the shared database, beside the instances'."""
+    engine = create_async_engine(database_url)
+    try:
+        yield engine
+    finally:
+        await engine.dispose()
 
 
 async def test_two_instances_never_double_submit(
@@ -215,9 +227,11 @@ async def test_instances_starting_together_both_create_health_rows(engine: Async
     """Two instances creating the health rows of a fresh database at the same moment both succeed."""
     async with engine.connect() as first, engine.connect() as second:
         await first.begin()
-        await store.ensure_health_rows(first, ["main"], utcnow())
+        await first.run_sync(lambda conn: HealthStore(conn).ensure_rows(["main"], utcnow()))
         await second.begin()
-        racing = asyncio.create_task(store.ensure_health_rows(second, ["main"], utcnow()))
+        racing = asyncio.create_task(
+            second.run_sync(lambda conn: HealthStore(conn).ensure_rows(["main"], utcnow()))
+        )
         await wait_until(lambda: waiting_on_a_lock(engine))
         await first.commit()
         await racing
@@ -248,7 +262,7 @@ async def test_order_view_is_one_snapshot_while_another_instance_commits(
             sku_id = orderable_skus(sandbox)[0]
             request = parse_order_request({"order_no": "SNAP1", "items": [{"sku_id": sku_id, "quantity": 1}]})
             await runtime.service.submit(request)
-            commit_before_procurements_read(runtime.engine, other=engine, order_no="SNAP1")
+            commit_before_procurements_read(runtime.database.sync_engine, other=engine, order_no="SNAP1")
             view = await runtime.service.order("SNAP1")
         finally:
             await runtime.close()
@@ -257,7 +271,7 @@ async def test_order_view_is_one_snapshot_while_another_instance_commits(
     assert view["exception"] is (item["state"] == "exception"), view
 
 
-def commit_before_procurements_read(reader: AsyncEngine, other: AsyncEngine, order_no: str) -> None:
+def commit_before_procurements_read(reader: Engine, other: AsyncEngine, order_no: str) -> None:
     """Just before ``reader`` first reads the procurements table (the order row is read by then), ``other``
     commits the order's change into an exception."""
     fired = False
@@ -273,4 +287,4 @@ def commit_before_procurements_read(reader: AsyncEngine, other: AsyncEngine, ord
             )
             conn.execute(update(orders).where(orders.c.order_no == order_no).values(exception=True))
 
-    event.listen(reader.sync_engine, "before_cursor_execute", commit_between)
+    event.listen(reader, "before_cursor_execute", commit_between)

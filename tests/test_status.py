@@ -127,7 +127,7 @@ async def test_metrics_expose_the_procurd_series(stack: Stack) -> None:
         'procurd_http_requests_total{listener="admin",route="/api/v1/orders",status="202"} 1.0',
     ):
         assert line in metrics, line
-    assert await stack.worker().run_once()
+    assert await stack.submit_due()
     await stack.sandbox.wait_callbacks_idle()
     metrics = (await stack.admin("GET", "/metrics")).text
     assert 'procurd_procurements{state="queued",upstream="main"} 0.0' in metrics

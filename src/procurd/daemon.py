@@ -199,6 +199,13 @@ class Daemon:
             max_instances=1,
         )
 
+    def run_now(self, job_id: str) -> None:
+        """Run scheduled job ``job_id`` (``catalog-sync:NAME``, ``ping:NAME``) now, unless it is running."""
+        job = self.scheduler.get_job(job_id)
+        if job is None:
+            raise KeyError(job_id)
+        job.modify(next_run_time=datetime.now(UTC))
+
     @staticmethod
     def _job_failed(event: JobExecutionEvent) -> None:
         log.error("job.failed", job=event.job_id, error=repr(event.exception), exc_info=event.exception)

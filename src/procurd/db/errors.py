@@ -6,11 +6,16 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, Operation
 
 
 class DatabaseError(Exception):
-    """Something went wrong in the database; ``reason`` is one line for a person, without parameters."""
+    """Something went wrong in the database.
 
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
+    ``reason`` is one line for a person, fit for an answer; ``detail`` (for the log only) is the driver's
+    first line when the reason alone does not say what happened. Neither carries statement parameters.
+    """
+
+    def __init__(self, reason: str, detail: str | None = None) -> None:
+        super().__init__(reason if detail is None else f"{reason}: {detail}")
         self.reason = reason
+        self.detail = detail
 
 
 class DatabaseUnavailable(DatabaseError):
@@ -49,7 +54,9 @@ def translate(exc: BaseException) -> DatabaseError | None:
         if isinstance(exc, OperationalError | InterfaceError):
             text = str(exc.orig).lower()
             reason = next((reason for needle, reason in _FAILURES if needle in text), None)
-            return DatabaseUnavailable(reason or f"{_UNKNOWN_FAILURE}: {_first_line(exc.orig)}")
+            if reason is None:
+                return DatabaseUnavailable(_UNKNOWN_FAILURE, _first_line(exc.orig))
+            return DatabaseUnavailable(reason)
         return DatabaseError(f"{type(exc.orig).__name__}: {_first_line(exc.orig)}")
     if isinstance(exc, SQLAlchemyError):
         return DatabaseError(type(exc).__name__)

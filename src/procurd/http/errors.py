@@ -17,8 +17,8 @@ from typing import Any
 import structlog
 from aiohttp import web
 from aiohttp.typedefs import Middleware
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
+from procurd.db.errors import DatabaseUnavailable
 from procurd.metrics import Metrics
 
 log = structlog.get_logger("procurd.http")
@@ -133,52 +133,21 @@ async def _answer(
         if http_error.status == 405:
             answer.headers["Allow"] = http_error.headers.get("Allow", "")
         return answer
-    except Exception as exc:
-        reason = database_unavailable_reason(exc)
-        if reason is None:
-            log.exception("http.internal_error", method=request.method, route=route_name(request))
-            return error_response(ApiError(500, "internal_error", "internal error"), body)
-        if reason == UNKNOWN_DATABASE_FAILURE:
-            log.exception("http.database_unavailable", method=request.method, route=route_name(request))
-        else:
-            # A known condition of the database, not a bug: its cause in one line, no traceback each time.
-            log.error(
-                "http.database_unavailable", method=request.method, route=route_name(request), reason=reason
-            )
+    except DatabaseUnavailable as unavailable:
+        # A known condition of the database, not a bug: its cause in one line, no traceback each time.
+        log.error(
+            "http.database_unavailable",
+            method=request.method,
+            route=route_name(request),
+            reason=unavailable.reason,
+        )
         if database_unavailable_status == 500:
             return error_response(ApiError(500, "internal_error", "internal error"), body)
-        unavailable = ApiError(
-            database_unavailable_status, "database_unavailable", f"database unavailable: {reason}"
-        )
-        return error_response(unavailable, body)
-
-
-# What the driver's message says keeps the database from answering, in words for a person.
-DATABASE_FAILURES = (
-    ("database or disk is full", "its disk is full"),
-    ("disk i/o error", "it cannot write to its disk (I/O error: a full disk or a file size limit)"),
-    ("database is locked", "it is locked by another writer"),
-    ("readonly database", "it is read-only"),
-    ("unable to open database", "its file cannot be opened"),
-)
-UNKNOWN_DATABASE_FAILURE = "it failed (see the log)"
-# PostgreSQL refusing work while it shuts down, after a crash, or while it starts up.
-UNAVAILABLE_SQLSTATES = frozenset({"57P01", "57P02", "57P03"})
-
-
-def database_unavailable_reason(exc: BaseException) -> str | None:
-    """Why the database cannot serve the request now, or ``None`` when the failure is something else."""
-    if isinstance(exc, ConnectionError):
-        return "the connection to it failed"
-    if not isinstance(exc, DBAPIError):
-        return None
-    sqlstate = str(getattr(exc.orig, "sqlstate", "") or "")
-    if exc.connection_invalidated or sqlstate.startswith("08") or sqlstate in UNAVAILABLE_SQLSTATES:
-        return "the connection to it was lost (a restart?)"
-    if not isinstance(exc, OperationalError | InterfaceError):
-        return None
-    text = str(exc.orig).lower()
-    return next((reason for needle, reason in DATABASE_FAILURES if needle in text), UNKNOWN_DATABASE_FAILURE)
+        reason = f"database unavailable: {unavailable.reason}"
+        return error_response(ApiError(database_unavailable_status, "database_unavailable", reason), body)
+    except Exception:
+        log.exception("http.internal_error", method=request.method, route=route_name(request))
+        return error_response(ApiError(500, "internal_error", "internal error"), body)
 
 
 def _http_error_text(error: web.HTTPException) -> str:

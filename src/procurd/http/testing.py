@@ -149,25 +149,9 @@ class Stack:
         assert view is not None, f"no order {order_no}"
         return view
 
-    def submitter(self, upstream: str = "main", size: int = 1) -> Submitter:
-        """A submitter of ``upstream`` driven by hand: ``step()`` claims and sends what is due, ``drain()``
-        waits for the answers to be recorded."""
-        return Submitter(
-            self.runtime.service,
-            self.runtime.client(upstream),
-            "test-instance",
-            size,
-            self.settings.server.callback_url,
-            on_auth_failure=self.runtime.record_auth_failure,
-        )
-
     async def submit_due(self, upstream: str = "main") -> int:
         """Claim and send one due procurement of ``upstream`` and record the answer; how many were sent."""
-        submitter = self.submitter(upstream)
-        await submitter.step()
-        sent = len(submitter.in_flight)
-        await submitter.drain()
-        return sent
+        return await submit_due(self.runtime, upstream)
 
     async def sync(self, upstream: str = "main") -> SyncReport:
         """One catalogue sync pass of ``upstream`` into the mirror."""
@@ -188,6 +172,23 @@ class Stack:
         """Posts callbacks to the public listener signed with ``upstream``'s credentials."""
         config = self.settings.upstream(upstream)
         return SignedClient(self.public_url, config.api_key, config.secret(), config.header_prefix)
+
+
+async def submit_due(runtime: Runtime, upstream: str = "main", limit: int = 1) -> int:
+    """Claim up to ``limit`` due procurements of ``upstream``, send them and record the answers (a submitter
+    driven by hand); how many were sent."""
+    submitter = Submitter(
+        runtime.service,
+        runtime.client(upstream),
+        runtime.instance,
+        limit,
+        runtime.settings.server.callback_url,
+        on_auth_failure=runtime.record_auth_failure,
+    )
+    await submitter.step()
+    sent = len(submitter.in_flight)
+    await submitter.drain()
+    return sent
 
 
 def stack_settings(

@@ -1,4 +1,4 @@
-"""The submission pool: one claimer feeding a bounded number of concurrent submissions per upstream."""
+"""The submitter: one claimer feeding a bounded number of concurrent submissions per upstream."""
 
 from __future__ import annotations
 
@@ -12,23 +12,25 @@ from sqlalchemy import event, func, select
 
 from procurd.db.schema import procurements
 from procurd.http.testing import Stack, procurd_stack
-from procurd.procurement.worker import IDLE_POLL_SECONDS, SubmissionPool
-from support import wait_until
+from procurd.procurement.submitter import Submitter
+from support import sql_rows, wait_until
 
-CLAIM_MARK = "attempts=(procurements.attempts +"  # only the claim statement counts an attempt
+IDLE_SECONDS = 1.0  # how often the idle submitter of these tests looks for work queued elsewhere
+# Only the claim's statement selects queued procurements by their due time and claim.
+CLAIM_MARK = "procurements.lease_expires_at <"
 
 
 class ClaimCounter:
-    """Counts the claim statements the engine sends (observed on the engine's cursor events)."""
+    """Counts the claim statements the state path sends (observed on the database's cursor events)."""
 
     def __init__(self, stack: Stack) -> None:
         self.count = 0
-        self.engine = stack.runtime.engine.sync_engine
+        self.engine = stack.runtime.database.sync_engine
         event.listen(self.engine, "before_cursor_execute", self._seen)
 
     def _seen(self, *args: Any) -> None:
         statement = args[2]
-        if statement.startswith("UPDATE procurements") and CLAIM_MARK in statement:
+        if statement.lstrip().startswith("SELECT") and CLAIM_MARK in statement:
             self.count += 1
 
     def close(self) -> None:
@@ -36,12 +38,20 @@ class ClaimCounter:
 
 
 @asynccontextmanager
-async def running_pool(stack: Stack, size: int) -> AsyncIterator[SubmissionPool]:
-    pool = SubmissionPool(stack.worker(), size)
+async def running_pool(stack: Stack, size: int) -> AsyncIterator[Submitter]:
+    runtime = stack.runtime
+    submitter = Submitter(
+        runtime.service,
+        runtime.client("main"),
+        runtime.instance,
+        size,
+        stack.settings.server.callback_url,
+        idle_seconds=IDLE_SECONDS,
+    )
     stop = asyncio.Event()
-    task = asyncio.create_task(pool.run(stop))
+    task = asyncio.create_task(submitter.run(stop))
     try:
-        yield pool
+        yield submitter
     finally:
         stop.set()
         await asyncio.wait_for(task, timeout=30)
@@ -54,15 +64,13 @@ async def submit(stack: Stack, order_no: str, sku: int) -> None:
 
 
 async def states(stack: Stack) -> dict[str, int]:
-    async with stack.runtime.engine.connect() as conn:
-        rows = await conn.execute(select(procurements.c.state, func.count()).group_by(procurements.c.state))
-        return {state: int(count) for state, count in rows.all()}
+    statement = select(procurements.c.state, func.count()).group_by(procurements.c.state)
+    return {state: int(count) for state, count in await sql_rows(stack.runtime.database, statement)}
 
 
 async def claimed_owners(stack: Stack) -> list[str]:
-    async with stack.runtime.engine.connect() as conn:
-        statement = select(procurements.c.lease_owner).where(procurements.c.lease_owner.is_not(None))
-        return [owner for (owner,) in (await conn.execute(statement)).all()]
+    statement = select(procurements.c.lease_owner).where(procurements.c.lease_owner.is_not(None))
+    return [owner for (owner,) in await sql_rows(stack.runtime.database, statement)]
 
 
 @asynccontextmanager
@@ -113,7 +121,7 @@ async def test_an_order_wakes_one_claim_not_one_per_worker(database_url: str) ->
         claims, elapsed = await claims_until_delivered(stack, sku, "W1")
     # One claim for the intake's wake-up, perhaps one more when an idle look raced the intake's commit,
     # and at most one per idle second.
-    idle_ticks = int(elapsed / IDLE_POLL_SECONDS) + 1
+    idle_ticks = int(elapsed / IDLE_SECONDS) + 1
     assert 1 <= claims <= 2 + idle_ticks, (claims, elapsed)
 
 
@@ -137,9 +145,10 @@ async def test_a_claim_in_flight_is_due_again_only_when_it_expires(database_url:
     async with mirrored_stack(database_url) as (stack, sku):
         await submit(stack, "D1", sku)
         service = stack.runtime.service
-        assert await service.next_due_at("main") is not None
-        [claimed] = await service.claim_due("main", "test-claim", limit=1)
-        assert await service.next_due_at("main") == claimed.lease_expires_at
+        assert await service.next_submission_due("main") is not None
+        [claimed] = await service.claim_submissions("main", "test-claim", 1)
+        assert claimed.lease_expires_at is not None
+        assert await service.next_submission_due("main") == claimed.lease_expires_at
         assert claimed.lease_expires_at > service.clock()
 
 
@@ -150,4 +159,4 @@ async def test_a_submission_in_flight_does_not_make_the_claimer_spin(database_ur
         stack.sandbox.faults.delay_next("orders.create", count=1, seconds=1.5)
         claims, elapsed = await claims_until_delivered(stack, sku, "S1")
     assert elapsed >= 1.5
-    assert claims <= 2 + int(elapsed / IDLE_POLL_SECONDS) + 1, (claims, elapsed)
+    assert claims <= 2 + int(elapsed / IDLE_SECONDS) + 1, (claims, elapsed)
