@@ -174,7 +174,8 @@ async def test_any_instance_takes_any_callback(database_url: str, tmp_path: Path
 
 
 async def test_one_catalogue_sync_at_a_time(database_url: str, engine: AsyncEngine, tmp_path: Path) -> None:
-    """With both instances syncing twice a second or more, sync runs never overlap and the losers skip."""
+    """With both instances syncing twice a second or more, sync runs never overlap and the losers skip; only
+    a pass under way when the instances stop ends otherwise than ok."""
     async with Sandbox(sandbox_config(products=30)) as sandbox:
         # Listings slow by varying amounts, and schedules of different periods: the instances' wake-ups
         # drift against each other, so each one both wins passes and finds the other's pass under way.
@@ -200,7 +201,10 @@ async def test_one_catalogue_sync_at_a_time(database_url: str, engine: AsyncEngi
 
         runs = await sync_run_rows(engine)
         assert len(runs) >= 2
-        assert {run.status for run in runs} == {"ok"}
+        # A pass under way when its instance stops is cut short (it resumes on the next schedule).
+        cut_short = [run for run in runs if run.status != "ok"]
+        assert len(cut_short) <= 1, cut_short
+        assert all((run.status, run.error) == ("failed", "cancelled before it finished") for run in cut_short)
         for earlier, later in itertools.pairwise(runs):
             assert earlier.finished_at <= later.started_at, (earlier, later)
         started = [started_runs(daemon) for daemon in daemons]
