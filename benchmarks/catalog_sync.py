@@ -73,8 +73,9 @@ def _serve_sandbox(
 
 def _migrate(database_url: str) -> None:
     """Child process: create the schema, as ``procurd db upgrade`` would before the daemon starts."""
-    from procurd.db import migrate
     from procurd.db.engine import create_engine
+
+    from procurd.db import migrate
 
     async def upgrade() -> None:
         engine = create_engine(database_url)
@@ -133,9 +134,10 @@ async def fetch_only(client: Any, page_size: int, concurrency: int) -> int:
 
 
 async def measure(base_url: str, database_url: str, page_size: int, concurrency: int) -> Figures:
+    from procurd.db.engine import create_engine
+
     from procurd.catalog.sync import run_sync
     from procurd.config import UpstreamSettings
-    from procurd.db.engine import create_engine
     from procurd.logs import configure_logging
     from procurd.upstream import UpstreamClient
 

@@ -53,15 +53,14 @@ from procurement_processes import (
     percentile,
     storefront_load,
 )
-from sqlalchemy import func, select
+from sqlalchemy import Executable, Row, func, select
 from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from procurd.catalog.sync import last_sync, run_sync
 from procurd.config import CALLBACK_PATH, Settings, UpstreamSettings
 from procurd.daemon import Daemon
 from procurd.db import migrate
-from procurd.db.engine import create_engine
+from procurd.db.database import Database, open_database
 from procurd.db.schema import procurements
 from procurd.logs import configure_logging
 from procurd.systemd import Notifier
@@ -140,19 +139,22 @@ def daemon_settings(
     )
 
 
-async def sync_finished(engine: AsyncEngine, upstream: str) -> bool:
-    report = await last_sync(engine, upstream)
+async def rows_of(database: Database, statement: Executable) -> list[Row[Any]]:
+    return await database.read(lambda tx: list(tx.connection.execute(statement).all()))
+
+
+async def sync_finished(database: Database, upstream: str) -> bool:
+    report = await last_sync(database, upstream)
     if report is not None and report.status not in ("ok", "running"):
         raise SystemExit(f"the catalogue sync of {upstream} ended {report.status}: {report.error}")
     return report is not None and report.status == "ok"
 
 
-async def settled_count(engine: AsyncEngine, prefix: str) -> int:
-    async with engine.connect() as conn:
-        statement = select(func.count()).where(
-            procurements.c.order_no.like(f"{prefix}%"), procurements.c.state.in_(SETTLED_STATES)
-        )
-        return int((await conn.execute(statement)).scalar_one())
+async def settled_count(database: Database, prefix: str) -> int:
+    statement = select(func.count()).where(
+        procurements.c.order_no.like(f"{prefix}%"), procurements.c.state.in_(SETTLED_STATES)
+    )
+    return int((await rows_of(database, statement))[0][0])
 
 
 @dataclass(frozen=True)
@@ -164,7 +166,7 @@ class Procurement:
     delivered: float | None
 
 
-async def procurements_of_run(engine: AsyncEngine, prefix: str) -> list[Procurement]:
+async def procurements_of_run(database: Database, prefix: str) -> list[Procurement]:
     statement = select(
         procurements.c.order_no,
         procurements.c.state,
@@ -172,8 +174,7 @@ async def procurements_of_run(engine: AsyncEngine, prefix: str) -> list[Procurem
         procurements.c.created_at,
         procurements.c.delivered_at,
     ).where(procurements.c.order_no.like(f"{prefix}%"))
-    async with engine.connect() as conn:
-        rows = (await conn.execute(statement)).all()
+    rows = await rows_of(database, statement)
     return [
         Procurement(
             row.order_no,
@@ -214,6 +215,10 @@ class Throughput:
     to_delivery: list[float]
     requests: dict[str, int]
     sandbox_callbacks: dict[str, int]
+    cpu_seconds: float
+    statements: int
+    write_transactions: int
+    read_transactions: int
     bare: dict[str, Any]
     verified: dict[str, Any]
     still_delivered_after_duplicates: int
@@ -223,7 +228,7 @@ async def run_throughput(
     args: argparse.Namespace,
     context: multiprocessing.context.SpawnContext,
     pool: concurrent.futures.ProcessPoolExecutor,
-    engine: AsyncEngine,
+    database: Database,
     database_url: str,
 ) -> Throughput:
     sandbox = SandboxProcess(context, products=args.products, rate_limit=False)
@@ -233,8 +238,8 @@ async def run_throughput(
         daemon = Daemon(settings, notifier=Notifier({}))
         await daemon.start()
         try:
-            await wait_for(lambda: sync_finished(engine, UPSTREAM), STARTUP_DEADLINE_SECONDS, "the mirror")
-            return await _measure_throughput(args, context, pool, engine, sandbox, daemon)
+            await wait_for(lambda: sync_finished(database, UPSTREAM), STARTUP_DEADLINE_SECONDS, "the mirror")
+            return await _measure_throughput(args, context, pool, database, sandbox, daemon)
         finally:
             await daemon.shutdown()
     finally:
@@ -245,7 +250,7 @@ async def _measure_throughput(
     args: argparse.Namespace,
     context: multiprocessing.context.SpawnContext,
     pool: concurrent.futures.ProcessPoolExecutor,
-    engine: AsyncEngine,
+    database: Database,
     sandbox: SandboxProcess,
     daemon: Daemon,
 ) -> Throughput:
@@ -254,18 +259,28 @@ async def _measure_throughput(
     skus: list[int] = await sandbox.ask("skus")
     orders = [(f"{prefix}{index:06d}", skus[index % len(skus)]) for index in range(args.orders)]
     admin_url = f"http://127.0.0.1:{daemon.admin_port}/api/v1/orders"
+    counts = daemon.runtime.database.counts
+    daemon.runtime.database.count_statements()
+    counted_before = (counts.statements, counts.writes, counts.reads)
+    cpu_before = time.process_time()
     load = loop.run_in_executor(pool, storefront_load, admin_url, UPSTREAM, orders, args.intake_concurrency)
 
     async def all_settled() -> bool:
         if load.done():
             load.result()  # a failed load generator stops the wait at once
-        return load.done() and await settled_count(engine, prefix) >= args.orders
+        return load.done() and await settled_count(database, prefix) >= args.orders
 
-    await wait_for(all_settled, 60 + args.orders * 0.1, f"{args.orders} orders to settle")
+    await wait_for(all_settled, 60 + args.orders * 0.1, f"{args.orders} orders to settle", 0.05)
+    cpu_seconds = time.process_time() - cpu_before
+    statements, writes, reads = (
+        counts.statements - counted_before[0],
+        counts.writes - counted_before[1],
+        counts.reads - counted_before[2],
+    )
     intake = load.result()
-    rows = await procurements_of_run(engine, prefix)
+    rows = await procurements_of_run(database, prefix)
     created: dict[int, float] = await sandbox.ask("created")
-    counts = await sandbox.ask("counts")
+    upstream_counts = await sandbox.ask("counts")
 
     bodies: list[bytes] = await sandbox.ask("callback_bodies")
     callback_args = (bodies, args.callback_connections, args.callback_warmup, args.callback_seconds)
@@ -273,7 +288,7 @@ async def _measure_throughput(
         bare = await loop.run_in_executor(pool, callback_load, bare_port, *callback_args)
     assert daemon.public_port is not None
     verified = await loop.run_in_executor(pool, callback_load, daemon.public_port, *callback_args)
-    after = await procurements_of_run(engine, prefix)
+    after = await procurements_of_run(database, prefix)
 
     delivered = [row for row in rows if row.state == "delivered" and row.delivered is not None]
     waits = creation_waits(rows, created)
@@ -281,7 +296,7 @@ async def _measure_throughput(
         orders=args.orders,
         delivered=len(delivered),
         not_delivered=dict(Counter(row.state for row in rows if row.state != "delivered")),
-        upstream_orders=counts["orders"],
+        upstream_orders=upstream_counts["orders"],
         intake_statuses=intake["statuses"],
         intake_refusals=intake["refusals"],
         intake_seconds=intake["finished"] - intake["started"],
@@ -290,8 +305,12 @@ async def _measure_throughput(
         to_creation=list(waits.values()),
         submission_seconds=max(created.values()) - min(created.values()) if created else float("nan"),
         to_delivery=[row.delivered - row.accepted for row in delivered if row.delivered is not None],
-        requests=counts["requests"],
-        sandbox_callbacks=counts["callbacks"],
+        requests=upstream_counts["requests"],
+        sandbox_callbacks=upstream_counts["callbacks"],
+        cpu_seconds=cpu_seconds,
+        statements=statements,
+        write_transactions=writes,
+        read_transactions=reads,
         bare=bare,
         verified=verified,
         still_delivered_after_duplicates=sum(1 for row in after if row.state == "delivered"),
@@ -326,26 +345,26 @@ class Limited:
 async def run_limited(
     args: argparse.Namespace,
     context: multiprocessing.context.SpawnContext,
-    engine: AsyncEngine,
+    database: Database,
     database_url: str,
 ) -> Limited:
     sandbox = SandboxProcess(context, products=args.limited_products, rate_limit=False)
     base_url = sandbox.start()
     try:
-        await mirror_unlimited(engine, base_url)
+        await mirror_unlimited(database, base_url)
         await sandbox.ask("rate_limit", True)  # the real sites' 60 a minute from here on
         settings = daemon_settings(database_url, LIMITED_UPSTREAM, base_url, 1, args.workers)
         daemon = Daemon(settings, notifier=Notifier({}))
         await daemon.start()
         try:
-            return await _measure_limited(args, engine, sandbox, daemon)
+            return await _measure_limited(args, database, sandbox, daemon)
         finally:
             await daemon.shutdown()
     finally:
         sandbox.stop()
 
 
-async def mirror_unlimited(engine: AsyncEngine, base_url: str) -> None:
+async def mirror_unlimited(database: Database, base_url: str) -> None:
     """Mirror the catalogue at full speed (intake checks orders against the mirror)."""
     fast = UpstreamSettings(
         name=LIMITED_UPSTREAM,
@@ -356,13 +375,13 @@ async def mirror_unlimited(engine: AsyncEngine, base_url: str) -> None:
         max_requests_per_second=1_000_000,
     )
     async with UpstreamClient(fast) as client:
-        report = await run_sync(engine, client, LIMITED_UPSTREAM, holder="benchmark")
+        report = await run_sync(database, client, LIMITED_UPSTREAM, holder="benchmark")
     if not report.ok:
         raise SystemExit(f"mirroring the rate-limited sandbox failed: {report.error}")
 
 
 async def _measure_limited(
-    args: argparse.Namespace, engine: AsyncEngine, sandbox: SandboxProcess, daemon: Daemon
+    args: argparse.Namespace, database: Database, sandbox: SandboxProcess, daemon: Daemon
 ) -> Limited:
     limiter = daemon.runtime.client(LIMITED_UPSTREAM).limiter
 
@@ -386,14 +405,14 @@ async def _measure_limited(
             placed.append(LimitedOrder(order_no, waiting, response.status))
 
     async def orders_settled() -> bool:
-        return await settled_count(engine, prefix) >= len(placed)
+        return await settled_count(database, prefix) >= len(placed)
 
     await wait_for(orders_settled, 120, "the rate-limited orders to settle")
-    await wait_for(lambda: sync_finished(engine, LIMITED_UPSTREAM), 600, "the rate-limited catalogue sync")
-    report = await last_sync(engine, LIMITED_UPSTREAM)
+    await wait_for(lambda: sync_finished(database, LIMITED_UPSTREAM), 600, "the rate-limited catalogue sync")
+    report = await last_sync(database, LIMITED_UPSTREAM)
     if report is None or report.finished_at is None:
         raise SystemExit("the rate-limited catalogue sync left no finished run")
-    rows = {row.order_no: row for row in await procurements_of_run(engine, prefix)}
+    rows = {row.order_no: row for row in await procurements_of_run(database, prefix)}
     created: dict[int, float] = await sandbox.ask("created")
     waits = creation_waits(list(rows.values()), created)
     sync_end = report.finished_at.timestamp()
@@ -466,6 +485,12 @@ def report_throughput(figures: Throughput) -> dict[str, bool]:
         ("intake->upstream p99", ms(percentile(figures.to_creation, 0.99)), ""),
         ("intake->delivered p50", ms(percentile(figures.to_delivery, 0.5)), "callback stored"),
         ("intake->delivered p99", ms(percentile(figures.to_delivery, 0.99)), ""),
+        ("CPU per order", ms(figures.cpu_seconds / figures.orders),
+         f"this process (procurd and the benchmark's own polling) over run 1: {figures.cpu_seconds:.1f} s"),
+        ("SQL statements", f"{figures.statements / figures.orders:.2f} per order",
+         f"{figures.statements} in all"),
+        ("write transactions", f"{figures.write_transactions / figures.orders:.3f} per order",
+         f"{figures.write_transactions} in all; read transactions {figures.read_transactions}"),
         ("upstream requests", f"{per_order:.3f} per order",
          f"orders.create {creates} + orders.get {gets}; target <= {TARGET_REQUESTS_PER_ORDER}"),
         ("sandbox callbacks", f"{figures.sandbox_callbacks.get('delivered', 0)} ok",
@@ -530,16 +555,16 @@ def report_limited(figures: Limited) -> dict[str, bool]:
 async def measure(args: argparse.Namespace, database_url: str) -> bool:
     configure_logging("warning", "json")
     context = multiprocessing.get_context("spawn")
-    engine = create_engine(database_url)
+    database = open_database(database_url)
     try:
-        await migrate.upgrade(engine)
+        await migrate.upgrade(database)
         with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
-            throughput = await run_throughput(args, context, pool, engine, database_url)
+            throughput = await run_throughput(args, context, pool, database, database_url)
         checks = report_throughput(throughput)
-        limited = await run_limited(args, context, engine, database_url)
+        limited = await run_limited(args, context, database, database_url)
         checks |= report_limited(limited)
     finally:
-        await engine.dispose()
+        await database.close()
     print(f"load average at the end: {load_average()}")
     for name, passed in checks.items():
         print(f"{'PASS' if passed else 'MISS'}  {name}")

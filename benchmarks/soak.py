@@ -45,11 +45,11 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from procurd.db.engine import create_engine
 from sqlalchemy import and_, func, select
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from procurd.db.engine import create_engine
 from procurd.db.schema import mirror_products, mirror_skus, procurements
 
 UPSTREAM = "main"

@@ -21,6 +21,7 @@ import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
@@ -55,6 +56,18 @@ def dumps_json(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=_json_default)
 
 
+@dataclass(slots=True)
+class TransactionCounts:
+    """Transactions this process ran, and the SQL statements they sent (what the benchmarks report)."""
+
+    reads: int = 0
+    writes: int = 0
+    statements: int = 0
+
+    def count_statement(self, *_: Any) -> None:
+        self.statements += 1
+
+
 class Database(ABC):
     """Runs store functions as transactions. Build one with :func:`open_database`."""
 
@@ -62,6 +75,7 @@ class Database(ABC):
 
     def __init__(self, url: str) -> None:
         self.url = url
+        self.counts = TransactionCounts()
 
     @abstractmethod
     async def read(self, fn: TxFunction[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
@@ -79,6 +93,15 @@ class Database(ABC):
     @abstractmethod
     def sync_engine(self) -> Engine:
         """A synchronous engine on the same database, for migrations and tests."""
+
+    @abstractmethod
+    def engines(self) -> list[Engine]:
+        """Every engine this database sends statements through (to observe them)."""
+
+    def count_statements(self) -> None:
+        """From now on, count every statement sent in :attr:`counts`."""
+        for engine in self.engines():
+            event.listen(engine, "before_cursor_execute", self.counts.count_statement)
 
 
 def open_database(url: str) -> Database:
@@ -157,10 +180,15 @@ class SqliteDatabase(Database):
     def sync_engine(self) -> Engine:
         return self._writer_engine
 
+    def engines(self) -> list[Engine]:
+        return [self._writer_engine, self._reader_engine]
+
     async def read(self, fn: TxFunction[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        self.counts.reads += 1
         return await self._run(self._readers, self._reader_engine, lambda c: _in_tx(c, fn, *args, **kwargs))
 
     async def write(self, fn: TxFunction[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        self.counts.writes += 1
         return await self._run(self._writer, self._writer_engine, lambda c: _in_tx(c, fn, *args, **kwargs))
 
     async def _run(self, pool: ThreadPoolExecutor, engine: Engine, work: Callable[[Connection], T]) -> T:
@@ -214,12 +242,17 @@ class PostgresDatabase(Database):
     def sync_engine(self) -> Engine:
         return self._engine.sync_engine
 
+    def engines(self) -> list[Engine]:
+        return [self._engine.sync_engine]
+
     async def read(self, fn: TxFunction[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        self.counts.reads += 1
         with _translating():
             async with self._reader.begin() as connection:
                 return await connection.run_sync(_in_tx, fn, *args, **kwargs)
 
     async def write(self, fn: TxFunction[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        self.counts.writes += 1
         with _translating():
             async with self._engine.begin() as connection:
                 return await connection.run_sync(_in_tx, fn, *args, **kwargs)
