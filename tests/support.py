@@ -10,13 +10,12 @@ from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 import aiohttp
-
 from sqlalchemy import Executable, Row
 
 from procurd.catalog.sync import run_sync
 from procurd.config import Settings
-from procurd.db.database import Database, open_database
 from procurd.daemon import Daemon
+from procurd.db.database import Database, open_database
 from procurd.runtime import Runtime
 from procurd.sandbox import Sandbox
 from procurd.systemd import Notifier

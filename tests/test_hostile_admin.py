@@ -24,9 +24,9 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 from multidict import CIMultiDict
 
+from procurd.core.numbers import ORDER_NO_PATTERN, item_number
 from procurd.db.schema import audit_log, orders, procurement_numbers, procurements
 from procurd.http.errors import MAX_BODY_BYTES
-from procurd.core.numbers import ORDER_NO_PATTERN, item_number
 from test_hostile_callbacks import (
     ADMIN_TOKEN,
     HOSTILE_JSON,

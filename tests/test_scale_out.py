@@ -17,10 +17,10 @@ from sqlalchemy import Engine, event, select, text, update
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from fault_support import orderable_skus
+from procurd.core.intake import parse_order_request
 from procurd.db.health_store import HealthStore
 from procurd.db.schema import audit_log, orders, procurements, sync_runs, upstream_health
 from procurd.db.types import utcnow
-from procurd.core.intake import parse_order_request
 from procurd.runtime import Runtime
 from procurd.sandbox import Sandbox, SandboxConfig
 from scale_cluster import (
