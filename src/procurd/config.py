@@ -222,12 +222,6 @@ class Settings(BaseSettings):
                 return upstream
         raise KeyError(name)
 
-    def upstream_by_api_key(self, api_key: str) -> UpstreamSettings | None:
-        for upstream in self.upstreams:
-            if upstream.api_key == api_key:
-                return upstream
-        return None
-
 
 def find_config_file(explicit: str | os.PathLike[str] | None, environ: Mapping[str, str]) -> Path | None:
     """The configuration file to read, following the documented lookup order."""

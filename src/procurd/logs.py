@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Iterable, Mapping, MutableMapping
+from collections.abc import Iterable, Mapping
 from typing import Any, TextIO
 
 import structlog
@@ -157,7 +157,3 @@ def _rich_available() -> bool:
 def bind(**values: Any) -> None:
     """Bind values to the current context (task-local through contextvars)."""
     structlog.contextvars.bind_contextvars(**values)
-
-
-def context_dict() -> MutableMapping[str, Any]:
-    return structlog.contextvars.get_contextvars()

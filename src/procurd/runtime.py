@@ -3,8 +3,6 @@ the command line."""
 
 from __future__ import annotations
 
-import os
-import socket
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -14,6 +12,7 @@ from procurd.config import Settings
 from procurd.db.database import Database, open_database
 from procurd.db.errors import DatabaseError
 from procurd.db.types import utcnow
+from procurd.instance import instance_id
 from procurd.metrics import Metrics
 from procurd.procurement.service import ProcurementService, Wakeups
 from procurd.upstream.client import UpstreamClient
@@ -21,11 +20,6 @@ from procurd.upstream.errors import AuthError
 from procurd.upstream.ratelimit import PriorityRateLimiter
 
 log = structlog.get_logger("procurd.runtime")
-
-
-def instance_id() -> str:
-    """Identifies this process in claims, leases, heartbeats and logs: ``host:pid``."""
-    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 @dataclass

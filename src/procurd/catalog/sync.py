@@ -16,9 +16,7 @@ import asyncio
 import contextlib
 import json
 import math
-import os
 import secrets
-import socket
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -49,6 +47,7 @@ from procurd.db.errors import DatabaseError
 from procurd.db.mirror_store import RunTotals
 from procurd.db.stores import Tx
 from procurd.db.types import utcnow
+from procurd.instance import instance_id
 from procurd.logs import scrub
 from procurd.upstream.errors import UpstreamError, truncate
 from procurd.upstream.models import Category, Product, ProductPage
@@ -135,11 +134,6 @@ class LeaseLost(Exception):
     """Another instance took the sync lease while this pass was running."""
 
 
-def default_holder() -> str:
-    """``host:pid`` of this process."""
-    return f"{socket.gethostname()}:{os.getpid()}"
-
-
 async def run_sync(
     database: Database,
     client: CatalogClient,
@@ -164,7 +158,7 @@ async def run_sync(
         raise ValueError("concurrency must be at least 1")
     lease_name = LEASE_PREFIX + upstream_name
     # A token per pass: two passes in one process exclude each other like passes on two machines.
-    lease_holder = f"{holder or default_holder()}#{secrets.token_hex(4)}"
+    lease_holder = f"{holder or instance_id()}#{secrets.token_hex(4)}"
     now = utcnow()
     if not await database.write(
         lambda tx: tx.leases.acquire(lease_name, lease_holder, now, lease_ttl_seconds)

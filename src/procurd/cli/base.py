@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import socket
 import sys
 from collections.abc import Awaitable, Coroutine
 from dataclasses import dataclass
@@ -78,11 +76,6 @@ def fail_usage(message: str) -> NoReturn:
 
 def run_async(coroutine: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(coroutine)
-
-
-def instance_name() -> str:
-    """Identifies this process in leases and audit records."""
-    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 pass_state = click.make_pass_decorator(CliState)

@@ -9,13 +9,13 @@ import click
 from procurd.cli.base import (
     EXIT_FAILURE,
     CliState,
-    instance_name,
     main,
     open_current_database,
     pass_state,
     run_async,
 )
 from procurd.config import Settings, UpstreamSettings
+from procurd.instance import instance_id
 
 
 @main.group()
@@ -78,7 +78,7 @@ async def _sync_all(settings: Settings, upstreams: list[UpstreamSettings], show_
                         upstream.name,
                         page_size=settings.catalog.page_size,
                         concurrency=settings.catalog.concurrency,
-                        holder=instance_name(),
+                        holder=instance_id(),
                         progress=on_progress,
                     )
             click.echo(_describe(report))

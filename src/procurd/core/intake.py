@@ -10,6 +10,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError, field_validator
 
 from procurd.core.numbers import MAX_ID, ORDER_NO_PATTERN
+from procurd.core.problems import problems
 
 MAX_ITEMS = 100
 MAX_AMOUNT_CHARS = 40  # the database's Money column
@@ -133,9 +134,5 @@ def parse_order_request(body: Any) -> OrderRequest:
     try:
         return OrderRequest.model_validate(body)
     except ValidationError as exc:
-        problems = [
-            f"{'.'.join(str(part) for part in error['loc']) or 'body'}: "
-            f"{str(error['msg']).removeprefix('Value error, ')}"
-            for error in exc.errors(include_url=False, include_input=False)
-        ]
-        raise IntakeError("invalid_request", "; ".join(problems), problems) from None
+        found = problems(exc)
+        raise IntakeError("invalid_request", "; ".join(found), found) from None

@@ -20,11 +20,14 @@ from procurd.core.intake import CONFLICTS, MALFORMED, IntakeError, parse_order_r
 from procurd.core.numbers import MAX_ID, ORDER_NO_PATTERN
 from procurd.core.procurement import NotAllowed, Resolve, Retry, Source
 from procurd.http.errors import (
+    HEALTH_PATH,
     MAX_BODY_BYTES,
+    RUNTIME,
     ApiError,
     Handler,
     admin_error_body,
     error_middleware,
+    healthz,
     json_response,
     read_body,
 )
@@ -36,8 +39,6 @@ from procurd.status import refresh_metrics, status_report
 
 log = structlog.get_logger("procurd.admin")
 
-RUNTIME = web.AppKey("procurd.runtime", Runtime)
-HEALTH_PATH = "/healthz"
 DEFAULT_PAGE_SIZE = 20
 MAX_PAGE_SIZE = 100
 MAX_PAGE = 1_000_000
@@ -284,10 +285,6 @@ def metrics_handler(runtime: Runtime) -> Handler:
         return await render(request)
 
     return metrics
-
-
-async def healthz(request: web.Request) -> web.Response:
-    return json_response({"ok": True})
 
 
 # --- the application --------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from aiohttp.typedefs import Middleware
 
 from procurd.db.errors import DatabaseUnavailable
 from procurd.metrics import Metrics
+from procurd.runtime import Runtime
 
 log = structlog.get_logger("procurd.http")
 
@@ -28,6 +29,8 @@ ErrorBody = Callable[[int, str, str], dict[str, Any]]
 
 MAX_BODY_BYTES = 1024 * 1024
 REQUEST_ID_HEADER = "X-Request-Id"
+HEALTH_PATH = "/healthz"
+RUNTIME = web.AppKey("procurd.runtime", Runtime)
 
 # aiohttp's own HTTP errors (unknown path, wrong method, body too large ...) as error codes.
 HTTP_ERROR_CODES = {
@@ -74,6 +77,11 @@ def json_response(
     return web.Response(
         text=dumps(data), status=status, content_type="application/json", charset="utf-8", headers=headers
     )
+
+
+async def healthz(request: web.Request) -> web.Response:
+    """Liveness: the process answers (both listeners)."""
+    return json_response({"ok": True})
 
 
 def admin_error_body(status: int, code: str, message: str) -> dict[str, Any]:

@@ -21,9 +21,12 @@ from procurd.config import CALLBACK_PATH, UpstreamSettings
 from procurd.core.procurement import Source
 from procurd.http.callback import Callback, CallbackBodyError, parse_callback
 from procurd.http.errors import (
+    HEALTH_PATH,
     MAX_BODY_BYTES,
+    RUNTIME,
     ApiError,
     error_middleware,
+    healthz,
     json_response,
     public_error_body,
     read_body,
@@ -33,9 +36,6 @@ from procurd.runtime import Runtime
 from procurd.signing import HeaderNames, parse_timestamp, signature_matches, timestamp_fresh
 
 log = structlog.get_logger("procurd.callback")
-
-RUNTIME = web.AppKey("procurd.runtime", Runtime)
-HEALTH_PATH = "/healthz"
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,10 +163,6 @@ def _parse(raw: bytes) -> Callback:
 def configured_callback_path(runtime: Runtime) -> str:
     """The path of ``server.callback_url`` (what an upstream behind a path-rewriting proxy may sign)."""
     return urlsplit(runtime.settings.server.callback_url).path or "/"
-
-
-async def healthz(request: web.Request) -> web.Response:
-    return json_response({"ok": True})
 
 
 def make_public_app(runtime: Runtime) -> web.Application:

@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from procurd import __version__
 from procurd.config import UpstreamSettings
+from procurd.core.problems import problems
 from procurd.signing import HeaderNames, signed_headers
 from procurd.upstream.errors import (
     AuthError,
@@ -321,13 +322,9 @@ class UpstreamClient:
 
 
 def _describe_validation(model: type[UpstreamModel], exc: ValidationError) -> str:
-    problems = [
-        f"{'.'.join(str(part) for part in error['loc']) or '(body)'}: {error['msg']}"
-        for error in exc.errors(include_url=False, include_input=False, include_context=False)[:3]
-    ]
-    more = exc.error_count() - len(problems)
-    suffix = f" (and {more} more)" if more > 0 else ""
-    return truncate(f"invalid {model.__name__}: {'; '.join(problems)}{suffix}")
+    found = problems(exc, root="(body)")
+    suffix = f" (and {len(found) - 3} more)" if len(found) > 3 else ""
+    return truncate(f"invalid {model.__name__}: {'; '.join(found[:3])}{suffix}")
 
 
 def _describe_transport_failure(exc: BaseException) -> str:
