@@ -112,6 +112,11 @@ class DaemonProcess:
     def returncode(self) -> int | None:
         return None if self.process is None else self.process.returncode
 
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
     async def start(self) -> None:
         self.config_path.write_text(to_toml(self.config), encoding="utf-8")
         with self.log_path.open("wb") as log:

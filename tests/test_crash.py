@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import sqlite3
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,6 +26,8 @@ from typing import Any
 
 import aiohttp
 import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import create_async_engine
 
 from fault_processes import Incarnations
 from fault_support import (
@@ -52,6 +55,8 @@ UPTIME_SECONDS = (0.2, 1.0)  # how long a daemon runs before it is killed
 DOWNTIME_SECONDS = (0.0, 0.5)  # how long it stays dead before the restart
 ORDER_GAP_SECONDS = (0.02, 0.2)  # between two orders of the stream
 SETTLE_TIMEOUT_SECONDS = 60.0
+BURST_STREAMS = 8  # storefront streams at once in the kills-during-commits runs
+WRITE_WAIT_SECONDS = 5.0  # how long a kill waits for the daemon to be inside a write transaction
 
 
 def crash_seed() -> int:
@@ -93,7 +98,7 @@ async def order_stream(client: IntakeClient, skus: list[int], rng: random.Random
     return numbers
 
 
-async def kill_repeatedly(victim: Incarnations, session: aiohttp.ClientSession, rng: random.Random) -> None:
+async def kill_repeatedly(victim: Incarnations, session: aiohttp.ClientSession, rng: random.Random) -> int:
     """SIGKILL the victim ``KILLS`` times at random moments, restarting it each time on the same ports."""
     for _ in range(KILLS):
         # Uptime and downtime are the random kill schedule, not waits for a condition.
@@ -101,10 +106,90 @@ async def kill_repeatedly(victim: Incarnations, session: aiohttp.ClientSession, 
         await victim.kill()
         await asyncio.sleep(rng.uniform(*DOWNTIME_SECONDS))
         await victim.start(session)
+    return 0
+
+
+class WriteProbe:
+    """Tells when a daemon is inside a write transaction: on SQLite when the write lock is taken (a try with
+    no wait fails), on PostgreSQL when one of its connections holds a transaction that has written."""
+
+    def __init__(self, database_url: str) -> None:
+        self.database_url = database_url
+        self.postgres = None if database_url.startswith("sqlite") else create_async_engine(database_url)
+
+    async def close(self) -> None:
+        if self.postgres is not None:
+            await self.postgres.dispose()
+
+    async def writing(self, pid: int) -> bool:
+        if self.postgres is None:
+            return await asyncio.to_thread(self._sqlite_locked)
+        statement = text(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE application_name LIKE :name AND backend_xid IS NOT NULL"
+        )
+        async with self.postgres.connect() as connection:
+            found = await connection.execute(statement, {"name": f"procurd %:{pid}"})
+            return bool(found.scalar_one())
+
+    def _sqlite_locked(self) -> bool:
+        path = self.database_url.split(":///", 1)[1]
+        connection = sqlite3.connect(path, timeout=0, isolation_level=None)
+        try:
+            connection.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError:
+            return True  # "database is locked": the daemon is writing
+        else:
+            connection.execute("ROLLBACK")
+            return False
+        finally:
+            connection.close()
+
+
+async def kill_while_writing(
+    victim: Incarnations, session: aiohttp.ClientSession, rng: random.Random, probe: WriteProbe
+) -> int:
+    """SIGKILL the victim ``KILLS`` times, each time while it is inside a write transaction (once some
+    uptime has passed); returns how many kills landed in one."""
+    landed = 0
+    for _ in range(KILLS):
+        await asyncio.sleep(rng.uniform(*UPTIME_SECONDS))  # the random kill schedule, not a wait
+        deadline = time.monotonic() + WRITE_WAIT_SECONDS
+        pid = victim.current.pid
+        while time.monotonic() < deadline:
+            if await probe.writing(pid):
+                landed += 1
+                break
+        await victim.kill()
+        await asyncio.sleep(rng.uniform(*DOWNTIME_SECONDS))
+        await victim.start(session)
+    return landed
+
+
+async def order_burst(
+    client: IntakeClient, skus: list[int], rng: random.Random, prefix: str, listener: int
+) -> list[str]:
+    """Hand ``ORDERS`` orders over from ``BURST_STREAMS`` storefront streams at once, to ``listener`` first
+    (the next one while it is down): writes pile up, so the daemon commits many in each transaction."""
+    numbers = [f"{prefix}{index:03d}" for index in range(ORDERS)]
+
+    async def stream(part: int) -> None:
+        for index in range(part, ORDERS, BURST_STREAMS):
+            await client.submit(numbers[index], single_item(rng.choice(skus)), first=listener)
+            await asyncio.sleep(rng.uniform(*ORDER_GAP_SECONDS))  # part of the random schedule
+
+    await asyncio.gather(*(stream(part) for part in range(BURST_STREAMS)))
+    return numbers
 
 
 async def run_crash(
-    database_url: str, tmp_path: Path, names: Sequence[str], victim_name: str, prefix: str
+    database_url: str,
+    tmp_path: Path,
+    names: Sequence[str],
+    victim_name: str,
+    prefix: str,
+    *,
+    during_commits: bool = False,
 ) -> dict[str, Any]:
     """The whole crash run; returns its figures after asserting nothing was lost or doubled."""
     seed = crash_seed()
@@ -120,10 +205,21 @@ async def run_crash(
                 await asyncio.gather(*(instance.start(session) for instance in instances.values()))
                 client = IntakeClient(session, [instances[name].admin_url for name in names])
                 started = time.monotonic()
-                accepted, _ = await asyncio.gather(
-                    order_stream(client, skus, order_rng, prefix),
-                    kill_repeatedly(instances[victim_name], session, kill_rng),
-                )
+                victim = instances[victim_name]
+                if during_commits:
+                    probe = WriteProbe(database_url)
+                    try:
+                        accepted, landed = await asyncio.gather(
+                            order_burst(client, skus, order_rng, prefix, list(names).index(victim_name)),
+                            kill_while_writing(victim, session, kill_rng, probe),
+                        )
+                    finally:
+                        await probe.close()
+                else:
+                    accepted, landed = await asyncio.gather(
+                        order_stream(client, skus, order_rng, prefix),
+                        kill_repeatedly(victim, session, kill_rng),
+                    )
                 chaos_seconds = time.monotonic() - started
                 settled = await _settle(database_url, seed)
                 settle_seconds = time.monotonic() - started - chaos_seconds
@@ -149,6 +245,7 @@ async def run_crash(
     return {
         "seed": seed,
         "kills": instances[victim_name].kills,
+        "kills_inside_a_write": landed,
         "seconds_under_kills": round(chaos_seconds, 1),
         "seconds_to_settle_after": round(settle_seconds, 1),
         "intake_retries": client.record.retry_count,
@@ -185,3 +282,29 @@ async def test_sigkill_of_one_of_two_daemons(database_url: str, tmp_path: Path) 
     """Two daemons on PostgreSQL, one killed 5 times amid 60 orders sent to both: nothing lost or doubled."""
     figures = await run_crash(database_url, tmp_path, ["steady", "victim"], "victim", "CP")
     report("crash_postgres", **figures)
+
+
+async def test_sigkill_inside_batched_commits_loses_and_doubles_nothing(
+    database_url: str, tmp_path: Path
+) -> None:
+    """Orders from 8 streams at once pile up into batched commits; five SIGKILLs land while the daemon is
+    inside a write transaction: every accepted order is delivered once, every audit trail unbroken."""
+    if not database_url.startswith("sqlite"):
+        pytest.skip("the single-daemon crash test runs on SQLite; the PostgreSQL pass kills one of two")
+    figures = await run_crash(database_url, tmp_path, ["solo"], "solo", "CB", during_commits=True)
+    assert figures["kills_inside_a_write"] >= KILLS - 1, figures
+    report("crash_batched_commits_sqlite", **figures)
+
+
+@requires_postgres[0]
+@requires_postgres[1]
+async def test_sigkill_inside_batched_commits_of_one_of_two_daemons(
+    database_url: str, tmp_path: Path
+) -> None:
+    """Two daemons on PostgreSQL; one killed five times while it holds a write transaction amid orders from 8
+    streams at once: nothing lost or doubled."""
+    figures = await run_crash(
+        database_url, tmp_path, ["steady", "victim"], "victim", "CQ", during_commits=True
+    )
+    assert figures["kills_inside_a_write"] >= KILLS - 1, figures
+    report("crash_batched_commits_postgres", **figures)

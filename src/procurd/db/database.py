@@ -30,6 +30,7 @@ from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 
 from procurd.db.errors import DatabaseError, translate
+from procurd.instance import instance_id
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -102,6 +103,11 @@ class Database(ABC):
         """From now on, count every statement sent in :attr:`counts`."""
         for engine in self.engines():
             event.listen(engine, "before_cursor_execute", self.counts.count_statement)
+
+
+def application_name() -> str:
+    """How this process names itself to PostgreSQL: ``procurd host:pid``."""
+    return f"procurd {instance_id()}"[:63]
 
 
 def open_database(url: str) -> Database:
@@ -225,6 +231,8 @@ class PostgresDatabase(Database):
 
         self._engine: AsyncEngine = create_async_engine(
             url,
+            # pg_stat_activity shows which instance holds a connection.
+            connect_args={"server_settings": {"application_name": application_name()}},
             pool_size=POSTGRES_POOL_SIZE,
             max_overflow=POSTGRES_POOL_SIZE,
             pool_pre_ping=True,
