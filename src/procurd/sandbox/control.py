@@ -6,17 +6,15 @@ import ipaddress
 import json
 from collections.abc import Awaitable, Callable
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
 from procurd.sandbox.api import json_response
 from procurd.sandbox.catalog import money_text
 from procurd.sandbox.faults import ENDPOINTS
+from procurd.sandbox.site import SandboxSite
 from procurd.sandbox.state import SandboxStateError
-
-if TYPE_CHECKING:
-    from procurd.sandbox.server import Sandbox
 
 CONTROL_PREFIX = "/_sandbox"
 Handler = Callable[[web.Request], Awaitable[web.Response]]
@@ -103,9 +101,9 @@ def _id(request: web.Request) -> int:
 
 
 class ControlApi:
-    def __init__(self, sandbox: Sandbox) -> None:
-        self.sandbox = sandbox
-        self.state = sandbox.state
+    def __init__(self, site: SandboxSite) -> None:
+        self.site = site
+        self.state = site.state
 
     def routes(self) -> list[tuple[str, str, Handler]]:
         return [
@@ -154,29 +152,29 @@ class ControlApi:
         )
 
     async def get_state(self, request: web.Request) -> web.Response:
-        sandbox = self.sandbox
-        config = sandbox.config
-        stats = sandbox.callbacks.stats
+        site = self.site
+        config = site.config
+        stats = site.callbacks.stats
         return json_response(
             {
                 "ok": True,
                 "site_name": config.site_name,
-                "base_url": sandbox.base_url,
+                "base_url": str(request.url.origin()),
                 "api_key": config.api_key,
                 "orders": {"total": len(self.state.orders), "by_status": dict(self.state.status_counts())},
                 "balance": money_text(self.state.balance()),
                 "currency": config.currency,
                 "wallets": {key: money_text(user.balance) for key, user in self.state.users.items()},
-                "requests": {name: sandbox.request_counts.get(name, 0) for name in (*ENDPOINTS, "*")},
+                "requests": {name: site.request_counts.get(name, 0) for name in (*ENDPOINTS, "*")},
                 "callbacks": {
                     "sent": stats["attempts"],
                     "delivered": stats["delivered"],
                     "failed": stats["failed"],
                     "dropped": stats["dropped"],
                     "abandoned": stats["abandoned"],
-                    "in_progress": sandbox.callbacks.tasks.busy,
+                    "in_progress": site.callbacks.tasks.busy,
                 },
-                "faults": sandbox.faults.describe(),
+                "faults": site.faults.describe(),
                 "rate_limit": {
                     "enabled": config.rate_limit,
                     "requests": config.rate_limit_requests,
@@ -219,7 +217,7 @@ class ControlApi:
                 "error": a.error,
                 "at": a.at,
             }
-            for a in self.sandbox.callback_log
+            for a in self.site.callback_log
         ]
         return json_response({"ok": True, "callbacks": attempts})
 
@@ -233,34 +231,34 @@ class ControlApi:
         if unknown:
             raise ControlError(400, "bad_request", f"unknown parameters for {knob}: {', '.join(unknown)}")
         arguments = {name: _typed(name, value, allowed[name]) for name, value in body.items()}
-        getattr(self.sandbox.faults, knob)(**arguments)
-        return json_response({"ok": True, "faults": self.sandbox.faults.describe()})
+        getattr(self.site.faults, knob)(**arguments)
+        return json_response({"ok": True, "faults": self.site.faults.describe()})
 
     async def clear_faults(self, request: web.Request) -> web.Response:
-        self.sandbox.faults.clear()
-        return json_response({"ok": True, "faults": self.sandbox.faults.describe()})
+        self.site.faults.clear()
+        return json_response({"ok": True, "faults": self.site.faults.describe()})
 
     async def order_action(self, request: web.Request) -> web.Response:
         order_id = _id(request)
         action = request.match_info["action"]
         body = await _json_body(request)
-        sandbox = self.sandbox
+        site = self.site
         if action == "deliver":
             payload = body.get("payload")
-            order = await sandbox.deliver(order_id, _typed("payload", payload, str) if payload else None)
+            order = await site.deliver(order_id, _typed("payload", payload, str) if payload else None)
         elif action == "complete":
-            order = await sandbox.complete(order_id)
+            order = await site.complete(order_id)
         elif action == "cancel":
-            order = sandbox.cancel_upstream(order_id)
+            order = site.cancel_upstream(order_id)
         elif action == "refund":
             amount = body.get("amount")
-            order = sandbox.refund(order_id, None if amount is None else str(amount))
+            order = site.refund(order_id, None if amount is None else str(amount))
         elif action == "pay":
-            order = await sandbox.pay(order_id)
+            order = await site.pay(order_id)
         elif action == "status":
             status = _typed("status", body.get("status"), str)
             callback = _typed("callback", body.get("callback", True), bool)
-            order = await sandbox.set_status(order_id, status, callback)
+            order = await site.set_status(order_id, status, callback)
         else:
             raise ControlError(404, "not_found", f"unknown order action {action!r}")
         return json_response({"ok": True, "order": order.to_control()})
@@ -313,7 +311,7 @@ class ControlApi:
 
     async def set_rate_limit(self, request: web.Request) -> web.Response:
         body = await _json_body(request)
-        config = self.sandbox.config
+        config = self.site.config
         if "enabled" in body:
             config.rate_limit = _typed("enabled", body["enabled"], bool)
         if "requests" in body:
@@ -322,12 +320,12 @@ class ControlApi:
             config.rate_limit_window_seconds = _typed("window_seconds", body["window_seconds"], float)
         if "block_seconds" in body:
             config.rate_limit_block_seconds = _typed("block_seconds", body["block_seconds"], float)
-        self.sandbox.rate_limiter.reset()
+        self.site.rate_limiter.reset()
         return json_response({"ok": True, "enabled": config.rate_limit})
 
     async def set_config(self, request: web.Request) -> web.Response:
         body = await _json_body(request)
-        config = self.sandbox.config
+        config = self.site.config
         for name, value in body.items():
             if name == "callback_retry_delays":
                 if not isinstance(value, list):
@@ -344,7 +342,7 @@ class ControlApi:
         return json_response({"ok": True})
 
 
-def add_control_routes(app: web.Application, sandbox: Sandbox) -> None:
-    control = ControlApi(sandbox)
+def add_control_routes(app: web.Application, site: SandboxSite) -> None:
+    control = ControlApi(site)
     for method, path, handler in control.routes():
         app.router.add_route(method, CONTROL_PREFIX + path, control.wrap(handler))
