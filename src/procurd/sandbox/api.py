@@ -153,10 +153,10 @@ class SignedApi:
                 raise ApiError(405, "method_not_allowed", f"{request.method} is not allowed here")
             raise ApiError(404, "not_found", "no such endpoint")
         endpoint = route.endpoint
-        self.site.request_counts[endpoint] += 1
-        self.site.request_counts["*"] += 1
         api_key = request.headers.get(self._names().api_key, "").strip()
-        if self.config.rate_limit and api_key and not self._rate_limit_allows(api_key):
+        rate_limited = self.config.rate_limit and bool(api_key) and not self._rate_limit_allows(api_key)
+        self.site.record_request(endpoint, api_key, rate_limited)
+        if rate_limited:
             return json_response(
                 {"status_code": 429, "msg": "too many requests", "data": {"request_id": uuid.uuid4().hex}}
             )

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import ipaddress
 import json
-from collections.abc import Awaitable, Callable
-from decimal import Decimal
+import math
+from collections.abc import Awaitable, Callable, Mapping
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from aiohttp import web
@@ -15,17 +16,28 @@ from procurd.sandbox.catalog import money_text
 from procurd.sandbox.faults import ENDPOINTS
 from procurd.sandbox.site import SandboxSite
 from procurd.sandbox.state import SandboxStateError
+from procurd.sandbox.traffic import tally
 
 CONTROL_PREFIX = "/_sandbox"
 Handler = Callable[[web.Request], Awaitable[web.Response]]
 
 
 class ControlError(Exception):
-    def __init__(self, status: int, code: str, message: str) -> None:
+    def __init__(self, status: int, code: str, message: str, field: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
+        self.field = field
+
+
+def bad_field(name: str, message: str) -> ControlError:
+    """A 400 whose body names the offending field."""
+    return ControlError(400, "bad_request", message, field=name)
+
+
+class Money:
+    """Marks a field holding a decimal amount, given as a JSON string such as "9.90" (never a number)."""
 
 
 # knob name -> its parameters and their JSON types (``bytes`` arrives as a string)
@@ -43,13 +55,22 @@ KNOBS: dict[str, dict[str, type]] = {
     "delay_callbacks": {"seconds": float},
     "clear": {},
 }
-CONFIG_KEYS: dict[str, type] = {
+CONFIG_KEYS: dict[str, Kind] = {
     "auto_deliver": bool,
     "allow_private_callbacks": bool,
+    "balance_failure": ("payment_failed", "insufficient_balance"),
+    "callback_retry_delays": list,
     "callback_timeout_seconds": float,
     "clock_offset_seconds": float,
+    "inactive_product_detail": ("404", "200"),
     "page_size_max": int,
     "site_name": str,
+}
+RATE_LIMIT_KEYS: dict[str, Kind] = {
+    "enabled": bool,
+    "requests": int,
+    "window_seconds": float,
+    "block_seconds": float,
 }
 
 
@@ -62,7 +83,26 @@ def _is_loopback(remote: str | None) -> bool:
         return False
 
 
-def _typed(name: str, value: Any, expected: type) -> Any:
+EXPECTED = {
+    bool: "true or false",
+    int: "an integer",
+    float: "a number",
+    str: "a string",
+    bytes: "a string",
+    list: "a list",
+    Money: 'a decimal string such as "9.90"',
+}
+
+
+Kind = type | tuple[str, ...]  # a JSON type, or the strings allowed
+
+
+def _typed(name: str, value: Any, expected: Kind) -> Any:
+    """``value`` as ``expected`` (``Money`` gives a Decimal of at least 0), or a 400 naming ``name``."""
+    if isinstance(expected, tuple):
+        if value in expected:
+            return value
+        raise bad_field(name, f"{name} must be one of {', '.join(map(repr, expected))}")
     if expected is bool:
         if isinstance(value, bool):
             return value
@@ -70,14 +110,42 @@ def _typed(name: str, value: Any, expected: type) -> Any:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
     elif expected is float:
-        if isinstance(value, int | float | Decimal) and not isinstance(value, bool):
+        if isinstance(value, int | float | Decimal) and not isinstance(value, bool) and math.isfinite(value):
             return float(value)
     elif expected is bytes:
         if isinstance(value, str):
             return value.encode()
+    elif expected is Money:
+        amount = _amount(value)
+        if amount is not None:
+            return amount
     elif isinstance(value, expected):
         return value
-    raise ControlError(400, "bad_request", f"{name} has the wrong type")
+    raise bad_field(name, f"{name} must be {EXPECTED.get(expected, expected.__name__)}")
+
+
+def _amount(value: Any) -> Decimal | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        amount = Decimal(value.strip())
+    except InvalidOperation:
+        return None
+    return amount if amount.is_finite() and amount >= 0 else None
+
+
+def _fields(body: Mapping[str, Any], schema: Mapping[str, Kind]) -> dict[str, Any]:
+    """The body's fields, each checked against ``schema``; a field the schema lacks is a 400."""
+    unknown = sorted(set(body) - set(schema))
+    if unknown:
+        raise bad_field(unknown[0], f"unknown fields: {', '.join(unknown)}; known: {', '.join(schema)}")
+    return {name: _typed(name, value, schema[name]) for name, value in body.items()}
+
+
+def _at_least(fields: Mapping[str, Any], name: str, minimum: float, *, above: bool = False) -> None:
+    value = fields.get(name)
+    if value is not None and (value <= minimum if above else value < minimum):
+        raise bad_field(name, f"{name} must be {'above' if above else 'at least'} {minimum:g}")
 
 
 async def _json_body(request: web.Request) -> dict[str, Any]:
@@ -91,6 +159,13 @@ async def _json_body(request: web.Request) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ControlError(400, "bad_request", "the body must be a JSON object")
     return data
+
+
+def _query_number(raw: str) -> Decimal | str:
+    try:
+        return Decimal(raw)
+    except InvalidOperation:
+        return raw
 
 
 def _id(request: web.Request) -> int:
@@ -120,6 +195,8 @@ class ControlApi:
             ("POST", "/products/{id}", self.update_product),
             ("POST", "/rate_limit", self.set_rate_limit),
             ("POST", "/config", self.set_config),
+            ("GET", "/requests", self.list_requests),
+            ("POST", "/requests/reset", self.reset_requests),
         ]
 
     def wrap(self, handler: Handler) -> Handler:
@@ -128,10 +205,11 @@ class ControlApi:
                 return json_response(
                     {"ok": False, "error_code": "forbidden", "error_message": "loopback clients only"}, 403
                 )
+            field: str | None = None
             try:
                 return await handler(request)
             except ControlError as error:
-                status, code, message = error.status, error.code, error.message
+                status, code, message, field = error.status, error.code, error.message, error.field
             except KeyError as error:
                 status, code, message = (
                     404,
@@ -142,7 +220,10 @@ class ControlApi:
                 status, code, message = 409, "conflict", str(error)
             except (ValueError, TypeError) as error:
                 status, code, message = 400, "bad_request", str(error)
-            return json_response({"ok": False, "error_code": code, "error_message": message}, status)
+            body = {"ok": False, "error_code": code, "error_message": message}
+            if field is not None:
+                body["field"] = field
+            return json_response(body, status)
 
         return guarded
 
@@ -175,12 +256,7 @@ class ControlApi:
                     "in_progress": site.callbacks.tasks.busy,
                 },
                 "faults": site.faults.describe(),
-                "rate_limit": {
-                    "enabled": config.rate_limit,
-                    "requests": config.rate_limit_requests,
-                    "window_seconds": config.rate_limit_window_seconds,
-                    "block_seconds": config.rate_limit_block_seconds,
-                },
+                "rate_limit": self._rate_limit(),
                 "catalogue": {
                     "categories": len(self.state.categories),
                     "products": len(self.state.products),
@@ -223,14 +299,8 @@ class ControlApi:
 
     async def add_fault(self, request: web.Request) -> web.Response:
         body = await _json_body(request)
-        knob = body.pop("knob", None)
-        if not isinstance(knob, str) or knob not in KNOBS:
-            raise ControlError(400, "bad_request", f"knob must be one of {', '.join(KNOBS)}")
-        allowed = KNOBS[knob]
-        unknown = sorted(set(body) - set(allowed))
-        if unknown:
-            raise ControlError(400, "bad_request", f"unknown parameters for {knob}: {', '.join(unknown)}")
-        arguments = {name: _typed(name, value, allowed[name]) for name, value in body.items()}
+        knob = _typed("knob", body.pop("knob", None), tuple(KNOBS))
+        arguments = _fields(body, KNOBS[knob])
         getattr(self.site.faults, knob)(**arguments)
         return json_response({"ok": True, "faults": self.site.faults.describe()})
 
@@ -309,37 +379,62 @@ class ControlApi:
             }
         )
 
-    async def set_rate_limit(self, request: web.Request) -> web.Response:
-        body = await _json_body(request)
+    def _rate_limit(self) -> dict[str, Any]:
         config = self.site.config
-        if "enabled" in body:
-            config.rate_limit = _typed("enabled", body["enabled"], bool)
-        if "requests" in body:
-            config.rate_limit_requests = _typed("requests", body["requests"], int)
-        if "window_seconds" in body:
-            config.rate_limit_window_seconds = _typed("window_seconds", body["window_seconds"], float)
-        if "block_seconds" in body:
-            config.rate_limit_block_seconds = _typed("block_seconds", body["block_seconds"], float)
+        return {
+            "enabled": config.rate_limit,
+            "requests": config.rate_limit_requests,
+            "window_seconds": config.rate_limit_window_seconds,
+            "block_seconds": config.rate_limit_block_seconds,
+        }
+
+    async def set_rate_limit(self, request: web.Request) -> web.Response:
+        """Switch the limit and set its numbers; every key starts with an empty window."""
+        fields = _fields(await _json_body(request), RATE_LIMIT_KEYS)
+        _at_least(fields, "requests", 1)
+        _at_least(fields, "window_seconds", 0, above=True)
+        _at_least(fields, "block_seconds", 0)
+        config = self.site.config
+        config.rate_limit = fields.get("enabled", config.rate_limit)
+        config.rate_limit_requests = fields.get("requests", config.rate_limit_requests)
+        config.rate_limit_window_seconds = fields.get("window_seconds", config.rate_limit_window_seconds)
+        config.rate_limit_block_seconds = fields.get("block_seconds", config.rate_limit_block_seconds)
         self.site.rate_limiter.reset()
-        return json_response({"ok": True, "enabled": config.rate_limit})
+        return json_response({"ok": True, **self._rate_limit()})
 
     async def set_config(self, request: web.Request) -> web.Response:
-        body = await _json_body(request)
-        config = self.site.config
-        for name, value in body.items():
-            if name == "callback_retry_delays":
-                if not isinstance(value, list):
-                    raise ControlError(400, "bad_request", "callback_retry_delays must be a list of seconds")
-                config.callback_retry_delays = tuple(_typed(name, item, float) for item in value)
-            elif name == "balance_failure" and value in ("payment_failed", "insufficient_balance"):
-                config.balance_failure = value
-            elif name == "inactive_product_detail" and value in ("404", "200"):
-                config.inactive_product_detail = value
-            elif name in CONFIG_KEYS:
-                setattr(config, name, _typed(name, value, CONFIG_KEYS[name]))
-            else:
-                raise ControlError(400, "bad_request", f"{name} cannot be set here (or has a bad value)")
+        fields = _fields(await _json_body(request), CONFIG_KEYS)
+        if "callback_retry_delays" in fields:
+            delays = fields["callback_retry_delays"]
+            fields["callback_retry_delays"] = tuple(_typed("callback_retry_delays", d, float) for d in delays)
+            if any(delay < 0 for delay in fields["callback_retry_delays"]):
+                raise bad_field("callback_retry_delays", "callback_retry_delays must not be negative")
+        _at_least(fields, "page_size_max", 1)
+        _at_least(fields, "callback_timeout_seconds", 0, above=True)
+        for name, value in fields.items():
+            setattr(self.site.config, name, value)
         return json_response({"ok": True})
+
+    async def list_requests(self, request: web.Request) -> web.Response:
+        """The signed API's requests at or after ``since`` (the site's Unix seconds), per key and endpoint."""
+        since = request.query.get("since")
+        api_key = request.query.get("api_key")
+        start = None if since is None else _typed("since", _query_number(since), float)
+        records = self.site.requests.select(start, api_key)
+        return json_response(
+            {
+                "ok": True,
+                "now": self.state.now(),
+                "since": start,
+                "total": {"requests": len(records), "rate_limited": sum(r.rate_limited for r in records)},
+                "by_key": tally(records),
+                "requests": [record.to_dict() for record in records],
+            }
+        )
+
+    async def reset_requests(self, request: web.Request) -> web.Response:
+        self.site.reset_requests()
+        return json_response({"ok": True, "now": self.state.now()})
 
 
 def add_control_routes(app: web.Application, site: SandboxSite) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Callable
 from types import TracebackType
 
 import structlog
@@ -35,8 +36,8 @@ class Sandbox(SandboxSite):
     """A faithful upstream site on loopback. ``async with Sandbox(config) as sandbox:`` starts it on a free
     port of 127.0.0.1; ``sandbox.base_url`` is the site root (the API is under ``/api/v1/upstream``)."""
 
-    def __init__(self, config: SandboxConfig | None = None) -> None:
-        super().__init__(config)
+    def __init__(self, config: SandboxConfig | None = None, clock: Callable[[], float] | None = None) -> None:
+        super().__init__(config, clock)
         self.base_url = ""
         self._runner: web.AppRunner | None = None
 

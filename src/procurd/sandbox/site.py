@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
+from collections.abc import Callable
 from decimal import Decimal
 
 from procurd.sandbox.callbacks import CallbackAttempt, CallbackSender, TaskTracker
@@ -13,18 +14,25 @@ from procurd.sandbox.config import SandboxConfig
 from procurd.sandbox.faults import FaultPlan
 from procurd.sandbox.ratelimit import RateLimiter
 from procurd.sandbox.state import SandboxOrder, SandboxState
+from procurd.sandbox.traffic import ALL_ENDPOINTS, RequestLog, RequestRecord
 
 
 class SandboxSite:
-    """One upstream site in memory, with the background work its orders cause (deliveries, callbacks)."""
+    """One upstream site in memory, with the background work its orders cause (deliveries, callbacks).
 
-    def __init__(self, config: SandboxConfig | None = None) -> None:
+    ``clock`` replaces the wall clock (``time.time``) for everything the site times: its own clock (plus
+    ``clock_offset_seconds``), timestamps, the request log and the rate limit, so tests can move time on
+    instead of waiting. Without it the rate limit runs on ``time.monotonic``.
+    """
+
+    def __init__(self, config: SandboxConfig | None = None, clock: Callable[[], float] | None = None) -> None:
         self.config = config if config is not None else SandboxConfig()
-        self.state = SandboxState(self.config)
+        self.state = SandboxState(self.config, clock or time.time)
         self.faults = FaultPlan()
         self.request_counts: Counter[str] = Counter()
+        self.requests = RequestLog()
         self.callbacks = CallbackSender(self.config, self.state, self.faults)
-        self.rate_limiter = RateLimiter(time.monotonic)
+        self.rate_limiter = RateLimiter(clock or time.monotonic)
         self._closing = asyncio.Event()
         self._deliveries = TaskTracker()
 
@@ -49,6 +57,19 @@ class SandboxSite:
         """Cancel pending deliveries and callbacks."""
         await self._deliveries.cancel_all()
         await self.callbacks.close()
+
+    # -- requests -------------------------------------------------------------------------------------
+
+    def record_request(self, endpoint: str, api_key: str, rate_limited: bool) -> None:
+        """Count one request to the signed API (refused ones included)."""
+        self.request_counts[endpoint] += 1
+        self.request_counts[ALL_ENDPOINTS] += 1
+        self.requests.add(RequestRecord(self.state.now(), api_key, endpoint, rate_limited))
+
+    def reset_requests(self) -> None:
+        """Forget the requests counted so far."""
+        self.request_counts.clear()
+        self.requests.clear()
 
     # -- orders ---------------------------------------------------------------------------------------
 

@@ -236,7 +236,7 @@ def _decimal(value: Decimal | str | int) -> Decimal:
 class SandboxState:
     """Catalogue, wallets and orders. Test mutators are synchronous and show in the API at once."""
 
-    def __init__(self, config: SandboxConfig, clock: Callable[[], float] | None = None) -> None:
+    def __init__(self, config: SandboxConfig, clock: Callable[[], float] = time.time) -> None:
         self.config = config
         self._clock = clock
         catalogue = generate_catalogue(
@@ -262,10 +262,9 @@ class SandboxState:
     # -- clock and catalogue --------------------------------------------------------------------------
 
     def now(self) -> float:
-        """The sandbox's clock: wall time plus ``clock_offset_seconds``."""
-        if self._clock is not None:
-            return self._clock()
-        return time.time() + self.config.clock_offset_seconds
+        """The sandbox's clock: its wall clock (``time.time`` unless one was given) plus
+        ``clock_offset_seconds``."""
+        return self._clock() + self.config.clock_offset_seconds
 
     def _product_changed(self, product: Product) -> None:
         object.__setattr__(product, "updated_at", iso_time(self.now()))
