@@ -8,6 +8,7 @@ import re
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from decimal import Decimal
 from email.utils import formatdate
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 import structlog
 from aiohttp import hdrs, web
 
-from procurd.sandbox.catalog import dump_json, money_text
+from procurd.sandbox.catalog import dump_json, money_text, parse_instant
 from procurd.sandbox.faults import AFTER_KINDS, BEFORE_KINDS, RequestFault
 from procurd.sandbox.site import SandboxSite
 from procurd.sandbox.state import ApiError, ApiUser, bad_request
@@ -271,11 +272,26 @@ class SignedApi:
         if page_size < 1:
             page_size = DEFAULT_PAGE_SIZE
         page_size = min(page_size, self.config.page_size_max)
-        listed = self.state.active_products()
+        updated_after = self._updated_after(call.request)
+        listed = (
+            self.state.active_products()
+            if updated_after is None
+            else self.state.updated_products(updated_after)
+        )
         start = (page - 1) * page_size
         items = b",".join(product.listing_json() for product in listed[start : start + page_size])
         tail = f'],"total":{len(listed)},"page":{page},"page_size":{page_size}}}'.encode()
         return raw_json_response(b'{"ok":true,"items":[' + items + tail)
+
+    def _updated_after(self, request: web.Request) -> datetime | None:
+        """The ``updated_after`` instant asked for; None when absent or when the site ignores it."""
+        raw = request.query.get("updated_after", "")
+        if not raw or not self.config.honour_updated_after:
+            return None
+        instant = parse_instant(raw)
+        if instant is None:
+            raise bad_request("updated_after must be an RFC 3339 timestamp such as 2026-01-02T15:04:05+08:00")
+        return instant
 
     async def product(self, call: ApiCall) -> web.Response:
         product = self.state.visible_product(_path_id(call, "product"))

@@ -62,6 +62,7 @@ CONFIG_KEYS: dict[str, Kind] = {
     "callback_retry_delays": list,
     "callback_timeout_seconds": float,
     "clock_offset_seconds": float,
+    "honour_updated_after": bool,
     "inactive_product_detail": ("404", "200"),
     "page_size_max": int,
     "site_name": str,

@@ -8,6 +8,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any, TypeGuard
 from urllib.parse import urlsplit
@@ -21,6 +22,7 @@ from procurd.sandbox.catalog import (
     generate_catalogue,
     iso_time,
     money_text,
+    precise_iso_time,
 )
 from procurd.sandbox.config import SandboxConfig
 
@@ -267,7 +269,7 @@ class SandboxState:
         return self._clock() + self.config.clock_offset_seconds
 
     def _product_changed(self, product: Product) -> None:
-        object.__setattr__(product, "updated_at", iso_time(self.now()))
+        object.__setattr__(product, "updated_at", precise_iso_time(self.now()))
         self._listing = None
 
     def active_products(self) -> list[Product]:
@@ -278,6 +280,10 @@ class SandboxState:
                 key=lambda p: p.id,
             )
         return self._listing
+
+    def updated_products(self, updated_after: datetime) -> list[Product]:
+        """The active products updated at or after ``updated_after``, in id order."""
+        return [p for p in self.active_products() if p.updated_instant() >= updated_after]
 
     def visible_product(self, product_id: int) -> Product | None:
         """The product unless it does not exist or was removed."""
@@ -291,10 +297,12 @@ class SandboxState:
     def sku(self, sku_id: int) -> SKU:
         return self.skus[sku_id]
 
-    def set_sku_price(self, sku_id: int, price: str) -> None:
+    def set_sku_price(self, sku_id: int, price: Decimal | str) -> None:
         """Set the price the API user pays (``member_price`` too when the SKU has a member discount)."""
-        text = str(price)
-        _decimal(text)
+        amount = _decimal(price)
+        if amount < 0:
+            raise SandboxStateError("a price must not be negative")
+        text = money_text(amount)
         sku = self.skus[sku_id]
         sku.price_amount = text
         if sku.member_price is not None:
@@ -313,16 +321,14 @@ class SandboxState:
 
     def remove_product(self, product_id: int) -> None:
         """The product is gone entirely: not listed, product_not_found, its SKUs sku_unavailable."""
-        if product_id not in self.products:
-            raise KeyError(product_id)
+        product = self.products[product_id]
         self.removed_products.add(product_id)
-        self._listing = None
+        product.changed()
 
     def restore_product(self, product_id: int) -> None:
-        if product_id not in self.products:
-            raise KeyError(product_id)
+        product = self.products[product_id]
         self.removed_products.discard(product_id)
-        self._listing = None
+        product.changed()
 
     def set_product_category(self, product_id: int, category_id: int) -> None:
         self.products[product_id].category_id = category_id

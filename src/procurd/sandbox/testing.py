@@ -160,6 +160,17 @@ class SignedClient:
     async def create_order(self, sku_id: int, quantity: int = 1, **fields: Any) -> ApiResponse:
         return await self.post("/orders", {"sku_id": sku_id, "quantity": quantity, **fields})
 
+    async def list_all_products(self, page_size: int = 50, **params: str) -> list[dict[str, Any]]:
+        """Every product GET /products lists (with ``params`` such as ``updated_after``), page by page."""
+        items: list[dict[str, Any]] = []
+        page = 1
+        while True:
+            data = (await self.get("/products", {**params, "page": page, "page_size": page_size})).json()
+            items.extend(data["items"])
+            if page * data["page_size"] >= data["total"]:
+                return items
+            page += 1
+
 
 class ControlClient:
     """Calls the control API of the sandbox at ``base_url``; each call checks the HTTP status it expects."""
