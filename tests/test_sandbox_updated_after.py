@@ -91,10 +91,19 @@ async def test_updated_after_in_any_offset(sandbox: Sandbox, client: SignedClien
         [("sku", {"stock_quantity": 3})],
         [("sku", {"is_active": False})],
         [("product", {"category_id": 2})],
+        [("product", {"title": {"zh-CN": "新名字", "en-US": "New name"}})],
         [("product", {"is_active": False}), ("product", {"is_active": True})],
         [("product", {"removed": True}), ("product", {"removed": False})],
     ],
-    ids=["sku price", "sku stock", "sku active", "category", "product active", "removed and restored"],
+    ids=[
+        "sku price",
+        "sku stock",
+        "sku active",
+        "category",
+        "title",
+        "product active",
+        "removed and restored",
+    ],
 )
 async def test_every_change_bumps_updated_at_to_the_site_clock(
     sandbox: Sandbox,

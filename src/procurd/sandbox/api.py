@@ -273,11 +273,9 @@ class SignedApi:
             page_size = DEFAULT_PAGE_SIZE
         page_size = min(page_size, self.config.page_size_max)
         updated_after = self._updated_after(call.request)
-        listed = (
-            self.state.active_products()
-            if updated_after is None
-            else self.state.updated_products(updated_after)
-        )
+        listed = self.faults.listing(self.state.active_products())
+        if updated_after is not None:
+            listed = [product for product in listed if product.updated_instant() >= updated_after]
         start = (page - 1) * page_size
         items = b",".join(product.listing_json() for product in listed[start : start + page_size])
         tail = f'],"total":{len(listed)},"page":{page},"page_size":{page_size}}}'.encode()

@@ -12,10 +12,10 @@ from typing import Any
 from aiohttp import web
 
 from procurd.sandbox.api import json_response
-from procurd.sandbox.catalog import money_text
+from procurd.sandbox.catalog import UNLIMITED, money_text
 from procurd.sandbox.faults import ENDPOINTS
 from procurd.sandbox.site import SandboxSite
-from procurd.sandbox.state import SandboxStateError
+from procurd.sandbox.state import NewSku, SandboxStateError
 from procurd.sandbox.traffic import tally
 
 CONTROL_PREFIX = "/_sandbox"
@@ -40,8 +40,15 @@ class Money:
     """Marks a field holding a decimal amount, given as a JSON string such as "9.90" (never a number)."""
 
 
+class Title:
+    """Marks a multilingual text: one string for every locale, or an object of locale to string."""
+
+
+Kind = type | tuple[str, ...]  # a JSON type, a marker above, or the strings allowed
+
+
 # knob name -> its parameters and their JSON types (``bytes`` arrives as a string)
-KNOBS: dict[str, dict[str, type]] = {
+KNOBS: dict[str, dict[str, Kind]] = {
     "fail_next": {"endpoint": str, "count": int, "status": int, "error_code": str},
     "fail_after_next": {"endpoint": str, "count": int},
     "drop_next": {"endpoint": str, "count": int},
@@ -53,7 +60,18 @@ KNOBS: dict[str, dict[str, type]] = {
     "drop_callbacks_next": {"count": int},
     "duplicate_callbacks_next": {"count": int},
     "delay_callbacks": {"seconds": float},
+    "empty_listing_next": {"count": int},
+    "list_only": {"products": int, "fraction": float},
     "clear": {},
+}
+SKU_FIELDS: dict[str, Kind] = {"price_amount": Money, "stock_quantity": int, "is_active": bool}
+PRODUCT_FIELDS: dict[str, Kind] = {"title": Title, "category_id": int, "is_active": bool, "removed": bool}
+NEW_PRODUCT_FIELDS: dict[str, Kind] = {
+    "title": Title,
+    "category_id": int,
+    "fulfillment_type": ("auto", "manual"),
+    "is_active": bool,
+    "skus": list,
 }
 CONFIG_KEYS: dict[str, Kind] = {
     "auto_deliver": bool,
@@ -92,10 +110,8 @@ EXPECTED = {
     bytes: "a string",
     list: "a list",
     Money: 'a decimal string such as "9.90"',
+    Title: "a string, or an object of locale to string",
 }
-
-
-Kind = type | tuple[str, ...]  # a JSON type, or the strings allowed
 
 
 def _typed(name: str, value: Any, expected: Kind) -> Any:
@@ -120,6 +136,11 @@ def _typed(name: str, value: Any, expected: Kind) -> Any:
         amount = _amount(value)
         if amount is not None:
             return amount
+    elif expected is Title:
+        if isinstance(value, str) and value:
+            return value
+        if isinstance(value, dict) and value and all(isinstance(text, str) for text in value.values()):
+            return value
     elif isinstance(value, expected):
         return value
     raise bad_field(name, f"{name} must be {EXPECTED.get(expected, expected.__name__)}")
@@ -135,18 +156,39 @@ def _amount(value: Any) -> Decimal | None:
     return amount if amount.is_finite() and amount >= 0 else None
 
 
-def _fields(body: Mapping[str, Any], schema: Mapping[str, Kind]) -> dict[str, Any]:
-    """The body's fields, each checked against ``schema``; a field the schema lacks is a 400."""
+def _fields(body: Any, schema: Mapping[str, Kind], prefix: str = "") -> dict[str, Any]:
+    """The body's fields, each checked against ``schema``; a field the schema lacks is a 400. Errors name
+    the field as ``prefix`` + its name."""
+    if not isinstance(body, dict):
+        raise bad_field(prefix.rstrip("."), f"{prefix.rstrip('.')} must be an object")
     unknown = sorted(set(body) - set(schema))
     if unknown:
-        raise bad_field(unknown[0], f"unknown fields: {', '.join(unknown)}; known: {', '.join(schema)}")
-    return {name: _typed(name, value, schema[name]) for name, value in body.items()}
+        names = ", ".join(prefix + name for name in unknown)
+        raise bad_field(prefix + unknown[0], f"unknown fields: {names}; known: {', '.join(schema)}")
+    return {name: _typed(prefix + name, value, schema[name]) for name, value in body.items()}
 
 
-def _at_least(fields: Mapping[str, Any], name: str, minimum: float, *, above: bool = False) -> None:
+def _at_least(
+    fields: Mapping[str, Any], name: str, minimum: float, *, above: bool = False, prefix: str = ""
+) -> None:
     value = fields.get(name)
     if value is not None and (value <= minimum if above else value < minimum):
-        raise bad_field(name, f"{name} must be {'above' if above else 'at least'} {minimum:g}")
+        label = prefix + name
+        raise bad_field(label, f"{label} must be {'above' if above else 'at least'} {minimum:g}")
+
+
+def _new_skus(specs: list[Any]) -> list[NewSku]:
+    if not specs:
+        raise bad_field("skus", "skus must hold at least one SKU")
+    skus = []
+    for index, spec in enumerate(specs):
+        prefix = f"skus[{index}]."
+        fields = _fields(spec, SKU_FIELDS, prefix)
+        if "price_amount" not in fields:
+            raise bad_field(prefix + "price_amount", f"{prefix}price_amount is required")
+        _at_least(fields, "stock_quantity", UNLIMITED, prefix=prefix)
+        skus.append(NewSku(**fields))
+    return skus
 
 
 async def _json_body(request: web.Request) -> dict[str, Any]:
@@ -193,7 +235,9 @@ class ControlApi:
             ("POST", "/orders/{id}/{action}", self.order_action),
             ("POST", "/wallet", self.set_wallet),
             ("POST", "/skus/{id}", self.update_sku),
+            ("POST", "/products", self.add_product),
             ("POST", "/products/{id}", self.update_product),
+            ("DELETE", "/products/{id}", self.delete_product),
             ("POST", "/rate_limit", self.set_rate_limit),
             ("POST", "/config", self.set_config),
             ("GET", "/requests", self.list_requests),
@@ -348,30 +392,52 @@ class ControlApi:
         return json_response({"ok": True, "balance": money_text(self.state.balance(api_key))})
 
     async def update_sku(self, request: web.Request) -> web.Response:
+        """Change a SKU's price, stock or active flag; its product's updated_at moves to now."""
         sku_id = _id(request)
         sku = self.state.sku(sku_id)
-        body = await _json_body(request)
-        if "price_amount" in body:
-            self.state.set_sku_price(sku_id, str(body["price_amount"]))
-        if "stock_quantity" in body:
-            self.state.set_sku_stock(sku_id, _typed("stock_quantity", body["stock_quantity"], int))
-        if "is_active" in body:
-            self.state.set_sku_active(sku_id, _typed("is_active", body["is_active"], bool))
-        return json_response({"ok": True, "sku": sku.to_dict()})
+        fields = _fields(await _json_body(request), SKU_FIELDS)
+        _at_least(fields, "stock_quantity", UNLIMITED)
+        if "price_amount" in fields:
+            self.state.set_sku_price(sku_id, fields["price_amount"])
+        if "stock_quantity" in fields:
+            self.state.set_sku_stock(sku_id, fields["stock_quantity"])
+        if "is_active" in fields:
+            self.state.set_sku_active(sku_id, fields["is_active"])
+        product = self.state.product(sku.product_id)
+        return json_response({"ok": True, "sku": sku.to_dict(), "product_updated_at": product.updated_at})
 
     async def update_product(self, request: web.Request) -> web.Response:
+        """Change a product's title, category or active flag, or remove (``removed``) and restore it."""
         product_id = _id(request)
+        self.state.product(product_id)
+        fields = _fields(await _json_body(request), PRODUCT_FIELDS)
+        if "title" in fields:
+            self.state.set_product_title(product_id, fields["title"])
+        if "category_id" in fields:
+            self.state.set_product_category(product_id, fields["category_id"])
+        if "is_active" in fields:
+            self.state.set_product_active(product_id, fields["is_active"])
+        if fields.get("removed") is True:
+            self.state.remove_product(product_id)
+        elif fields.get("removed") is False:
+            self.state.restore_product(product_id)
+        return self._product_answer(product_id)
+
+    async def add_product(self, request: web.Request) -> web.Response:
+        """A new product with its SKUs (one 9.90 SKU of unlimited stock unless ``skus`` says otherwise)."""
+        fields = _fields(await _json_body(request), NEW_PRODUCT_FIELDS)
+        if "skus" in fields:
+            fields["skus"] = _new_skus(fields["skus"])
+        return self._product_answer(self.state.add_product(**fields))
+
+    async def delete_product(self, request: web.Request) -> web.Response:
+        """The product is gone from the site: unlisted, product_not_found (``removed: false`` restores it)."""
+        product_id = _id(request)
+        self.state.remove_product(product_id)
+        return self._product_answer(product_id)
+
+    def _product_answer(self, product_id: int) -> web.Response:
         product = self.state.product(product_id)
-        body = await _json_body(request)
-        if "is_active" in body:
-            self.state.set_product_active(product_id, _typed("is_active", body["is_active"], bool))
-        if "removed" in body:
-            if _typed("removed", body["removed"], bool):
-                self.state.remove_product(product_id)
-            else:
-                self.state.restore_product(product_id)
-        if "category_id" in body:
-            self.state.set_product_category(product_id, _typed("category_id", body["category_id"], int))
         return json_response(
             {
                 "ok": True,

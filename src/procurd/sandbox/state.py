@@ -6,9 +6,8 @@ import random
 import string
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any, TypeGuard
 from urllib.parse import urlsplit
@@ -193,6 +192,19 @@ class SandboxOrder:
 
 
 @dataclass(frozen=True)
+class NewSku:
+    """One SKU of a product that a test adds."""
+
+    price_amount: Decimal | str
+    stock_quantity: int = UNLIMITED
+    is_active: bool = True
+
+
+def _titles(title: str | Mapping[str, str]) -> dict[str, str]:
+    return {"zh-CN": title, "en-US": title} if isinstance(title, str) else dict(title)
+
+
+@dataclass(frozen=True)
 class NewOrderFlags:
     """Fault knobs that shape the next created order."""
 
@@ -281,10 +293,6 @@ class SandboxState:
             )
         return self._listing
 
-    def updated_products(self, updated_after: datetime) -> list[Product]:
-        """The active products updated at or after ``updated_after``, in id order."""
-        return [p for p in self.active_products() if p.updated_instant() >= updated_after]
-
     def visible_product(self, product_id: int) -> Product | None:
         """The product unless it does not exist or was removed."""
         if product_id in self.removed_products:
@@ -333,6 +341,10 @@ class SandboxState:
     def set_product_category(self, product_id: int, category_id: int) -> None:
         self.products[product_id].category_id = category_id
 
+    def set_product_title(self, product_id: int, title: str | Mapping[str, str]) -> None:
+        """A new title: one text for every locale, or a text per locale."""
+        self.products[product_id].title = _titles(title)
+
     def add_category(self, parent_id: int, slug: str, name: Mapping[str, str] | None = None) -> int:
         """Add a category under ``parent_id`` (0 = top level). Nothing is checked, so tests can build
         trees that break the two-level rule."""
@@ -350,20 +362,24 @@ class SandboxState:
         self,
         category_id: int | None = None,
         *,
-        title: str | None = None,
+        title: str | Mapping[str, str] | None = None,
         fulfillment_type: str = "auto",
-        price: str = "9.90",
+        price: Decimal | str = "9.90",
         stock_quantity: int = UNLIMITED,
-        skus: int = 1,
+        skus: int | Sequence[NewSku] = 1,
         is_active: bool = True,
     ) -> int:
-        """Add a product with ``skus`` SKUs (prices ``price``, ``2 * price`` ...) and return its id."""
+        """Add a product and return its id. ``skus`` is a number of SKUs (priced ``price``, ``2 * price`` ...,
+        each with ``stock_quantity``) or the SKUs themselves."""
         product_id = max(self.products, default=0) + 1
         first_sku_id = max(self.skus, default=0) + 1
-        base = _decimal(price)
+        if isinstance(skus, int):
+            base = _decimal(price)
+            skus = [NewSku(base * (index + 1), stock_quantity) for index in range(skus)]
         category = category_id if category_id is not None else self.leaf_categories()[0].id
-        label = title or f"Sandbox product {product_id}"
-        now = iso_time(self.now())
+        titles = _titles(title or f"Sandbox product {product_id}")
+        label = titles.get("en-US") or next(iter(titles.values()))
+        now = self.now()
         manual = fulfillment_type == "manual"
         new_skus = [
             SKU(
@@ -371,15 +387,16 @@ class SandboxState:
                 product_id=product_id,
                 sku_code=f"P{product_id:05d}-{index + 1}",
                 spec_values={"edition": f"option {index + 1}"},
-                price_amount=money_text(base * (index + 1)),
-                stock_quantity=stock_quantity,
+                price_amount=money_text(_decimal(spec.price_amount)),
+                stock_quantity=spec.stock_quantity,
+                is_active=spec.is_active,
             )
-            for index in range(skus)
+            for index, spec in enumerate(skus)
         ]
         product = Product(
             id=product_id,
             slug=f"sandbox-product-{product_id}",
-            title={"zh-CN": label, "en-US": label},
+            title=titles,
             description={"zh-CN": label, "en-US": label},
             content={"zh-CN": f"<p>{label}</p>", "en-US": f"<p>{label}</p>"},
             seo_meta={"title": label},
@@ -402,8 +419,8 @@ class SandboxState:
             ),
             is_active=is_active,
             category_id=category,
-            created_at=now,
-            updated_at=now,
+            created_at=iso_time(now),
+            updated_at=precise_iso_time(now),
             skus=new_skus,
         )
         product.attach(self._product_changed)
