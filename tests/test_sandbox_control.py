@@ -189,3 +189,86 @@ async def test_index_lists_endpoints(control: ControlClient) -> None:
 def test_control_api_is_for_loopback_clients(remote: str | None, allowed: bool) -> None:
     """Only loopback peers may use the control API."""
     assert _is_loopback(remote) is allowed
+
+
+async def test_refunds_as_the_order_query_reports_them(
+    sandbox: Sandbox, client: SignedClient, control: ControlClient
+) -> None:
+    """POST /_sandbox/orders/{id}/refund with an amount makes GET /orders/:id report partially_refunded,
+    then (the rest) refunded, with refunded_amount and one refund record per refund; the wallet gets the
+    money back and no callback is sent for either refund."""
+    async with CallbackReceiver() as receiver:
+        order_id = await new_order(sandbox, client, "R-1", callback_url=receiver.url)
+        await sandbox.wait_callbacks_idle()
+        await control.post(
+            f"/orders/{order_id}/refund", {"amount": "4.00", "reason": "one code did not work"}
+        )
+        partial = (await client.get(f"/orders/{order_id}")).json()
+        assert (partial["status"], partial["refunded_amount"]) == ("partially_refunded", "4.00")
+        await control.post(f"/orders/{order_id}/refund")
+        await sandbox.wait_callbacks_idle()
+        assert [p["status"] for p in receiver.payloads()] == ["delivered"]
+    refunded = (await client.get(f"/orders/{order_id}")).json()
+    assert (refunded["status"], refunded["refunded_amount"], refunded["amount"]) == (
+        "refunded",
+        "10.00",
+        "10.00",
+    )
+    assert [{k: r[k] for k in ("amount", "reason")} for r in refunded["refund_records"]] == [
+        {"amount": "4.00", "reason": "one code did not work"},
+        {"amount": "6.00", "reason": "refunded by the site"},
+    ]
+    assert all(r["created_at"].endswith("+08:00") for r in refunded["refund_records"])
+    assert "fulfillment" in refunded
+    assert sandbox.state.balance() == Decimal("1000.00")
+
+
+async def test_site_cancel_of_a_paid_order_pays_back_without_callback(
+    sandbox: Sandbox, client: SignedClient, control: ControlClient
+) -> None:
+    """The site canceling a partly refunded order pays back the rest as a refund record, reports canceled
+    with the whole amount refunded, and sends no callback."""
+    async with CallbackReceiver() as receiver:
+        order_id = await new_order(sandbox, client, "K-1", "manual", callback_url=receiver.url)
+        await control.post(f"/orders/{order_id}/refund", {"amount": "2.50"})
+        await control.post(f"/orders/{order_id}/cancel")
+        await sandbox.wait_callbacks_idle()
+        assert receiver.received == []
+    canceled = (await client.get(f"/orders/{order_id}")).json()
+    assert (canceled["status"], canceled["refunded_amount"]) == ("canceled", "10.00")
+    assert [r["amount"] for r in canceled["refund_records"]] == ["2.50", "7.50"]
+    assert sandbox.state.balance() == Decimal("1000.00")
+
+
+@pytest.mark.parametrize(
+    ("action", "body", "field"),
+    [
+        ("refund", {"amount": 2.5}, "amount"),
+        ("refund", {"amount": "lots"}, "amount"),
+        ("refund", {"reason": 7}, "reason"),
+        ("refund", {"amount": "1.00", "note": "x"}, "note"),
+        ("status", {"status": "lost"}, "status"),
+        ("status", {}, "status"),
+        ("deliver", {"payload": ["a"]}, "payload"),
+    ],
+)
+async def test_bad_order_action_fields_are_400(
+    sandbox: Sandbox, client: SignedClient, control: ControlClient, action: str, body: Any, field: str
+) -> None:
+    """A bad or unknown field of an order action answers 400 naming it."""
+    order_id = await new_order(sandbox, client, "B-1", "manual")
+    data = await control.post(f"/orders/{order_id}/{action}", body, expect=400)
+    assert (data["error_code"], data["field"]) == ("bad_request", field)
+
+
+async def test_refund_beyond_the_amount_is_409(
+    sandbox: Sandbox, client: SignedClient, control: ControlClient
+) -> None:
+    """Refunding more than is left, or an order never paid from the wallet, is a 409 conflict."""
+    order_id = await new_order(sandbox, client, "O-9", "manual")
+    assert (await control.post(f"/orders/{order_id}/refund", {"amount": "10.01"}, expect=409))[
+        "error_code"
+    ] == ("conflict")
+    sandbox.faults.pending_payment_next()
+    pending = await new_order(sandbox, client, "O-10", "manual")
+    await control.post(f"/orders/{pending}/refund", expect=409)

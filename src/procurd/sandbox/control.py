@@ -15,7 +15,7 @@ from procurd.sandbox.api import json_response
 from procurd.sandbox.catalog import UNLIMITED, money_text
 from procurd.sandbox.faults import ENDPOINTS
 from procurd.sandbox.site import SandboxSite
-from procurd.sandbox.state import NewSku, SandboxStateError
+from procurd.sandbox.state import ORDER_STATUSES, NewSku, SandboxStateError
 from procurd.sandbox.traffic import tally
 
 CONTROL_PREFIX = "/_sandbox"
@@ -63,6 +63,14 @@ KNOBS: dict[str, dict[str, Kind]] = {
     "empty_listing_next": {"count": int},
     "list_only": {"products": int, "fraction": float},
     "clear": {},
+}
+ORDER_ACTIONS: dict[str, dict[str, Kind]] = {
+    "deliver": {"payload": str},
+    "complete": {},
+    "cancel": {},
+    "refund": {"amount": Money, "reason": str},
+    "pay": {},
+    "status": {"status": ORDER_STATUSES, "callback": bool},
 }
 SKU_FIELDS: dict[str, Kind] = {"price_amount": Money, "stock_quantity": int, "is_active": bool}
 PRODUCT_FIELDS: dict[str, Kind] = {"title": Title, "category_id": int, "is_active": bool, "removed": bool}
@@ -354,28 +362,30 @@ class ControlApi:
         return json_response({"ok": True, "faults": self.site.faults.describe()})
 
     async def order_action(self, request: web.Request) -> web.Response:
+        """deliver, complete, cancel (by the site), refund, pay or status, each with its own fields."""
         order_id = _id(request)
         action = request.match_info["action"]
-        body = await _json_body(request)
+        if action not in ORDER_ACTIONS:
+            raise ControlError(404, "not_found", f"unknown order action {action!r}")
+        fields = _fields(await _json_body(request), ORDER_ACTIONS[action])
+        self.state.order(order_id)
         site = self.site
         if action == "deliver":
-            payload = body.get("payload")
-            order = await site.deliver(order_id, _typed("payload", payload, str) if payload else None)
+            order = await site.deliver(order_id, fields.get("payload"))
         elif action == "complete":
             order = await site.complete(order_id)
         elif action == "cancel":
             order = site.cancel_upstream(order_id)
         elif action == "refund":
-            amount = body.get("amount")
-            order = site.refund(order_id, None if amount is None else str(amount))
+            order = site.refund(
+                order_id, fields.get("amount"), fields.get("reason") or "refunded by the site"
+            )
         elif action == "pay":
             order = await site.pay(order_id)
-        elif action == "status":
-            status = _typed("status", body.get("status"), str)
-            callback = _typed("callback", body.get("callback", True), bool)
-            order = await site.set_status(order_id, status, callback)
         else:
-            raise ControlError(404, "not_found", f"unknown order action {action!r}")
+            if "status" not in fields:
+                raise bad_field("status", "status is required")
+            order = await site.set_status(order_id, fields["status"], fields.get("callback", True))
         return json_response({"ok": True, "order": order.to_control()})
 
     async def set_wallet(self, request: web.Request) -> web.Response:

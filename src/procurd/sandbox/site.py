@@ -112,9 +112,11 @@ class SandboxSite:
         """The site cancels the order (paid money back to the wallet); real sites send no callback."""
         return self.state.cancel_upstream(order_id)
 
-    def refund(self, order_id: int, amount: Decimal | str | None = None) -> SandboxOrder:
+    def refund(
+        self, order_id: int, amount: Decimal | str | None = None, reason: str = "refunded by the site"
+    ) -> SandboxOrder:
         """Refund all or part of the order to the wallet; no callback, like the real sites."""
-        return self.state.refund(order_id, amount)
+        return self.state.refund(order_id, amount, reason)
 
     async def set_status(self, order_id: int, status: str, callback: bool = True) -> SandboxOrder:
         """Force a status, with a callback unless ``callback`` is False."""

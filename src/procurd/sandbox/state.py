@@ -172,7 +172,7 @@ class SandboxOrder:
             data["fulfillment"] = self.fulfillment.to_dict()
         if self.refund_records:
             data["refunded_amount"] = money_text(self.refunded_amount)
-            data["refund_records"] = list(self.refund_records)
+            data["refund_records"] = [dict(record) for record in self.refund_records]
         data["downstream_order_no"] = self.downstream_order_no or ""
         data["trace_id"] = self.trace_id or ""
         data["created_at"] = self.created_at
@@ -713,20 +713,23 @@ class SandboxState:
         return order
 
     def cancel_upstream(self, order_id: int) -> SandboxOrder:
-        """The site cancels the order itself; whatever was paid goes back to the wallet."""
+        """The site cancels the order itself; whatever was paid and not yet refunded goes back to the
+        wallet, as a refund record."""
         order = self.orders[order_id]
         if order.status == "canceled":
             return order
-        if order.wallet_paid:
-            self.users[order.api_key].balance += order.amount - order.refunded_amount
-            order.refunded_amount = order.amount
-            order.wallet_paid = False
+        remaining = order.amount - order.refunded_amount
+        if order.wallet_paid and remaining > 0:
+            self._pay_back(order, remaining, "order canceled by the site")
+        order.wallet_paid = False
         if order.fulfillment is None:
             self._release_stock(order)
         self._touch(order, "canceled")
         return order
 
-    def refund(self, order_id: int, amount: Decimal | str | None = None) -> SandboxOrder:
+    def refund(
+        self, order_id: int, amount: Decimal | str | None = None, reason: str = "refunded by the site"
+    ) -> SandboxOrder:
         """Refund all (``refunded``) or part (``partially_refunded``) of a paid order to the wallet."""
         order = self.orders[order_id]
         if not order.wallet_paid:
@@ -735,18 +738,21 @@ class SandboxState:
         value = remaining if amount is None else _decimal(amount)
         if value <= 0 or value > remaining:
             raise SandboxStateError(f"refund amount must be above 0 and at most {money_text(remaining)}")
-        self.users[order.api_key].balance += value
-        order.refunded_amount += value
+        self._pay_back(order, value, reason)
+        self._touch(order, "refunded" if order.refunded_amount == order.amount else "partially_refunded")
+        return order
+
+    def _pay_back(self, order: SandboxOrder, amount: Decimal, reason: str) -> None:
+        self.users[order.api_key].balance += amount
+        order.refunded_amount += amount
         order.refund_records.append(
             {
                 "id": len(order.refund_records) + 1,
-                "amount": money_text(value),
-                "reason": "refunded by the site",
+                "amount": money_text(amount),
+                "reason": reason,
                 "created_at": iso_time(self.now()),
             }
         )
-        self._touch(order, "refunded" if order.refunded_amount == order.amount else "partially_refunded")
-        return order
 
     def set_status(self, order_id: int, status: str) -> SandboxOrder:
         """Force any status; ``delivered``/``completed`` get a fulfillment if the order has none."""
