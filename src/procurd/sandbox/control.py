@@ -72,6 +72,8 @@ ORDER_ACTIONS: dict[str, dict[str, Kind]] = {
     "pay": {},
     "status": {"status": ORDER_STATUSES, "callback": bool},
 }
+WALLET_FIELDS: dict[str, Kind] = {"api_key": str, "balance": Money, "top_up": Money}
+API_KEY_FIELDS: dict[str, Kind] = {"api_key": str, "api_secret": str, "balance": Money, "member_level": bool}
 SKU_FIELDS: dict[str, Kind] = {"price_amount": Money, "stock_quantity": int, "is_active": bool}
 PRODUCT_FIELDS: dict[str, Kind] = {"title": Title, "category_id": int, "is_active": bool, "removed": bool}
 NEW_PRODUCT_FIELDS: dict[str, Kind] = {
@@ -242,6 +244,7 @@ class ControlApi:
             ("POST", "/faults/clear", self.clear_faults),
             ("POST", "/orders/{id}/{action}", self.order_action),
             ("POST", "/wallet", self.set_wallet),
+            ("POST", "/api_keys", self.add_api_key),
             ("POST", "/skus/{id}", self.update_sku),
             ("POST", "/products", self.add_product),
             ("POST", "/products/{id}", self.update_product),
@@ -389,17 +392,33 @@ class ControlApi:
         return json_response({"ok": True, "order": order.to_control()})
 
     async def set_wallet(self, request: web.Request) -> web.Response:
-        body = await _json_body(request)
-        api_key = body.get("api_key")
-        if api_key is not None:
-            _typed("api_key", api_key, str)
-        if "balance" in body:
-            self.state.set_balance(str(body["balance"]), api_key)
-        elif "top_up" in body:
-            self.state.top_up(str(body["top_up"]), api_key)
+        """Set (``balance``) or raise (``top_up``) the wallet of ``api_key`` (default: the configured key)."""
+        fields = _fields(await _json_body(request), WALLET_FIELDS)
+        api_key = fields.get("api_key")
+        if ("balance" in fields) == ("top_up" in fields):
+            raise bad_field("balance", "give balance or top_up (one of them)")
+        if "balance" in fields:
+            self.state.set_balance(fields["balance"], api_key)
         else:
-            raise ControlError(400, "bad_request", "give balance or top_up")
-        return json_response({"ok": True, "balance": money_text(self.state.balance(api_key))})
+            self.state.top_up(fields["top_up"], api_key)
+        user = self.state.user(api_key)
+        return json_response({"ok": True, "api_key": user.api_key, "balance": money_text(user.balance)})
+
+    async def add_api_key(self, request: web.Request) -> web.Response:
+        """Another API key with a user account and a wallet of its own (1000.00 unless ``balance``)."""
+        fields = _fields(await _json_body(request), API_KEY_FIELDS)
+        for name in ("api_key", "api_secret"):
+            if not fields.get(name):
+                raise bad_field(name, f"{name} is required")
+        user = self.state.add_api_key(**fields)
+        return json_response(
+            {
+                "ok": True,
+                "api_key": user.api_key,
+                "user_id": user.user_id,
+                "balance": money_text(user.balance),
+            }
+        )
 
     async def update_sku(self, request: web.Request) -> web.Response:
         """Change a SKU's price, stock or active flag; its product's updated_at moves to now."""

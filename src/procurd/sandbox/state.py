@@ -452,6 +452,8 @@ class SandboxState:
         member_level: bool | None = None,
     ) -> ApiUser:
         """Another API user (with its own wallet and orders)."""
+        if api_key in self.users:
+            raise SandboxStateError(f"the API key {api_key!r} exists already")
         has_level = self.config.member_level if member_level is None else member_level
         user = ApiUser(
             api_key=api_key,
