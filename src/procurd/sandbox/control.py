@@ -3,16 +3,26 @@
 from __future__ import annotations
 
 import ipaddress
-import json
-import math
-from collections.abc import Awaitable, Callable, Mapping
-from decimal import Decimal, InvalidOperation
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 
 from procurd.sandbox.api import json_response
 from procurd.sandbox.catalog import UNLIMITED, money_text
+from procurd.sandbox.control_fields import (
+    ControlError,
+    Kind,
+    Money,
+    Title,
+    at_least,
+    bad_field,
+    checked_fields,
+    json_body,
+    path_id,
+    query_number,
+    typed,
+)
 from procurd.sandbox.faults import ENDPOINTS
 from procurd.sandbox.site import SandboxSite
 from procurd.sandbox.state import ORDER_STATUSES, NewSku, SandboxStateError
@@ -20,31 +30,6 @@ from procurd.sandbox.traffic import tally
 
 CONTROL_PREFIX = "/_sandbox"
 Handler = Callable[[web.Request], Awaitable[web.Response]]
-
-
-class ControlError(Exception):
-    def __init__(self, status: int, code: str, message: str, field: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-        self.field = field
-
-
-def bad_field(name: str, message: str) -> ControlError:
-    """A 400 whose body names the offending field."""
-    return ControlError(400, "bad_request", message, field=name)
-
-
-class Money:
-    """Marks a field holding a decimal amount, given as a JSON string such as "9.90" (never a number)."""
-
-
-class Title:
-    """Marks a multilingual text: one string for every locale, or an object of locale to string."""
-
-
-Kind = type | tuple[str, ...]  # a JSON type, a marker above, or the strings allowed
 
 
 # knob name -> its parameters and their JSON types (``bytes`` arrives as a string)
@@ -103,6 +88,20 @@ RATE_LIMIT_KEYS: dict[str, Kind] = {
 }
 
 
+def _new_skus(specs: list[Any]) -> list[NewSku]:
+    if not specs:
+        raise bad_field("skus", "skus must hold at least one SKU")
+    skus = []
+    for index, spec in enumerate(specs):
+        prefix = f"skus[{index}]."
+        fields = checked_fields(spec, SKU_FIELDS, prefix)
+        if "price_amount" not in fields:
+            raise bad_field(prefix + "price_amount", f"{prefix}price_amount is required")
+        at_least(fields, "stock_quantity", UNLIMITED, prefix=prefix)
+        skus.append(NewSku(**fields))
+    return skus
+
+
 def _is_loopback(remote: str | None) -> bool:
     if not remote:
         return False
@@ -110,122 +109,6 @@ def _is_loopback(remote: str | None) -> bool:
         return ipaddress.ip_address(remote.split("%", 1)[0]).is_loopback
     except ValueError:
         return False
-
-
-EXPECTED = {
-    bool: "true or false",
-    int: "an integer",
-    float: "a number",
-    str: "a string",
-    bytes: "a string",
-    list: "a list",
-    Money: 'a decimal string such as "9.90"',
-    Title: "a string, or an object of locale to string",
-}
-
-
-def _typed(name: str, value: Any, expected: Kind) -> Any:
-    """``value`` as ``expected`` (``Money`` gives a Decimal of at least 0), or a 400 naming ``name``."""
-    if isinstance(expected, tuple):
-        if value in expected:
-            return value
-        raise bad_field(name, f"{name} must be one of {', '.join(map(repr, expected))}")
-    if expected is bool:
-        if isinstance(value, bool):
-            return value
-    elif expected is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    elif expected is float:
-        if isinstance(value, int | float | Decimal) and not isinstance(value, bool) and math.isfinite(value):
-            return float(value)
-    elif expected is bytes:
-        if isinstance(value, str):
-            return value.encode()
-    elif expected is Money:
-        amount = _amount(value)
-        if amount is not None:
-            return amount
-    elif expected is Title:
-        if isinstance(value, str) and value:
-            return value
-        if isinstance(value, dict) and value and all(isinstance(text, str) for text in value.values()):
-            return value
-    elif isinstance(value, expected):
-        return value
-    raise bad_field(name, f"{name} must be {EXPECTED.get(expected, expected.__name__)}")
-
-
-def _amount(value: Any) -> Decimal | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        amount = Decimal(value.strip())
-    except InvalidOperation:
-        return None
-    return amount if amount.is_finite() and amount >= 0 else None
-
-
-def _fields(body: Any, schema: Mapping[str, Kind], prefix: str = "") -> dict[str, Any]:
-    """The body's fields, each checked against ``schema``; a field the schema lacks is a 400. Errors name
-    the field as ``prefix`` + its name."""
-    if not isinstance(body, dict):
-        raise bad_field(prefix.rstrip("."), f"{prefix.rstrip('.')} must be an object")
-    unknown = sorted(set(body) - set(schema))
-    if unknown:
-        names = ", ".join(prefix + name for name in unknown)
-        raise bad_field(prefix + unknown[0], f"unknown fields: {names}; known: {', '.join(schema)}")
-    return {name: _typed(prefix + name, value, schema[name]) for name, value in body.items()}
-
-
-def _at_least(
-    fields: Mapping[str, Any], name: str, minimum: float, *, above: bool = False, prefix: str = ""
-) -> None:
-    value = fields.get(name)
-    if value is not None and (value <= minimum if above else value < minimum):
-        label = prefix + name
-        raise bad_field(label, f"{label} must be {'above' if above else 'at least'} {minimum:g}")
-
-
-def _new_skus(specs: list[Any]) -> list[NewSku]:
-    if not specs:
-        raise bad_field("skus", "skus must hold at least one SKU")
-    skus = []
-    for index, spec in enumerate(specs):
-        prefix = f"skus[{index}]."
-        fields = _fields(spec, SKU_FIELDS, prefix)
-        if "price_amount" not in fields:
-            raise bad_field(prefix + "price_amount", f"{prefix}price_amount is required")
-        _at_least(fields, "stock_quantity", UNLIMITED, prefix=prefix)
-        skus.append(NewSku(**fields))
-    return skus
-
-
-async def _json_body(request: web.Request) -> dict[str, Any]:
-    raw = await request.read()
-    if not raw.strip():
-        return {}
-    try:
-        data = json.loads(raw, parse_float=Decimal)
-    except ValueError:
-        raise ControlError(400, "bad_request", "the body is not valid JSON") from None
-    if not isinstance(data, dict):
-        raise ControlError(400, "bad_request", "the body must be a JSON object")
-    return data
-
-
-def _query_number(raw: str) -> Decimal | str:
-    try:
-        return Decimal(raw)
-    except InvalidOperation:
-        return raw
-
-
-def _id(request: web.Request) -> int:
-    raw = request.match_info["id"]
-    if not (raw.isascii() and raw.isdigit()):
-        raise ControlError(400, "bad_request", "the id must be a number")
-    return int(raw)
 
 
 class ControlApi:
@@ -333,7 +216,7 @@ class ControlApi:
         return json_response({"ok": True, "orders": [order.to_control() for order in orders]})
 
     async def get_order(self, request: web.Request) -> web.Response:
-        return json_response({"ok": True, "order": self.state.order(_id(request)).to_control()})
+        return json_response({"ok": True, "order": self.state.order(path_id(request)).to_control()})
 
     async def list_callbacks(self, request: web.Request) -> web.Response:
         attempts = [
@@ -354,9 +237,9 @@ class ControlApi:
         return json_response({"ok": True, "callbacks": attempts})
 
     async def add_fault(self, request: web.Request) -> web.Response:
-        body = await _json_body(request)
-        knob = _typed("knob", body.pop("knob", None), tuple(KNOBS))
-        arguments = _fields(body, KNOBS[knob])
+        body = await json_body(request)
+        knob = typed("knob", body.pop("knob", None), tuple(KNOBS))
+        arguments = checked_fields(body, KNOBS[knob])
         getattr(self.site.faults, knob)(**arguments)
         return json_response({"ok": True, "faults": self.site.faults.describe()})
 
@@ -366,11 +249,11 @@ class ControlApi:
 
     async def order_action(self, request: web.Request) -> web.Response:
         """deliver, complete, cancel (by the site), refund, pay or status, each with its own fields."""
-        order_id = _id(request)
+        order_id = path_id(request)
         action = request.match_info["action"]
         if action not in ORDER_ACTIONS:
             raise ControlError(404, "not_found", f"unknown order action {action!r}")
-        fields = _fields(await _json_body(request), ORDER_ACTIONS[action])
+        fields = checked_fields(await json_body(request), ORDER_ACTIONS[action])
         self.state.order(order_id)
         site = self.site
         if action == "deliver":
@@ -393,7 +276,7 @@ class ControlApi:
 
     async def set_wallet(self, request: web.Request) -> web.Response:
         """Set (``balance``) or raise (``top_up``) the wallet of ``api_key`` (default: the configured key)."""
-        fields = _fields(await _json_body(request), WALLET_FIELDS)
+        fields = checked_fields(await json_body(request), WALLET_FIELDS)
         api_key = fields.get("api_key")
         if ("balance" in fields) == ("top_up" in fields):
             raise bad_field("balance", "give balance or top_up (one of them)")
@@ -406,7 +289,7 @@ class ControlApi:
 
     async def add_api_key(self, request: web.Request) -> web.Response:
         """Another API key with a user account and a wallet of its own (1000.00 unless ``balance``)."""
-        fields = _fields(await _json_body(request), API_KEY_FIELDS)
+        fields = checked_fields(await json_body(request), API_KEY_FIELDS)
         for name in ("api_key", "api_secret"):
             if not fields.get(name):
                 raise bad_field(name, f"{name} is required")
@@ -422,10 +305,10 @@ class ControlApi:
 
     async def update_sku(self, request: web.Request) -> web.Response:
         """Change a SKU's price, stock or active flag; its product's updated_at moves to now."""
-        sku_id = _id(request)
+        sku_id = path_id(request)
         sku = self.state.sku(sku_id)
-        fields = _fields(await _json_body(request), SKU_FIELDS)
-        _at_least(fields, "stock_quantity", UNLIMITED)
+        fields = checked_fields(await json_body(request), SKU_FIELDS)
+        at_least(fields, "stock_quantity", UNLIMITED)
         if "price_amount" in fields:
             self.state.set_sku_price(sku_id, fields["price_amount"])
         if "stock_quantity" in fields:
@@ -437,9 +320,9 @@ class ControlApi:
 
     async def update_product(self, request: web.Request) -> web.Response:
         """Change a product's title, category or active flag, or remove (``removed``) and restore it."""
-        product_id = _id(request)
+        product_id = path_id(request)
         self.state.product(product_id)
-        fields = _fields(await _json_body(request), PRODUCT_FIELDS)
+        fields = checked_fields(await json_body(request), PRODUCT_FIELDS)
         if "title" in fields:
             self.state.set_product_title(product_id, fields["title"])
         if "category_id" in fields:
@@ -454,14 +337,14 @@ class ControlApi:
 
     async def add_product(self, request: web.Request) -> web.Response:
         """A new product with its SKUs (one 9.90 SKU of unlimited stock unless ``skus`` says otherwise)."""
-        fields = _fields(await _json_body(request), NEW_PRODUCT_FIELDS)
+        fields = checked_fields(await json_body(request), NEW_PRODUCT_FIELDS)
         if "skus" in fields:
             fields["skus"] = _new_skus(fields["skus"])
         return self._product_answer(self.state.add_product(**fields))
 
     async def delete_product(self, request: web.Request) -> web.Response:
         """The product is gone from the site: unlisted, product_not_found (``removed: false`` restores it)."""
-        product_id = _id(request)
+        product_id = path_id(request)
         self.state.remove_product(product_id)
         return self._product_answer(product_id)
 
@@ -486,10 +369,10 @@ class ControlApi:
 
     async def set_rate_limit(self, request: web.Request) -> web.Response:
         """Switch the limit and set its numbers; every key starts with an empty window."""
-        fields = _fields(await _json_body(request), RATE_LIMIT_KEYS)
-        _at_least(fields, "requests", 1)
-        _at_least(fields, "window_seconds", 0, above=True)
-        _at_least(fields, "block_seconds", 0)
+        fields = checked_fields(await json_body(request), RATE_LIMIT_KEYS)
+        at_least(fields, "requests", 1)
+        at_least(fields, "window_seconds", 0, above=True)
+        at_least(fields, "block_seconds", 0)
         config = self.site.config
         config.rate_limit = fields.get("enabled", config.rate_limit)
         config.rate_limit_requests = fields.get("requests", config.rate_limit_requests)
@@ -499,14 +382,14 @@ class ControlApi:
         return json_response({"ok": True, **self._rate_limit()})
 
     async def set_config(self, request: web.Request) -> web.Response:
-        fields = _fields(await _json_body(request), CONFIG_KEYS)
+        fields = checked_fields(await json_body(request), CONFIG_KEYS)
         if "callback_retry_delays" in fields:
             delays = fields["callback_retry_delays"]
-            fields["callback_retry_delays"] = tuple(_typed("callback_retry_delays", d, float) for d in delays)
+            fields["callback_retry_delays"] = tuple(typed("callback_retry_delays", d, float) for d in delays)
             if any(delay < 0 for delay in fields["callback_retry_delays"]):
                 raise bad_field("callback_retry_delays", "callback_retry_delays must not be negative")
-        _at_least(fields, "page_size_max", 1)
-        _at_least(fields, "callback_timeout_seconds", 0, above=True)
+        at_least(fields, "page_size_max", 1)
+        at_least(fields, "callback_timeout_seconds", 0, above=True)
         for name, value in fields.items():
             setattr(self.site.config, name, value)
         return json_response({"ok": True})
@@ -515,7 +398,7 @@ class ControlApi:
         """The signed API's requests at or after ``since`` (the site's Unix seconds), per key and endpoint."""
         since = request.query.get("since")
         api_key = request.query.get("api_key")
-        start = None if since is None else _typed("since", _query_number(since), float)
+        start = None if since is None else typed("since", query_number(since), float)
         records = self.site.requests.select(start, api_key)
         return json_response(
             {
