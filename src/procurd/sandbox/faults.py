@@ -143,7 +143,7 @@ class FaultPlan:
         """Until cleared, GET /products lists only the first ``products`` products (in id order), or that
         ``fraction`` of them (rounded down), as if the rest had vanished from the site's listing."""
         if (products is None) == (fraction is None):
-            raise ValueError("give products or fraction, not both")
+            raise ValueError("give either products or fraction")
         if products is not None and products < 0:
             raise ValueError("products must be at least 0")
         if fraction is not None and not 0 <= fraction <= 1:
