@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 from collections.abc import AsyncIterator
 from decimal import Decimal
-from typing import Any
 
 import pytest
 
@@ -26,17 +25,6 @@ async def sandbox() -> AsyncIterator[Sandbox]:
 async def client(sandbox: Sandbox) -> AsyncIterator[SignedClient]:
     async with SignedClient(sandbox.base_url) as client:
         yield client
-
-
-async def all_listed(client: SignedClient, page_size: int = 50) -> list[dict[str, Any]]:
-    items: list[dict[str, Any]] = []
-    page = 1
-    while True:
-        data = (await client.get("/products", {"page": page, "page_size": page_size})).json()
-        items.extend(data["items"])
-        if page * data["page_size"] >= data["total"]:
-            return items
-        page += 1
 
 
 def test_same_seed_same_catalogue() -> None:
@@ -135,12 +123,12 @@ async def test_categories_are_two_levels_and_products_sit_on_leaves(client: Sign
         if category["parent_id"]:
             assert by_id[category["parent_id"]]["parent_id"] == 0
     parents = {c["parent_id"] for c in categories}
-    assert all(p["category_id"] not in parents for p in await all_listed(client))
+    assert all(p["category_id"] not in parents for p in await client.list_all_products())
 
 
 async def test_product_fields_follow_the_seed(client: SignedClient) -> None:
     """Listed products and SKUs carry the seed fields, two-place money and a consistent stock_status."""
-    for product in await all_listed(client):
+    for product in await client.list_all_products():
         for key in ("id", "slug", "title", "description", "content", "seo_meta", "images", "tags"):
             assert key in product
         assert set(product["title"]) == {"zh-CN", "en-US"}
@@ -165,7 +153,7 @@ async def test_page_size_is_clamped_to_50(client: SignedClient) -> None:
 
 async def test_pages_cover_every_product_once(client: SignedClient) -> None:
     """Walking the pages yields every active product exactly once; a page past the end is empty."""
-    ids = [p["id"] for p in await all_listed(client, page_size=7)]
+    ids = [p["id"] for p in await client.list_all_products(7)]
     assert ids == list(range(1, 121))
     past = (await client.get("/products", {"page": 99, "page_size": 50})).json()
     assert past["items"] == []
@@ -182,7 +170,7 @@ async def test_inactive_skus_are_left_out_of_listings(sandbox: Sandbox, client: 
     product = sandbox.state.active_products()[0]
     hidden = product.skus[-1]
     sandbox.state.set_sku_active(hidden.id, False)
-    listed = next(p for p in await all_listed(client) if p["id"] == product.id)
+    listed = next(p for p in await client.list_all_products() if p["id"] == product.id)
     assert hidden.id not in [s["id"] for s in listed["skus"]]
     detail = (await client.get(f"/products/{product.id}")).json()["product"]
     assert {s["id"]: s["is_active"] for s in detail["skus"]}[hidden.id] is False
@@ -208,7 +196,7 @@ async def test_inactive_product_is_404_unavailable_and_unlisted(
     sandbox.state.set_product_active(5, False)
     response = await client.get("/products/5")
     assert (response.status, response.error_code) == (404, "product_unavailable")
-    assert 5 not in [p["id"] for p in await all_listed(client)]
+    assert 5 not in [p["id"] for p in await client.list_all_products()]
     assert (await client.get("/products")).json()["total"] == 119
 
 
@@ -225,7 +213,7 @@ async def test_removed_product_is_gone_until_restored(sandbox: Sandbox, client: 
     """A removed product is unlisted and not found; restoring brings it back."""
     sandbox.state.remove_product(9)
     assert (await client.get("/products/9")).error_code == "product_not_found"
-    assert 9 not in [p["id"] for p in await all_listed(client)]
+    assert 9 not in [p["id"] for p in await client.list_all_products()]
     sandbox.state.restore_product(9)
     assert (await client.get("/products/9")).status == 200
 

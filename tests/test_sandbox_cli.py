@@ -90,3 +90,16 @@ def test_listener_line_hides_non_default_secret() -> None:
     line = describe_listener(SandboxConfig(api_secret="s3cr3t"), "http://127.0.0.1:9000")
     assert "s3cr3t" not in line
     assert "http://127.0.0.1:9000/api/v1/upstream" in line
+
+
+async def test_ignore_updated_after_flag() -> None:
+    """With --ignore-updated-after the listing holds every product even for an updated_after in the future."""
+    process, line = await run_sandbox_process("--ignore-updated-after")
+    try:
+        found = re.search(r"listening on (\S+) ", line)
+        assert found, line
+        async with SignedClient(found.group(1)) as client:
+            listing = (await client.get("/products", {"updated_after": "2999-01-01T00:00:00Z"})).json()
+        assert listing["total"] == 5
+    finally:
+        await stop(process)

@@ -6,12 +6,11 @@ from collections.abc import AsyncIterator
 from decimal import Decimal
 from typing import Any
 
-import aiohttp
 import pytest
 
 from procurd.sandbox import Sandbox, SandboxConfig
 from procurd.sandbox.control import _is_loopback
-from procurd.sandbox.testing import CallbackReceiver, SignedClient
+from procurd.sandbox.testing import CallbackReceiver, ControlClient, SignedClient
 
 
 @pytest.fixture
@@ -28,27 +27,9 @@ async def client(sandbox: Sandbox) -> AsyncIterator[SignedClient]:
 
 
 @pytest.fixture
-async def control(sandbox: Sandbox) -> AsyncIterator[Control]:
-    async with aiohttp.ClientSession() as session:
-        yield Control(session, sandbox.base_url + "/_sandbox")
-
-
-class Control:
-    def __init__(self, session: aiohttp.ClientSession, root: str) -> None:
-        self.session = session
-        self.root = root
-
-    async def call(self, method: str, path: str, body: Any = None, expect: int = 200) -> dict[str, Any]:
-        async with self.session.request(method, self.root + path, json=body) as response:
-            data: dict[str, Any] = await response.json()
-            assert response.status == expect, data
-            return data
-
-    async def get(self, path: str, expect: int = 200) -> dict[str, Any]:
-        return await self.call("GET", path, expect=expect)
-
-    async def post(self, path: str, body: Any = None, expect: int = 200) -> dict[str, Any]:
-        return await self.call("POST", path, body, expect)
+async def control(sandbox: Sandbox) -> AsyncIterator[ControlClient]:
+    async with ControlClient(sandbox.base_url) as control:
+        yield control
 
 
 async def new_order(
@@ -64,7 +45,7 @@ async def new_order(
 
 
 async def test_state_reports_orders_wallet_requests_and_callbacks(
-    sandbox: Sandbox, client: SignedClient, control: Control
+    sandbox: Sandbox, client: SignedClient, control: ControlClient
 ) -> None:
     """GET /_sandbox/state counts orders by status, the balance, requests per endpoint and callbacks."""
     await client.post("/ping")
@@ -80,7 +61,7 @@ async def test_state_reports_orders_wallet_requests_and_callbacks(
 
 
 async def test_orders_filter_by_downstream_number(
-    sandbox: Sandbox, client: SignedClient, control: Control
+    sandbox: Sandbox, client: SignedClient, control: ControlClient
 ) -> None:
     """GET /_sandbox/orders?downstream_order_no= lists just that number's orders, with their key."""
     await new_order(sandbox, client, "O-1")
@@ -90,7 +71,7 @@ async def test_orders_filter_by_downstream_number(
     assert len((await control.get("/orders"))["orders"]) == 2
 
 
-async def test_fault_knobs_over_http(sandbox: Sandbox, client: SignedClient, control: Control) -> None:
+async def test_fault_knobs_over_http(sandbox: Sandbox, client: SignedClient, control: ControlClient) -> None:
     """POST /_sandbox/faults maps onto the FaultPlan methods; /faults/clear removes them."""
     await control.post("/faults", {"knob": "fail_next", "endpoint": "ping", "status": 502})
     assert (await client.post("/ping")).status == 502
@@ -112,13 +93,15 @@ async def test_fault_knobs_over_http(sandbox: Sandbox, client: SignedClient, con
         {"knob": "fail_next", "endpoint": "ping", "colour": "red"},
     ],
 )
-async def test_bad_fault_requests_are_400(control: Control, body: dict[str, Any]) -> None:
+async def test_bad_fault_requests_are_400(control: ControlClient, body: dict[str, Any]) -> None:
     """Unknown knobs, endpoints, parameters or wrong types answer 400 bad_request."""
     data = await control.post("/faults", body, expect=400)
     assert data["error_code"] == "bad_request"
 
 
-async def test_order_actions_over_http(sandbox: Sandbox, client: SignedClient, control: Control) -> None:
+async def test_order_actions_over_http(
+    sandbox: Sandbox, client: SignedClient, control: ControlClient
+) -> None:
     """deliver, complete, refund, cancel, pay and status act on orders through the control API."""
     async with CallbackReceiver() as receiver:
         manual = await new_order(sandbox, client, "A-1", "manual", callback_url=receiver.url)
@@ -140,7 +123,7 @@ async def test_order_actions_over_http(sandbox: Sandbox, client: SignedClient, c
     assert forced["order"]["status"] == "fulfilling"
 
 
-async def test_order_action_errors(sandbox: Sandbox, client: SignedClient, control: Control) -> None:
+async def test_order_action_errors(sandbox: Sandbox, client: SignedClient, control: ControlClient) -> None:
     """An unknown order is 404 and an impossible move (completing a paid order) is 409."""
     assert (await control.post("/orders/999999/deliver", expect=404))["error_code"] == "not_found"
     order_id = await new_order(sandbox, client, "E-1", "manual")
@@ -149,7 +132,7 @@ async def test_order_action_errors(sandbox: Sandbox, client: SignedClient, contr
 
 
 async def test_wallet_sku_and_product_changes(
-    sandbox: Sandbox, client: SignedClient, control: Control
+    sandbox: Sandbox, client: SignedClient, control: ControlClient
 ) -> None:
     """POST /wallet, /skus/{id} and /products/{id} change what the signed API answers at once."""
     assert (await control.post("/wallet", {"balance": "12.34"}))["balance"] == "12.34"
@@ -166,7 +149,7 @@ async def test_wallet_sku_and_product_changes(
     assert sandbox.state.balance() == Decimal("12.34")
 
 
-async def test_rate_limit_switch(sandbox: Sandbox, client: SignedClient, control: Control) -> None:
+async def test_rate_limit_switch(sandbox: Sandbox, client: SignedClient, control: ControlClient) -> None:
     """POST /_sandbox/rate_limit turns the limit on with its numbers, and off again."""
     await control.post("/rate_limit", {"enabled": True, "requests": 1, "block_seconds": 60})
     await client.post("/ping")
@@ -175,7 +158,7 @@ async def test_rate_limit_switch(sandbox: Sandbox, client: SignedClient, control
     assert (await client.post("/ping")).json()["ok"] is True
 
 
-async def test_config_changes(sandbox: Sandbox, control: Control) -> None:
+async def test_config_changes(sandbox: Sandbox, control: ControlClient) -> None:
     """POST /_sandbox/config sets the runtime switches it knows and refuses others."""
     await control.post("/config", {"auto_deliver": False, "balance_failure": "insufficient_balance"})
     assert sandbox.config.auto_deliver is False
@@ -185,7 +168,7 @@ async def test_config_changes(sandbox: Sandbox, control: Control) -> None:
     assert (await control.post("/config", {"api_secret": "x"}, expect=400))["error_code"] == "bad_request"
 
 
-async def test_callback_log_over_http(sandbox: Sandbox, client: SignedClient, control: Control) -> None:
+async def test_callback_log_over_http(sandbox: Sandbox, client: SignedClient, control: ControlClient) -> None:
     """GET /_sandbox/callbacks lists every try with its outcome."""
     async with CallbackReceiver() as receiver:
         await new_order(sandbox, client, "C-1", callback_url=receiver.url)
@@ -194,7 +177,7 @@ async def test_callback_log_over_http(sandbox: Sandbox, client: SignedClient, co
     assert (attempt["downstream_order_no"], attempt["ok"], attempt["http_status"]) == ("C-1", True, 200)
 
 
-async def test_index_lists_endpoints(control: Control) -> None:
+async def test_index_lists_endpoints(control: ControlClient) -> None:
     """GET /_sandbox lists the control endpoints."""
     assert "GET /_sandbox/state" in (await control.get(""))["endpoints"]
 
@@ -206,3 +189,86 @@ async def test_index_lists_endpoints(control: Control) -> None:
 def test_control_api_is_for_loopback_clients(remote: str | None, allowed: bool) -> None:
     """Only loopback peers may use the control API."""
     assert _is_loopback(remote) is allowed
+
+
+async def test_refunds_as_the_order_query_reports_them(
+    sandbox: Sandbox, client: SignedClient, control: ControlClient
+) -> None:
+    """POST /_sandbox/orders/{id}/refund with an amount makes GET /orders/:id report partially_refunded,
+    then (the rest) refunded, with refunded_amount and one refund record per refund; the wallet gets the
+    money back and no callback is sent for either refund."""
+    async with CallbackReceiver() as receiver:
+        order_id = await new_order(sandbox, client, "R-1", callback_url=receiver.url)
+        await sandbox.wait_callbacks_idle()
+        await control.post(
+            f"/orders/{order_id}/refund", {"amount": "4.00", "reason": "one code did not work"}
+        )
+        partial = (await client.get(f"/orders/{order_id}")).json()
+        assert (partial["status"], partial["refunded_amount"]) == ("partially_refunded", "4.00")
+        await control.post(f"/orders/{order_id}/refund")
+        await sandbox.wait_callbacks_idle()
+        assert [p["status"] for p in receiver.payloads()] == ["delivered"]
+    refunded = (await client.get(f"/orders/{order_id}")).json()
+    assert (refunded["status"], refunded["refunded_amount"], refunded["amount"]) == (
+        "refunded",
+        "10.00",
+        "10.00",
+    )
+    assert [{k: r[k] for k in ("amount", "reason")} for r in refunded["refund_records"]] == [
+        {"amount": "4.00", "reason": "one code did not work"},
+        {"amount": "6.00", "reason": "refunded by the site"},
+    ]
+    assert all(r["created_at"].endswith("+08:00") for r in refunded["refund_records"])
+    assert "fulfillment" in refunded
+    assert sandbox.state.balance() == Decimal("1000.00")
+
+
+async def test_site_cancel_of_a_paid_order_pays_back_without_callback(
+    sandbox: Sandbox, client: SignedClient, control: ControlClient
+) -> None:
+    """The site canceling a partly refunded order pays back the rest as a refund record, reports canceled
+    with the whole amount refunded, and sends no callback."""
+    async with CallbackReceiver() as receiver:
+        order_id = await new_order(sandbox, client, "K-1", "manual", callback_url=receiver.url)
+        await control.post(f"/orders/{order_id}/refund", {"amount": "2.50"})
+        await control.post(f"/orders/{order_id}/cancel")
+        await sandbox.wait_callbacks_idle()
+        assert receiver.received == []
+    canceled = (await client.get(f"/orders/{order_id}")).json()
+    assert (canceled["status"], canceled["refunded_amount"]) == ("canceled", "10.00")
+    assert [r["amount"] for r in canceled["refund_records"]] == ["2.50", "7.50"]
+    assert sandbox.state.balance() == Decimal("1000.00")
+
+
+@pytest.mark.parametrize(
+    ("action", "body", "field"),
+    [
+        ("refund", {"amount": 2.5}, "amount"),
+        ("refund", {"amount": "lots"}, "amount"),
+        ("refund", {"reason": 7}, "reason"),
+        ("refund", {"amount": "1.00", "note": "x"}, "note"),
+        ("status", {"status": "lost"}, "status"),
+        ("status", {}, "status"),
+        ("deliver", {"payload": ["a"]}, "payload"),
+    ],
+)
+async def test_bad_order_action_fields_are_400(
+    sandbox: Sandbox, client: SignedClient, control: ControlClient, action: str, body: Any, field: str
+) -> None:
+    """A bad or unknown field of an order action answers 400 naming it."""
+    order_id = await new_order(sandbox, client, "B-1", "manual")
+    data = await control.post(f"/orders/{order_id}/{action}", body, expect=400)
+    assert (data["error_code"], data["field"]) == ("bad_request", field)
+
+
+async def test_refund_beyond_the_amount_is_409(
+    sandbox: Sandbox, client: SignedClient, control: ControlClient
+) -> None:
+    """Refunding more than is left, or an order never paid from the wallet, is a 409 conflict."""
+    order_id = await new_order(sandbox, client, "O-9", "manual")
+    assert (await control.post(f"/orders/{order_id}/refund", {"amount": "10.01"}, expect=409))[
+        "error_code"
+    ] == ("conflict")
+    sandbox.faults.pending_payment_next()
+    pending = await new_order(sandbox, client, "O-10", "manual")
+    await control.post(f"/orders/{pending}/refund", expect=409)

@@ -9,6 +9,7 @@ from procurd.sandbox.catalog import SKU, Category, Product
 from procurd.sandbox.config import SandboxConfig
 from procurd.sandbox.faults import FaultPlan
 from procurd.sandbox.server import Sandbox
+from procurd.sandbox.site import SandboxSite
 from procurd.sandbox.state import ApiUser, Fulfillment, SandboxOrder, SandboxState, SandboxStateError
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "Sandbox",
     "SandboxConfig",
     "SandboxOrder",
+    "SandboxSite",
     "SandboxState",
     "SandboxStateError",
 ]

@@ -8,20 +8,19 @@ import re
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from decimal import Decimal
 from email.utils import formatdate
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import structlog
 from aiohttp import hdrs, web
 
-from procurd.sandbox.catalog import dump_json, money_text
+from procurd.sandbox.catalog import dump_json, money_text, parse_instant
 from procurd.sandbox.faults import AFTER_KINDS, BEFORE_KINDS, RequestFault
+from procurd.sandbox.site import SandboxSite
 from procurd.sandbox.state import ApiError, ApiUser, bad_request
 from procurd.signing import HeaderNames, parse_timestamp, signature_matches, timestamp_fresh
-
-if TYPE_CHECKING:
-    from procurd.sandbox.server import Sandbox
 
 API_PREFIX = "/api/v1/upstream"
 PROTOCOL_VERSION = "1.0"
@@ -106,11 +105,11 @@ def _query_int(request: web.Request, name: str, default: int) -> int:
 class SignedApi:
     """Routing, authentication, rate limit and fault knobs around the seven endpoints."""
 
-    def __init__(self, sandbox: Sandbox) -> None:
-        self.sandbox = sandbox
-        self.state = sandbox.state
-        self.config = sandbox.config
-        self.faults = sandbox.faults
+    def __init__(self, site: SandboxSite) -> None:
+        self.site = site
+        self.state = site.state
+        self.config = site.config
+        self.faults = site.faults
         self._handlers: dict[str, Callable[[ApiCall], Awaitable[web.Response]]] = {
             "ping": self.ping,
             "categories": self.categories,
@@ -155,10 +154,10 @@ class SignedApi:
                 raise ApiError(405, "method_not_allowed", f"{request.method} is not allowed here")
             raise ApiError(404, "not_found", "no such endpoint")
         endpoint = route.endpoint
-        self.sandbox.request_counts[endpoint] += 1
-        self.sandbox.request_counts["*"] += 1
         api_key = request.headers.get(self._names().api_key, "").strip()
-        if self.config.rate_limit and api_key and not self._rate_limit_allows(api_key):
+        rate_limited = self.config.rate_limit and bool(api_key) and not self._rate_limit_allows(api_key)
+        self.site.record_request(endpoint, api_key, rate_limited)
+        if rate_limited:
             return json_response(
                 {"status_code": 429, "msg": "too many requests", "data": {"request_id": uuid.uuid4().hex}}
             )
@@ -179,7 +178,7 @@ class SignedApi:
         return json_response(ApiError(500, "internal_error", "internal server error").body(), 500)
 
     def _rate_limit_allows(self, api_key: str) -> bool:
-        return self.sandbox.rate_limiter.allow(
+        return self.site.rate_limiter.allow(
             api_key,
             self.config.rate_limit_requests,
             self.config.rate_limit_window_seconds,
@@ -189,7 +188,7 @@ class SignedApi:
     async def _before(self, request: web.Request, endpoint: str) -> web.Response | None:
         """Apply the knobs that act before the work: delay, then fail, hang or malformed."""
         delay = self.faults.take(endpoint, ("delay",))
-        if delay is not None and await self.sandbox.wait_closing(delay.seconds):
+        if delay is not None and await self.site.wait_closing(delay.seconds):
             return abort_connection(request)
         fault = self.faults.take(endpoint, BEFORE_KINDS)
         if fault is None:
@@ -198,7 +197,7 @@ class SignedApi:
 
     async def _apply_before(self, request: web.Request, fault: RequestFault) -> web.Response:
         if fault.kind == "hang":
-            await self.sandbox.wait_closing(None)
+            await self.site.wait_closing(None)
             return abort_connection(request)
         if fault.kind == "malformed":
             return web.Response(
@@ -273,11 +272,24 @@ class SignedApi:
         if page_size < 1:
             page_size = DEFAULT_PAGE_SIZE
         page_size = min(page_size, self.config.page_size_max)
-        listed = self.state.active_products()
+        updated_after = self._updated_after(call.request)
+        listed = self.faults.listing(self.state.active_products())
+        if updated_after is not None:
+            listed = [product for product in listed if product.updated_instant() >= updated_after]
         start = (page - 1) * page_size
         items = b",".join(product.listing_json() for product in listed[start : start + page_size])
         tail = f'],"total":{len(listed)},"page":{page},"page_size":{page_size}}}'.encode()
         return raw_json_response(b'{"ok":true,"items":[' + items + tail)
+
+    def _updated_after(self, request: web.Request) -> datetime | None:
+        """The ``updated_after`` instant asked for; None when absent or when the site ignores it."""
+        raw = request.query.get("updated_after", "")
+        if not raw or not self.config.honour_updated_after:
+            return None
+        instant = parse_instant(raw)
+        if instant is None:
+            raise bad_request("updated_after must be an RFC 3339 timestamp such as 2026-01-02T15:04:05+08:00")
+        return instant
 
     async def product(self, call: ApiCall) -> web.Response:
         product = self.state.visible_product(_path_id(call, "product"))
@@ -299,7 +311,7 @@ class SignedApi:
         self.faults.used_new_order_flags(result.used_pending_payment, result.used_hold_delivery)
         order = result.order
         if result.created:
-            self.sandbox.order_created(order)
+            self.site.order_created(order)
         if result.payment_failed:
             return json_response(
                 {

@@ -2,6 +2,10 @@
 
 Products cache their serialized JSON; assigning any public field of a product or of one of its SKUs drops
 that cache (and bumps ``updated_at``), so tests may edit the dataclasses directly.
+
+Generated products were last updated one minute apart in id order, from ``GENERATED_UPDATES_FROM`` on, all
+long before the sandbox runs: product ``n`` is updated at ``GENERATED_UPDATES_FROM + 60 * n``. A change made
+while the sandbox runs stamps the product with the site's clock, to the microsecond.
 """
 
 from __future__ import annotations
@@ -20,11 +24,26 @@ CENT = Decimal("0.01")
 LOW_STOCK_MAX = 20
 UNLIMITED = -1
 CATALOGUE_EPOCH = 1748736000  # 2025-06-01T00:00:00Z: generated created_at values start here
+GENERATED_UPDATES_FROM = CATALOGUE_EPOCH + 183 * 86400  # 2025-12-01T00:00:00Z, after every created_at
 
 
 def iso_time(unix_seconds: float) -> str:
-    """ISO 8601 with the site's +08:00 offset, like a Dujiao-Next site in China answers."""
+    """ISO 8601 to the second with the site's +08:00 offset, like a Dujiao-Next site in China answers."""
     return datetime.fromtimestamp(unix_seconds, SITE_TIMEZONE).isoformat(timespec="seconds")
+
+
+def precise_iso_time(unix_seconds: float) -> str:
+    """Like :func:`iso_time`, with microseconds unless they are zero."""
+    return datetime.fromtimestamp(unix_seconds, SITE_TIMEZONE).isoformat()
+
+
+def parse_instant(text: str) -> datetime | None:
+    """An ISO 8601 / RFC 3339 timestamp with a time zone (``Z`` or an offset); None for anything else."""
+    try:
+        instant = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    return instant if instant.tzinfo is not None else None
 
 
 def money_text(value: Decimal) -> str:
@@ -146,16 +165,24 @@ class Product:
     _listing_json: bytes | None = field(default=None, init=False, repr=False)
     _detail_json: bytes | None = field(default=None, init=False, repr=False)
     _on_change: Callable[[Product], None] | None = field(default=None, init=False, repr=False)
+    _updated: tuple[str, datetime] | None = field(default=None, init=False, repr=False)
 
     def __setattr__(self, name: str, value: Any) -> None:
         object.__setattr__(self, name, value)
-        if name[0] != "_" and name != "updated_at" and "_on_change" in self.__dict__:
+        if name[0] == "_" or "_on_change" not in self.__dict__:
+            return
+        if name == "updated_at":  # set by hand: shown as given
+            self._drop_json()
+        else:
             self.changed()
+
+    def _drop_json(self) -> None:
+        object.__setattr__(self, "_listing_json", None)
+        object.__setattr__(self, "_detail_json", None)
 
     def changed(self) -> None:
         """Drop the cached JSON and tell the owner (which bumps ``updated_at`` and the listing)."""
-        object.__setattr__(self, "_listing_json", None)
-        object.__setattr__(self, "_detail_json", None)
+        self._drop_json()
         if self._on_change is not None:
             self._on_change(self)
 
@@ -167,6 +194,18 @@ class Product:
     @property
     def is_manual(self) -> bool:
         return self.fulfillment_type == "manual"
+
+    def updated_instant(self) -> datetime:
+        """``updated_at`` as an aware datetime (parsed once per value)."""
+        if self._updated is None or self._updated[0] != self.updated_at:
+            instant = parse_instant(self.updated_at)
+            if instant is None:
+                raise ValueError(
+                    f"product {self.id} has an updated_at without a time zone: {self.updated_at!r}"
+                )
+            object.__setattr__(self, "_updated", (self.updated_at, instant))
+        assert self._updated is not None
+        return self._updated[1]
 
     def price_source(self) -> SKU | None:
         """The SKU whose price the product shows: the cheapest active one (any one if none is active)."""
@@ -428,7 +467,7 @@ def _generate_product(
         is_active=active,
         category_id=leaf.id,
         created_at=iso_time(created),
-        updated_at=iso_time(created + rng.randint(0, 30 * 86400)),
+        updated_at=iso_time(GENERATED_UPDATES_FROM + 60 * product_id),
         skus=skus,
         extra=extra,
     )

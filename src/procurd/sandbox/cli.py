@@ -145,6 +145,11 @@ async def serve(config: SandboxConfig, host: str, port: int, on_ready: Callable[
     show_default=True,
     help="How an order the wallet cannot pay is answered.",
 )
+@click.option(
+    "--ignore-updated-after",
+    is_flag=True,
+    help="List every product whatever GET /products?updated_after= asks, like an older site.",
+)
 @click.option("--log-level", type=click.Choice(LOG_LEVELS), default="info", show_default=True)
 def sandbox_command(
     host: str,
@@ -164,6 +169,7 @@ def sandbox_command(
     site_name: str,
     currency: str,
     balance_failure: str,
+    ignore_updated_after: bool,
     log_level: str,
 ) -> None:
     """Run a faithful upstream site (signed procurement API) on loopback for trying procurd out."""
@@ -184,6 +190,7 @@ def sandbox_command(
         balance_failure="insufficient_balance"
         if balance_failure == "insufficient_balance"
         else "payment_failed",
+        honour_updated_after=not ignore_updated_after,
     )
     _configure_logging(log_level)
     try:

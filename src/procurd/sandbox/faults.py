@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from procurd.sandbox.state import NewOrderFlags
 
@@ -21,6 +23,9 @@ ANY_ENDPOINT = "*"
 # Request knobs applied before the request is handled, and after the work is done.
 BEFORE_KINDS = ("fail", "hang", "malformed")
 AFTER_KINDS = ("fail_after", "drop")
+EMPTY_LISTING = "empty_listing"
+
+Listed = TypeVar("Listed")
 
 
 @dataclass
@@ -60,11 +65,28 @@ def _check_endpoint(endpoint: str) -> str:
     return endpoint
 
 
+@dataclass(frozen=True)
+class ListingShare:
+    """How much of the catalogue GET /products shows: the first ``products``, or that ``fraction``."""
+
+    products: int | None = None
+    fraction: float | None = None
+
+    def count(self, listed: int) -> int:
+        if self.products is not None:
+            return min(self.products, listed)
+        return math.floor(listed * (self.fraction or 0.0))
+
+    def describe(self) -> dict[str, Any]:
+        return {"products": self.products} if self.products is not None else {"fraction": self.fraction}
+
+
 @dataclass
 class FaultPlan:
     """Knobs consumed by the sandbox's request handling, order creation and callback sending."""
 
     request_faults: list[RequestFault] = field(default_factory=list)
+    listing_share: ListingShare | None = None
     pending_payment_orders: int = 0
     held_deliveries: int = 0
     dropped_callbacks: int = 0
@@ -113,6 +135,21 @@ class FaultPlan:
             RequestFault("malformed", endpoint, count, status=status, body=body, content_type=content_type)
         )
 
+    def empty_listing_next(self, count: int = 1) -> None:
+        """GET /products answers an empty catalogue (no items, total 0) for the next ``count`` requests."""
+        self._add(RequestFault(EMPTY_LISTING, "products", count))
+
+    def list_only(self, products: int | None = None, fraction: float | None = None) -> None:
+        """Until cleared, GET /products lists only the first ``products`` products (in id order), or that
+        ``fraction`` of them (rounded down), as if the rest had vanished from the site's listing."""
+        if (products is None) == (fraction is None):
+            raise ValueError("give either products or fraction")
+        if products is not None and products < 0:
+            raise ValueError("products must be at least 0")
+        if fraction is not None and not 0 <= fraction <= 1:
+            raise ValueError("fraction must be from 0 to 1")
+        self.listing_share = ListingShare(products, fraction)
+
     def pending_payment_next(self, count: int = 1) -> None:
         """The next created orders stay ``pending_payment`` until ``Sandbox.pay``."""
         self.pending_payment_orders += _check_count(count)
@@ -138,6 +175,7 @@ class FaultPlan:
     def clear(self) -> None:
         """Remove every knob."""
         self.request_faults.clear()
+        self.listing_share = None
         self.pending_payment_orders = 0
         self.held_deliveries = 0
         self.dropped_callbacks = 0
@@ -155,6 +193,14 @@ class FaultPlan:
                     self.request_faults.remove(fault)
                 return fault
         return None
+
+    def listing(self, products: Sequence[Listed]) -> Sequence[Listed]:
+        """What GET /products shows of ``products`` under the listing knobs (one request's worth)."""
+        if self.take("products", (EMPTY_LISTING,)) is not None:
+            return []
+        if self.listing_share is None:
+            return products
+        return products[: self.listing_share.count(len(products))]
 
     def new_order_flags(self) -> NewOrderFlags:
         """What the next created order would get; consume with :meth:`used_new_order_flags`."""
@@ -183,6 +229,7 @@ class FaultPlan:
     def describe(self) -> dict[str, Any]:
         return {
             "requests": [fault.describe() for fault in self.request_faults],
+            "list_only": self.listing_share.describe() if self.listing_share is not None else None,
             "pending_payment_next": self.pending_payment_orders,
             "hold_delivery_next": self.held_deliveries,
             "drop_callbacks_next": self.dropped_callbacks,

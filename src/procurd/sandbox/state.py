@@ -6,7 +6,7 @@ import random
 import string
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any, TypeGuard
@@ -21,6 +21,7 @@ from procurd.sandbox.catalog import (
     generate_catalogue,
     iso_time,
     money_text,
+    precise_iso_time,
 )
 from procurd.sandbox.config import SandboxConfig
 
@@ -171,7 +172,7 @@ class SandboxOrder:
             data["fulfillment"] = self.fulfillment.to_dict()
         if self.refund_records:
             data["refunded_amount"] = money_text(self.refunded_amount)
-            data["refund_records"] = list(self.refund_records)
+            data["refund_records"] = [dict(record) for record in self.refund_records]
         data["downstream_order_no"] = self.downstream_order_no or ""
         data["trace_id"] = self.trace_id or ""
         data["created_at"] = self.created_at
@@ -188,6 +189,19 @@ class SandboxOrder:
             hold_delivery=self.hold_delivery,
         )
         return data
+
+
+@dataclass(frozen=True)
+class NewSku:
+    """One SKU of a product that a test adds."""
+
+    price_amount: Decimal | str
+    stock_quantity: int = UNLIMITED
+    is_active: bool = True
+
+
+def _titles(title: str | Mapping[str, str]) -> dict[str, str]:
+    return {"zh-CN": title, "en-US": title} if isinstance(title, str) else dict(title)
 
 
 @dataclass(frozen=True)
@@ -236,7 +250,7 @@ def _decimal(value: Decimal | str | int) -> Decimal:
 class SandboxState:
     """Catalogue, wallets and orders. Test mutators are synchronous and show in the API at once."""
 
-    def __init__(self, config: SandboxConfig, clock: Callable[[], float] | None = None) -> None:
+    def __init__(self, config: SandboxConfig, clock: Callable[[], float] = time.time) -> None:
         self.config = config
         self._clock = clock
         catalogue = generate_catalogue(
@@ -262,13 +276,12 @@ class SandboxState:
     # -- clock and catalogue --------------------------------------------------------------------------
 
     def now(self) -> float:
-        """The sandbox's clock: wall time plus ``clock_offset_seconds``."""
-        if self._clock is not None:
-            return self._clock()
-        return time.time() + self.config.clock_offset_seconds
+        """The sandbox's clock: its wall clock (``time.time`` unless one was given) plus
+        ``clock_offset_seconds``."""
+        return self._clock() + self.config.clock_offset_seconds
 
     def _product_changed(self, product: Product) -> None:
-        object.__setattr__(product, "updated_at", iso_time(self.now()))
+        object.__setattr__(product, "updated_at", precise_iso_time(self.now()))
         self._listing = None
 
     def active_products(self) -> list[Product]:
@@ -292,10 +305,12 @@ class SandboxState:
     def sku(self, sku_id: int) -> SKU:
         return self.skus[sku_id]
 
-    def set_sku_price(self, sku_id: int, price: str) -> None:
+    def set_sku_price(self, sku_id: int, price: Decimal | str) -> None:
         """Set the price the API user pays (``member_price`` too when the SKU has a member discount)."""
-        text = str(price)
-        _decimal(text)
+        amount = _decimal(price)
+        if amount < 0:
+            raise SandboxStateError("a price must not be negative")
+        text = money_text(amount)
         sku = self.skus[sku_id]
         sku.price_amount = text
         if sku.member_price is not None:
@@ -314,19 +329,21 @@ class SandboxState:
 
     def remove_product(self, product_id: int) -> None:
         """The product is gone entirely: not listed, product_not_found, its SKUs sku_unavailable."""
-        if product_id not in self.products:
-            raise KeyError(product_id)
+        product = self.products[product_id]
         self.removed_products.add(product_id)
-        self._listing = None
+        product.changed()
 
     def restore_product(self, product_id: int) -> None:
-        if product_id not in self.products:
-            raise KeyError(product_id)
+        product = self.products[product_id]
         self.removed_products.discard(product_id)
-        self._listing = None
+        product.changed()
 
     def set_product_category(self, product_id: int, category_id: int) -> None:
         self.products[product_id].category_id = category_id
+
+    def set_product_title(self, product_id: int, title: str | Mapping[str, str]) -> None:
+        """A new title: one text for every locale, or a text per locale."""
+        self.products[product_id].title = _titles(title)
 
     def add_category(self, parent_id: int, slug: str, name: Mapping[str, str] | None = None) -> int:
         """Add a category under ``parent_id`` (0 = top level). Nothing is checked, so tests can build
@@ -345,20 +362,24 @@ class SandboxState:
         self,
         category_id: int | None = None,
         *,
-        title: str | None = None,
+        title: str | Mapping[str, str] | None = None,
         fulfillment_type: str = "auto",
-        price: str = "9.90",
+        price: Decimal | str = "9.90",
         stock_quantity: int = UNLIMITED,
-        skus: int = 1,
+        skus: int | Sequence[NewSku] = 1,
         is_active: bool = True,
     ) -> int:
-        """Add a product with ``skus`` SKUs (prices ``price``, ``2 * price`` ...) and return its id."""
+        """Add a product and return its id. ``skus`` is a number of SKUs (priced ``price``, ``2 * price`` ...,
+        each with ``stock_quantity``) or the SKUs themselves."""
         product_id = max(self.products, default=0) + 1
         first_sku_id = max(self.skus, default=0) + 1
-        base = _decimal(price)
+        if isinstance(skus, int):
+            base = _decimal(price)
+            skus = [NewSku(base * (index + 1), stock_quantity) for index in range(skus)]
         category = category_id if category_id is not None else self.leaf_categories()[0].id
-        label = title or f"Sandbox product {product_id}"
-        now = iso_time(self.now())
+        titles = _titles(title or f"Sandbox product {product_id}")
+        label = titles.get("en-US") or next(iter(titles.values()))
+        now = self.now()
         manual = fulfillment_type == "manual"
         new_skus = [
             SKU(
@@ -366,15 +387,16 @@ class SandboxState:
                 product_id=product_id,
                 sku_code=f"P{product_id:05d}-{index + 1}",
                 spec_values={"edition": f"option {index + 1}"},
-                price_amount=money_text(base * (index + 1)),
-                stock_quantity=stock_quantity,
+                price_amount=money_text(_decimal(spec.price_amount)),
+                stock_quantity=spec.stock_quantity,
+                is_active=spec.is_active,
             )
-            for index in range(skus)
+            for index, spec in enumerate(skus)
         ]
         product = Product(
             id=product_id,
             slug=f"sandbox-product-{product_id}",
-            title={"zh-CN": label, "en-US": label},
+            title=titles,
             description={"zh-CN": label, "en-US": label},
             content={"zh-CN": f"<p>{label}</p>", "en-US": f"<p>{label}</p>"},
             seo_meta={"title": label},
@@ -397,8 +419,8 @@ class SandboxState:
             ),
             is_active=is_active,
             category_id=category,
-            created_at=now,
-            updated_at=now,
+            created_at=iso_time(now),
+            updated_at=precise_iso_time(now),
             skus=new_skus,
         )
         product.attach(self._product_changed)
@@ -430,6 +452,8 @@ class SandboxState:
         member_level: bool | None = None,
     ) -> ApiUser:
         """Another API user (with its own wallet and orders)."""
+        if api_key in self.users:
+            raise SandboxStateError(f"the API key {api_key!r} exists already")
         has_level = self.config.member_level if member_level is None else member_level
         user = ApiUser(
             api_key=api_key,
@@ -691,20 +715,23 @@ class SandboxState:
         return order
 
     def cancel_upstream(self, order_id: int) -> SandboxOrder:
-        """The site cancels the order itself; whatever was paid goes back to the wallet."""
+        """The site cancels the order itself; whatever was paid and not yet refunded goes back to the
+        wallet, as a refund record."""
         order = self.orders[order_id]
         if order.status == "canceled":
             return order
-        if order.wallet_paid:
-            self.users[order.api_key].balance += order.amount - order.refunded_amount
-            order.refunded_amount = order.amount
-            order.wallet_paid = False
+        remaining = order.amount - order.refunded_amount
+        if order.wallet_paid and remaining > 0:
+            self._pay_back(order, remaining, "order canceled by the site")
+        order.wallet_paid = False
         if order.fulfillment is None:
             self._release_stock(order)
         self._touch(order, "canceled")
         return order
 
-    def refund(self, order_id: int, amount: Decimal | str | None = None) -> SandboxOrder:
+    def refund(
+        self, order_id: int, amount: Decimal | str | None = None, reason: str = "refunded by the site"
+    ) -> SandboxOrder:
         """Refund all (``refunded``) or part (``partially_refunded``) of a paid order to the wallet."""
         order = self.orders[order_id]
         if not order.wallet_paid:
@@ -713,18 +740,21 @@ class SandboxState:
         value = remaining if amount is None else _decimal(amount)
         if value <= 0 or value > remaining:
             raise SandboxStateError(f"refund amount must be above 0 and at most {money_text(remaining)}")
-        self.users[order.api_key].balance += value
-        order.refunded_amount += value
+        self._pay_back(order, value, reason)
+        self._touch(order, "refunded" if order.refunded_amount == order.amount else "partially_refunded")
+        return order
+
+    def _pay_back(self, order: SandboxOrder, amount: Decimal, reason: str) -> None:
+        self.users[order.api_key].balance += amount
+        order.refunded_amount += amount
         order.refund_records.append(
             {
                 "id": len(order.refund_records) + 1,
-                "amount": money_text(value),
-                "reason": "refunded by the site",
+                "amount": money_text(amount),
+                "reason": reason,
                 "created_at": iso_time(self.now()),
             }
         )
-        self._touch(order, "refunded" if order.refunded_amount == order.amount else "partially_refunded")
-        return order
 
     def set_status(self, order_id: int, status: str) -> SandboxOrder:
         """Force any status; ``delivered``/``completed`` get a fulfillment if the order has none."""

@@ -1,8 +1,10 @@
 """Helpers for tests that drive the sandbox over real sockets (no pytest import here).
 
 - :class:`SignedClient`: a minimal signed client of the upstream API, independent of procurd's own.
+- :class:`ControlClient`: the sandbox's unsigned control API under ``/_sandbox``.
 - :class:`CallbackReceiver`: a downstream callback endpoint on 127.0.0.1 that records and verifies pushes.
 - :func:`wait_until`: poll a condition with a deadline.
+- :class:`ManualClock`: a clock for ``Sandbox(config, clock=...)`` that moves only when told to.
 """
 
 from __future__ import annotations
@@ -37,6 +39,19 @@ async def wait_until(
         if time.monotonic() >= deadline:
             raise TimeoutError(message or "condition not met in time")
         await asyncio.sleep(interval)
+
+
+class ManualClock:
+    """Unix seconds that start at the wall clock's and move only by :meth:`advance`."""
+
+    def __init__(self, start: float | None = None) -> None:
+        self.now = time.time() if start is None else start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
 
 
 @dataclass
@@ -144,6 +159,70 @@ class SignedClient:
 
     async def create_order(self, sku_id: int, quantity: int = 1, **fields: Any) -> ApiResponse:
         return await self.post("/orders", {"sku_id": sku_id, "quantity": quantity, **fields})
+
+    async def list_all_products(self, page_size: int = 50, **params: str) -> list[dict[str, Any]]:
+        """Every product GET /products lists (with ``params`` such as ``updated_after``), page by page."""
+        items: list[dict[str, Any]] = []
+        page = 1
+        while True:
+            data = (await self.get("/products", {**params, "page": page, "page_size": page_size})).json()
+            items.extend(data["items"])
+            if page * data["page_size"] >= data["total"]:
+                return items
+            page += 1
+
+
+class ControlClient:
+    """Calls the control API of the sandbox at ``base_url``; each call checks the HTTP status it expects."""
+
+    def __init__(self, base_url: str, timeout: float = 10.0) -> None:
+        self.root = base_url.rstrip("/") + "/_sandbox"
+        self.timeout = timeout
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> ControlClient:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        params: Mapping[str, str] | None = None,
+        expect: int = 200,
+    ) -> dict[str, Any]:
+        """The JSON answer of ``method /_sandbox{path}``; AssertionError when its status is not ``expect``."""
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        async with self._session.request(
+            method,
+            self.root + path,
+            json=body,
+            params=params,
+            timeout=aiohttp.ClientTimeout(total=self.timeout),
+        ) as response:
+            data: dict[str, Any] = json.loads(await response.read())  # amounts are strings; times floats
+            if response.status != expect:
+                raise AssertionError(f"{method} {path}: HTTP {response.status}, expected {expect}: {data}")
+            return data
+
+    async def get(
+        self, path: str, params: Mapping[str, str] | None = None, expect: int = 200
+    ) -> dict[str, Any]:
+        return await self.call("GET", path, params=params, expect=expect)
+
+    async def post(self, path: str, body: Any = None, expect: int = 200) -> dict[str, Any]:
+        return await self.call("POST", path, body, expect=expect)
 
 
 @dataclass
