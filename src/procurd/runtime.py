@@ -4,6 +4,7 @@ the command line."""
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import structlog
@@ -54,6 +55,10 @@ class CallbackCounts:
         return self.unsaved[(upstream, True)], self.unsaved[(upstream, False)]
 
 
+JobTrigger = Callable[[str], None]
+"""Runs a scheduled job (``catalog-sync:NAME``, ``ping:NAME`` ...) now; raises KeyError for no such job."""
+
+
 @dataclass
 class Runtime:
     settings: Settings
@@ -63,6 +68,8 @@ class Runtime:
     metrics: Metrics
     instance: str = field(default_factory=instance_id)
     callbacks: CallbackCounts = field(default_factory=CallbackCounts)
+    # Set by the daemon; ``None`` in a process without a scheduler (the command line).
+    run_job: JobTrigger | None = None
 
     @classmethod
     def build(
