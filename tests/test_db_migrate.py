@@ -2,22 +2,42 @@
 
 from __future__ import annotations
 
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from procurd.db import migrate
+from procurd.db.database import Database
+from procurd.db.revision import HEAD_REVISION, current_revision, describe_mismatch
 from procurd.db.schema import metadata
+from procurd.db.stores import Tx
 
 
-async def test_upgrade_creates_every_table(engine: AsyncEngine) -> None:
+async def test_upgrade_creates_every_table(database: Database) -> None:
     """After an upgrade the database holds every table of the schema at the head revision."""
-    async with engine.connect() as connection:
-        names = await connection.run_sync(lambda sync: set(inspect(sync).get_table_names()))
+    names = await database.read(lambda tx: set(inspect(tx.connection).get_table_names()))
     assert set(metadata.tables) <= names
-    assert await migrate.current_revision(engine) == migrate.head_revision()
+    assert await current_revision(database) == migrate.head_revision()
 
 
-async def test_upgrade_is_idempotent(engine: AsyncEngine) -> None:
+async def test_upgrade_is_idempotent(database: Database) -> None:
     """A second upgrade of a current database changes nothing and reports the same revision."""
-    before, after = await migrate.upgrade(engine)
+    before, after = await migrate.upgrade(database)
     assert before == after == migrate.head_revision()
+
+
+async def test_migrations_build_exactly_the_schema(database: Database) -> None:
+    """The migrated database has every table, column, type and index the schema declares, nothing else."""
+
+    def differences(tx: Tx) -> list[object]:
+        context = MigrationContext.configure(tx.connection, opts={"compare_type": True})
+        return list(compare_metadata(context, metadata))
+
+    assert await database.read(differences) == []
+
+
+def test_the_daemon_knows_the_newest_migration() -> None:
+    """The revision the daemon checks at start-up (without loading Alembic) is the newest migration's."""
+    assert HEAD_REVISION == migrate.head_revision()
+    assert describe_mismatch(HEAD_REVISION) is None
+    assert "procurd db upgrade" in (describe_mismatch(None) or "")

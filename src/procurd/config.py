@@ -13,6 +13,7 @@ import ipaddress
 import os
 import tomllib
 from collections.abc import Mapping
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
@@ -39,6 +40,19 @@ class ConfigError(Exception):
     """A configuration problem; ``str()`` is the message for a person."""
 
 
+def _optional_amount(value: str) -> str:
+    """A decimal string such as ``"50.00"``, or ``""`` for none."""
+    if value == "":
+        return value
+    try:
+        amount = Decimal(value)
+    except InvalidOperation:
+        raise ValueError('must be a decimal string such as "50.00", or "" for none') from None
+    if not amount.is_finite() or amount < 0:
+        raise ValueError("must be a finite, non-negative amount")
+    return value
+
+
 def _http_url(value: str) -> str:
     parts = urlsplit(value)
     if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -48,6 +62,7 @@ def _http_url(value: str) -> str:
 
 HttpUrl = Annotated[str, AfterValidator(_http_url)]
 PositiveSeconds = Annotated[float, Field(gt=0)]
+NonNegativeDays = Annotated[float, Field(ge=0)]  # 0 = keep forever
 
 
 class _Section(BaseModel):
@@ -74,6 +89,7 @@ class ServerSettings(_Section):
     callback_url: HttpUrl = "https://shop.example.com/api/v1/upstream/callback"
     allow_private_callback_url: bool = False
     shutdown_timeout_seconds: PositiveSeconds = 20
+    heartbeat_seconds: PositiveSeconds = 5
 
     @model_validator(mode="after")
     def _admin_off_loopback_needs_token(self) -> ServerSettings:
@@ -100,6 +116,7 @@ class UpstreamSettings(_Section):
     timeout_seconds: PositiveSeconds = 15
     max_requests_per_second: PositiveSeconds = 1
     ping_interval_seconds: PositiveSeconds = 300
+    low_balance_threshold: Annotated[str, AfterValidator(_optional_amount)] = ""
 
     @model_validator(mode="after")
     def _exactly_one_secret(self) -> UpstreamSettings:
@@ -161,6 +178,27 @@ class StorefrontSettings(_Section):
         return self
 
 
+class AlertsSettings(_Section):
+    urls: list[str] = Field(default_factory=list)
+    repeat_after_seconds: PositiveSeconds = 3600
+    stuck_after_seconds: PositiveSeconds = 3600
+    unhealthy_after_seconds: PositiveSeconds = 300
+
+
+class ReconcileSettings(_Section):
+    interval_seconds: PositiveSeconds = 3600
+    window_seconds: PositiveSeconds = 604800
+    repair: bool = True
+
+
+class RetentionSettings(_Section):
+    audit_days: NonNegativeDays = 365
+    mirror_changes_days: NonNegativeDays = 90
+    outbox_delivered_days: NonNegativeDays = 7
+    sync_runs_days: NonNegativeDays = 90
+    alerts_days: NonNegativeDays = 90
+
+
 class LoggingSettings(_Section):
     level: Literal["debug", "info", "warning", "error", "critical"] = "info"
     format: Literal["json", "console", "auto"] = "auto"
@@ -182,6 +220,9 @@ class Settings(BaseSettings):
     catalog: CatalogSettings = Field(default_factory=CatalogSettings)
     procurement: ProcurementSettings = Field(default_factory=ProcurementSettings)
     storefront: StorefrontSettings = Field(default_factory=StorefrontSettings)
+    alerts: AlertsSettings = Field(default_factory=AlertsSettings)
+    reconcile: ReconcileSettings = Field(default_factory=ReconcileSettings)
+    retention: RetentionSettings = Field(default_factory=RetentionSettings)
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
 
     @field_validator("upstreams")

@@ -283,3 +283,75 @@ outbox = Table(
     Index("ix_outbox_pending", "delivered_at", "next_attempt_at"),
     Index("ix_outbox_order", "order_no", "id"),
 )
+
+# --- alerts, instances, reconciliation --------------------------------------------------------------------
+
+alerts = Table(
+    "alerts",
+    metadata,
+    Column("key", String(200), primary_key=True),  # kind:subject
+    Column("kind", String(32), nullable=False),
+    Column("subject", String(128), nullable=False),
+    Column("upstream", String(64), nullable=True),
+    Column("message", Text, nullable=False),
+    Column("first_at", UtcDateTime(), nullable=False),
+    Column("last_at", UtcDateTime(), nullable=False),
+    Column("count", Integer, nullable=False),
+    Column("unsent", Integer, nullable=False),
+    Column("sent_at", UtcDateTime(), nullable=True),
+    Column("send_due_at", UtcDateTime(), nullable=True),
+    Column("attempts", Integer, nullable=False, default=0),
+    Column("error", Text, nullable=True),
+    Column("lease_owner", String(128), nullable=True),
+    Column("lease_expires_at", UtcDateTime(), nullable=True),
+    Index("ix_alerts_send_due", "send_due_at"),
+    Index("ix_alerts_last_at", "last_at"),
+)
+
+instances = Table(
+    "instances",
+    metadata,
+    Column("id", String(128), primary_key=True),  # host:pid
+    Column("host", String(255), nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("version", String(32), nullable=False),
+    Column("started_at", UtcDateTime(), nullable=False),
+    Column("heartbeat_at", UtcDateTime(), nullable=False),
+    Column("stopped_at", UtcDateTime(), nullable=True),  # a clean shutdown
+    Column("down_at", UtcDateTime(), nullable=True),  # found gone without one
+)
+
+reconcile_runs = Table(
+    "reconcile_runs",
+    metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
+    Column("upstream", String(64), nullable=True),  # null: every upstream
+    Column("trigger", String(16), nullable=False),  # scheduled | manual
+    Column("started_at", UtcDateTime(), nullable=False),
+    Column("finished_at", UtcDateTime(), nullable=True),
+    Column("status", String(16), nullable=False),  # running | ok | failed
+    Column("checked", Integer, nullable=False, default=0),
+    Column("mismatches", Integer, nullable=False, default=0),
+    Column("repaired", Integer, nullable=False, default=0),
+    Column("errors", Integer, nullable=False, default=0),
+    Column("error", Text, nullable=True),
+    Index("ix_reconcile_runs_started", "started_at"),
+)
+
+reconcile_findings = Table(
+    "reconcile_findings",
+    metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
+    Column("run_id", BigInteger, ForeignKey("reconcile_runs.id"), nullable=False),
+    Column("procurement_id", BigInteger, nullable=False),
+    Column("order_no", String(64), nullable=False),
+    Column("upstream", String(64), nullable=False),
+    Column("downstream_order_no", String(96), nullable=False),
+    Column("upstream_order_id", BigInteger, nullable=True),
+    Column("field", String(32), nullable=False),  # status | amount | currency | order
+    Column("local_value", Text, nullable=True),
+    Column("upstream_value", Text, nullable=True),
+    Column("repair", String(64), nullable=True),  # what the repair did (the decision), null when not repaired
+    Column("found_at", UtcDateTime(), nullable=False),
+    Index("ix_reconcile_findings_run", "run_id"),
+)

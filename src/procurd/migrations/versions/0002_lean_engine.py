@@ -11,12 +11,15 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
+import procurd.db.types
+
 revision = "0002"
 down_revision = "0001"
 branch_labels = None
 depends_on = None
 
 JSON_DOCUMENT = sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql")
+UTC_DATETIME = procurd.db.types.UtcDateTime(timezone=True)
 
 
 def upgrade() -> None:
@@ -65,8 +68,90 @@ def upgrade() -> None:
     with op.batch_alter_table("procurement_numbers") as batch_op:
         batch_op.drop_column("upstream_canceled")
 
+    op.create_table(
+        "alerts",
+        sa.Column("key", sa.String(200), nullable=False),
+        sa.Column("kind", sa.String(32), nullable=False),
+        sa.Column("subject", sa.String(128), nullable=False),
+        sa.Column("upstream", sa.String(64), nullable=True),
+        sa.Column("message", sa.Text(), nullable=False),
+        sa.Column("first_at", UTC_DATETIME, nullable=False),
+        sa.Column("last_at", UTC_DATETIME, nullable=False),
+        sa.Column("count", sa.Integer(), nullable=False),
+        sa.Column("unsent", sa.Integer(), nullable=False),
+        sa.Column("sent_at", UTC_DATETIME, nullable=True),
+        sa.Column("send_due_at", UTC_DATETIME, nullable=True),
+        sa.Column("attempts", sa.Integer(), nullable=False),
+        sa.Column("error", sa.Text(), nullable=True),
+        sa.Column("lease_owner", sa.String(128), nullable=True),
+        sa.Column("lease_expires_at", UTC_DATETIME, nullable=True),
+        sa.PrimaryKeyConstraint("key", name=op.f("pk_alerts")),
+    )
+    op.create_index("ix_alerts_send_due", "alerts", ["send_due_at"])
+    op.create_index("ix_alerts_last_at", "alerts", ["last_at"])
+    op.create_table(
+        "instances",
+        sa.Column("id", sa.String(128), nullable=False),
+        sa.Column("host", sa.String(255), nullable=False),
+        sa.Column("pid", sa.Integer(), nullable=False),
+        sa.Column("version", sa.String(32), nullable=False),
+        sa.Column("started_at", UTC_DATETIME, nullable=False),
+        sa.Column("heartbeat_at", UTC_DATETIME, nullable=False),
+        sa.Column("stopped_at", UTC_DATETIME, nullable=True),
+        sa.Column("down_at", UTC_DATETIME, nullable=True),
+        sa.PrimaryKeyConstraint("id", name=op.f("pk_instances")),
+    )
+    op.create_table(
+        "reconcile_runs",
+        sa.Column(
+            "id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), autoincrement=True, nullable=False
+        ),
+        sa.Column("upstream", sa.String(64), nullable=True),
+        sa.Column("trigger", sa.String(16), nullable=False),
+        sa.Column("started_at", UTC_DATETIME, nullable=False),
+        sa.Column("finished_at", UTC_DATETIME, nullable=True),
+        sa.Column("status", sa.String(16), nullable=False),
+        sa.Column("checked", sa.Integer(), nullable=False),
+        sa.Column("mismatches", sa.Integer(), nullable=False),
+        sa.Column("repaired", sa.Integer(), nullable=False),
+        sa.Column("errors", sa.Integer(), nullable=False),
+        sa.Column("error", sa.Text(), nullable=True),
+        sa.PrimaryKeyConstraint("id", name=op.f("pk_reconcile_runs")),
+    )
+    op.create_index("ix_reconcile_runs_started", "reconcile_runs", ["started_at"])
+    op.create_table(
+        "reconcile_findings",
+        sa.Column(
+            "id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), autoincrement=True, nullable=False
+        ),
+        sa.Column("run_id", sa.BigInteger(), nullable=False),
+        sa.Column("procurement_id", sa.BigInteger(), nullable=False),
+        sa.Column("order_no", sa.String(64), nullable=False),
+        sa.Column("upstream", sa.String(64), nullable=False),
+        sa.Column("downstream_order_no", sa.String(96), nullable=False),
+        sa.Column("upstream_order_id", sa.BigInteger(), nullable=True),
+        sa.Column("field", sa.String(32), nullable=False),
+        sa.Column("local_value", sa.Text(), nullable=True),
+        sa.Column("upstream_value", sa.Text(), nullable=True),
+        sa.Column("repair", sa.String(64), nullable=True),
+        sa.Column("found_at", UTC_DATETIME, nullable=False),
+        sa.ForeignKeyConstraint(
+            ["run_id"], ["reconcile_runs.id"], name=op.f("fk_reconcile_findings_run_id_reconcile_runs")
+        ),
+        sa.PrimaryKeyConstraint("id", name=op.f("pk_reconcile_findings")),
+    )
+    op.create_index("ix_reconcile_findings_run", "reconcile_findings", ["run_id"])
+
 
 def downgrade() -> None:
+    op.drop_index("ix_reconcile_findings_run", table_name="reconcile_findings")
+    op.drop_table("reconcile_findings")
+    op.drop_index("ix_reconcile_runs_started", table_name="reconcile_runs")
+    op.drop_table("reconcile_runs")
+    op.drop_table("instances")
+    op.drop_index("ix_alerts_last_at", table_name="alerts")
+    op.drop_index("ix_alerts_send_due", table_name="alerts")
+    op.drop_table("alerts")
     with op.batch_alter_table("procurement_numbers") as batch_op:
         batch_op.add_column(
             sa.Column("upstream_canceled", sa.Boolean(), nullable=False, server_default=sa.false())

@@ -1,0 +1,129 @@
+"""Alerts (pure): what needs a person, and when to tell them.
+
+Every alert has a key, its kind plus its subject (the storefront's order number for order alerts, the
+upstream's name for upstream alerts). One row per key counts its occurrences. The first occurrence is sent at
+once; later ones within ``repeat_after_seconds`` of the last message are held back and summed up in the next
+message, sent when the window ends. A failed send is tried again with backoff; nothing is dropped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from enum import StrEnum
+
+from procurd.core.backoff import retry_delay
+
+SEND_RETRY_BASE_SECONDS = 5.0
+SEND_RETRY_MAX_SECONDS = 600.0
+
+
+class Kind(StrEnum):
+    EXCEPTION_OPENED = "exception_opened"
+    LOW_BALANCE = "low_balance"
+    UPSTREAM_UNHEALTHY = "upstream_unhealthy"
+    UPSTREAM_RECOVERED = "upstream_recovered"
+    ORDER_STUCK = "order_stuck"
+    SYNC_FAILED = "sync_failed"
+    MASS_REMOVAL_BLOCKED = "mass_removal_blocked"
+    PRICE_HELD = "price_held"
+    CALLBACKS_REJECTED = "callbacks_rejected"
+    RECONCILE_MISMATCH = "reconcile_mismatch"
+    INSTANCE_DOWN = "instance_down"
+
+
+# Kinds that mean something is broken now (logged at error level); the rest need a look (warning).
+ERRORS = frozenset(
+    {Kind.UPSTREAM_UNHEALTHY, Kind.INSTANCE_DOWN, Kind.RECONCILE_MISMATCH, Kind.CALLBACKS_REJECTED}
+)
+# Good news: sent like the others, logged at info.
+RECOVERIES = frozenset({Kind.UPSTREAM_RECOVERED})
+
+
+@dataclass(frozen=True, slots=True)
+class Occurrence:
+    """Something happened that a person should hear of."""
+
+    kind: Kind
+    subject: str
+    message: str
+    upstream: str | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.kind.value}:{self.subject}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Alert:
+    """One key's row of ``alerts``."""
+
+    key: str
+    kind: Kind
+    subject: str
+    upstream: str | None
+    message: str
+    first_at: datetime
+    last_at: datetime
+    count: int
+    unsent: int  # occurrences since the last message that went out
+    sent_at: datetime | None = None
+    send_due_at: datetime | None = None  # None: nothing to send (or nowhere to send it)
+    attempts: int = 0  # failed tries of the pending message
+    error: str | None = None
+
+    @property
+    def title(self) -> str:
+        return f"procurd {self.kind.value}: {self.subject}"
+
+    def body(self) -> str:
+        """The message, with what was held back since the last one."""
+        if self.unsent <= 1:
+            return self.message
+        return f"{self.message}\n({self.unsent} occurrences since the last message; {self.count} in all)"
+
+
+def occur(
+    existing: Alert | None, occurrence: Occurrence, now: datetime, repeat_after: float, deliver: bool
+) -> Alert:
+    """The alert after ``occurrence``. With ``deliver`` off (no URLs configured) it is only recorded."""
+    if existing is None:
+        return Alert(
+            key=occurrence.key,
+            kind=occurrence.kind,
+            subject=occurrence.subject,
+            upstream=occurrence.upstream,
+            message=occurrence.message,
+            first_at=now,
+            last_at=now,
+            count=1,
+            unsent=1,
+            send_due_at=now if deliver else None,
+        )
+    due: datetime | None = None
+    if deliver:
+        window_ends = now if existing.sent_at is None else existing.sent_at + timedelta(seconds=repeat_after)
+        due = max(now, window_ends)
+        if existing.send_due_at is not None:
+            due = min(due, existing.send_due_at)
+    return replace(
+        existing,
+        message=occurrence.message,
+        upstream=occurrence.upstream or existing.upstream,
+        last_at=now,
+        count=existing.count + 1,
+        unsent=existing.unsent + 1,
+        send_due_at=due,
+    )
+
+
+def sent(alert: Alert, now: datetime) -> Alert:
+    """The alert once its message went out to every URL."""
+    return replace(alert, sent_at=now, unsent=0, send_due_at=None, attempts=0, error=None)
+
+
+def send_failed(alert: Alert, error: str, now: datetime) -> Alert:
+    """The alert after a failed send: tried again later, backing off."""
+    attempts = alert.attempts + 1
+    delay = retry_delay(attempts, SEND_RETRY_BASE_SECONDS, SEND_RETRY_MAX_SECONDS)
+    return replace(alert, attempts=attempts, error=error, send_due_at=now + timedelta(seconds=delay))
