@@ -343,7 +343,7 @@ async def test_timeout_raises_upstream_timeout(canned: tuple[CannedUpstream, str
     upstream, base_url = canned
     upstream.hang()
     outcomes: list[str] = []
-    observer = lambda _u, _e, outcome, _s: outcomes.append(outcome)  # noqa: E731
+    observer = lambda _u, _e, outcome, _s, _error: outcomes.append(outcome)  # noqa: E731
     async with UpstreamClient(settings_for(base_url, timeout_seconds=0.2), observer=observer) as client:
         with pytest.raises(UpstreamTimeout) as caught:
             await client.ping()
@@ -405,8 +405,9 @@ async def test_observer_sees_every_request_once(canned: tuple[CannedUpstream, st
     upstream, base_url = canned
     calls: list[tuple[str, str, str]] = []
 
-    def observe(name: str, endpoint: str, outcome: str, seconds: float) -> None:
+    def observe(name: str, endpoint: str, outcome: str, seconds: float, error: object) -> None:
         assert seconds >= 0
+        assert (error is None) == (outcome == "ok")
         calls.append((name, endpoint, outcome))
 
     upstream.reply(PING)
@@ -490,7 +491,7 @@ async def test_failing_observer_does_not_change_the_outcome(
     """An observer that raises neither hides a success nor replaces the upstream's error."""
     upstream, base_url = canned
 
-    def broken(_name: str, _endpoint: str, _outcome: str, _seconds: float) -> None:
+    def broken(_name: str, _endpoint: str, _outcome: str, _seconds: float, _error: object) -> None:
         raise RuntimeError("metrics are broken")
 
     upstream.reply(PING)
@@ -510,7 +511,7 @@ async def test_cancelled_request_is_observed_as_cancelled(canned: tuple[CannedUp
     upstream.hang()
     outcomes: list[str] = []
 
-    def observe(_name: str, _endpoint: str, outcome: str, _seconds: float) -> None:
+    def observe(_name: str, _endpoint: str, outcome: str, _seconds: float, _error: object) -> None:
         outcomes.append(outcome)
 
     async with UpstreamClient(settings_for(base_url), observer=observe) as client:

@@ -19,11 +19,14 @@ from aiohttp import web
 from apscheduler.events import EVENT_JOB_ERROR, JobExecutionEvent
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
+from procurd.alerts import AlertDispatcher
 from procurd.background import Supervisor, Worker
 from procurd.catalog.sync import run_sync
 from procurd.config import Settings
+from procurd.core.alerts import Kind, Occurrence
 from procurd.db.errors import DatabaseError
 from procurd.db.revision import current_revision, describe_mismatch
+from procurd.heartbeat import Heartbeat
 from procurd.http.admin import make_admin_app
 from procurd.http.public import make_public_app
 from procurd.procurement.poller import Poller
@@ -31,12 +34,16 @@ from procurd.procurement.submitter import Submitter
 from procurd.runtime import Runtime
 from procurd.status import ping_upstream
 from procurd.systemd import Notifier
+from procurd.upstream.errors import AuthError, BusinessError, UpstreamError
+from procurd.upstream.models import OrderCreated
+from procurd.watch import stuck_orders
 from procurd.webhook import WebhookDispatcher
 
 log = structlog.get_logger("procurd.daemon")
 
 EXIT_WORKER_FAILED = 1
-HEARTBEAT_SECONDS = 5.0
+CHECKS_INTERVAL_SECONDS = 60.0
+BALANCE_CODES = frozenset({"payment_failed", "insufficient_balance"})
 
 
 class StartupError(Exception):
@@ -64,21 +71,6 @@ async def startup_checks(settings: Settings, runtime: Runtime) -> None:
         raise StartupError(mismatch, 1)
 
 
-class Heartbeat(Worker):
-    """Saves what this instance counted in memory (callbacks) every few seconds."""
-
-    name = "heartbeat"
-
-    def __init__(self, runtime: Runtime, seconds: float) -> None:
-        super().__init__()
-        self.runtime = runtime
-        self.idle_seconds = seconds
-
-    async def step(self) -> float | None:
-        await self.runtime.save_callback_counts()
-        return self.idle_seconds
-
-
 class Daemon:
     def __init__(self, settings: Settings, runtime: Runtime | None = None, notifier: Notifier | None = None):
         self.settings = settings
@@ -99,6 +91,8 @@ class Daemon:
     async def start(self) -> None:
         await startup_checks(self.settings, self.runtime)
         await self.runtime.start()
+        self.heartbeat = Heartbeat(self.runtime)
+        await self.heartbeat.start()
         server = self.settings.server
         self.public_port = await self._listen(
             make_public_app(self.runtime), server.public_host, server.public_port
@@ -142,7 +136,7 @@ class Daemon:
                     runtime.instance,
                     settings.procurement.workers,
                     settings.server.callback_url,
-                    on_auth_failure=runtime.record_auth_failure,
+                    on_answer=self._submission_answered,
                     idle_seconds=idle,
                 )
             )
@@ -158,7 +152,9 @@ class Daemon:
                 idle_seconds=idle,
             )
             workers.append(dispatcher)
-        workers.append(Heartbeat(runtime, HEARTBEAT_SECONDS))
+        if runtime.alerts.delivering:
+            workers.append(AlertDispatcher(runtime.alerts, runtime.instance))
+        workers.append(self.heartbeat)
         for worker in workers:
             self.workers[worker.name] = worker
             self.supervisor.start(worker)
@@ -229,8 +225,22 @@ class Daemon:
                 rows_written=report.rows_written,
                 error=report.error,
             )
+            if report.status == "failed":
+                message = f"{upstream}: the catalogue pass {report.run_id} failed: {report.error}"
+                await self.runtime.alerts.raise_(Occurrence(Kind.SYNC_FAILED, upstream, message, upstream))
 
         return job
+
+    async def _checks_job(self) -> None:
+        """Orders stuck at the upstream."""
+        await stuck_orders(self.runtime.database, self.settings, self.runtime.alerts)
+
+    async def _submission_answered(self, upstream: str, outcome: OrderCreated | UpstreamError) -> None:
+        """An auth error makes the upstream unhealthy; a refused payment refreshes the balance shown."""
+        if isinstance(outcome, AuthError):
+            await self.runtime.record_auth_failure(upstream, outcome)
+        elif isinstance(outcome, BusinessError) and outcome.code in BALANCE_CODES:
+            self.run_now(f"ping:{upstream}")
 
     def _ping_job(self, upstream: str) -> Callable[[], Awaitable[None]]:
         async def job() -> None:

@@ -58,6 +58,7 @@ class Metrics:
             "procurd_callback_rejections", "Upstream callbacks rejected, by reason.",
             ["upstream", "reason"], registry=r,
         )  # fmt: skip
+        self.alerts = Counter("procurd_alerts", "Alerts raised, by kind.", ["kind"], registry=r)
         self.http_requests = Counter(
             "procurd_http_requests", "HTTP requests answered, by listener, route and status.",
             ["listener", "route", "status"], registry=r,
@@ -92,7 +93,9 @@ class Metrics:
             "procurd_storefront_events_pending", "Undelivered storefront events.", registry=r
         )
 
-    def observe_upstream_request(self, upstream: str, endpoint: str, outcome: str, seconds: float) -> None:
+    def observe_upstream_request(
+        self, upstream: str, endpoint: str, outcome: str, seconds: float, error: object = None
+    ) -> None:
         self.upstream_requests.labels(upstream, endpoint, outcome).inc()
         self.upstream_request_seconds.labels(upstream, endpoint).observe(seconds)
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
+from procurd.alerts import Alerts
 from procurd.config import Settings
 from procurd.db.database import Database, open_database
 from procurd.db.errors import DatabaseError
@@ -19,6 +20,7 @@ from procurd.procurement.service import ProcurementService, Wakeups
 from procurd.upstream.client import UpstreamClient
 from procurd.upstream.errors import AuthError
 from procurd.upstream.ratelimit import PriorityRateLimiter
+from procurd.watch import HealthWatch, RejectionWatch
 
 log = structlog.get_logger("procurd.runtime")
 
@@ -66,6 +68,9 @@ class Runtime:
     service: ProcurementService
     clients: dict[str, UpstreamClient]
     metrics: Metrics
+    alerts: Alerts
+    health: HealthWatch
+    rejections: RejectionWatch
     instance: str = field(default_factory=instance_id)
     callbacks: CallbackCounts = field(default_factory=CallbackCounts)
     # Set by the daemon; ``None`` in a process without a scheduler (the command line).
@@ -77,18 +82,32 @@ class Runtime:
     ) -> Runtime:
         database = database or open_database(settings.database.url)
         metrics = Metrics()
+        health = HealthWatch(settings.alerts.unhealthy_after_seconds, {u.name: u for u in settings.upstreams})
+
+        def observe(upstream: str, endpoint: str, outcome: str, seconds: float, error: object) -> None:
+            metrics.observe_upstream_request(upstream, endpoint, outcome, seconds)
+            health.observe(upstream, endpoint, outcome, seconds, error)
+
         clients = {
             upstream.name: UpstreamClient(
-                upstream,
-                limiter=PriorityRateLimiter(upstream.max_requests_per_second),
-                observer=metrics.observe_upstream_request,
+                upstream, limiter=PriorityRateLimiter(upstream.max_requests_per_second), observer=observe
             )
             for upstream in settings.upstreams
         }
-        service = ProcurementService(
-            database, settings, wakeups=Wakeups(), observers=[metrics.observe_transition]
+        alerts = Alerts(database, settings.alerts, metrics)
+        observers = [metrics.observe_transition, alerts.observe_applied]
+        service = ProcurementService(database, settings, wakeups=Wakeups(), observers=observers)
+        return cls(
+            settings,
+            database,
+            service,
+            clients,
+            metrics,
+            alerts,
+            health,
+            RejectionWatch(),
+            instance or instance_id(),
         )
-        return cls(settings, database, service, clients, metrics, instance or instance_id())
 
     def client(self, upstream: str) -> UpstreamClient:
         return self.clients[upstream]

@@ -24,6 +24,7 @@ from procurd.logs import scrub
 from procurd.runtime import Runtime
 from procurd.upstream.errors import AuthError, UpstreamError, truncate
 from procurd.upstream.models import PingResult
+from procurd.watch import low_balance
 
 log = structlog.get_logger("procurd.status")
 
@@ -190,6 +191,10 @@ async def ping_upstream(runtime: Runtime, upstream: str) -> PingResult | Upstrea
         await record_ping(runtime, upstream, exc)
         raise
     await record_ping(runtime, upstream, result)
+    if isinstance(result, PingResult):
+        low = await low_balance(runtime.database, runtime.settings.upstream(upstream), result)
+        if low is not None:
+            await runtime.alerts.raise_(low)
     return result
 
 

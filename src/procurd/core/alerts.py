@@ -117,9 +117,12 @@ def occur(
     )
 
 
-def sent(alert: Alert, now: datetime) -> Alert:
-    """The alert once its message went out to every URL."""
-    return replace(alert, sent_at=now, unsent=0, send_due_at=None, attempts=0, error=None)
+def sent(alert: Alert, covered: int, now: datetime, repeat_after: float) -> Alert:
+    """The alert once a message covering ``covered`` occurrences went out to every URL; occurrences that
+    came in while it was on its way wait for the end of the new window."""
+    unsent = max(0, alert.unsent - covered)
+    due = now + timedelta(seconds=repeat_after) if unsent else None
+    return replace(alert, sent_at=now, unsent=unsent, send_due_at=due, attempts=0, error=None)
 
 
 def send_failed(alert: Alert, error: str, now: datetime) -> Alert:

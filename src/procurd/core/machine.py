@@ -30,6 +30,7 @@ from procurd.core.procurement import (
     Admit,
     Cancel,
     Claim,
+    ClaimAbandoned,
     Decision,
     Effect,
     Event,
@@ -92,6 +93,8 @@ def _decide(
             raise NotAllowed("already_admitted", f"procurement {p.id} exists")
         case Claim():
             return _claim(p, event, now)
+        case ClaimAbandoned():
+            return _claim_abandoned(p, event, now)
         case SubmitAccepted():
             return _submit_accepted(p, event, now, policy)
         case SubmitRejected():
@@ -234,6 +237,14 @@ def _claim(p: Procurement, event: Claim, now: datetime) -> Decision:
     if expired_claim is not None:
         detail["expired_claim"] = expired_claim
     return Decision(claimed, "claimed", detail)
+
+
+def _claim_abandoned(p: Procurement, event: ClaimAbandoned, now: datetime) -> Decision:
+    owner = p.lease_owner
+    if not p.submission_in_flight or owner is None or not owner.startswith(f"{event.instance}/"):
+        return _ignored(p, "claim_not_held")
+    released = replace(p, lease_expires_at=now)
+    return Decision(released, "claim_abandoned", {"owner": owner, "instance": event.instance})
 
 
 # --- submission answers ------------------------------------------------------------------------------------

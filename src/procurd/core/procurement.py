@@ -207,6 +207,13 @@ class Claim:
 
 
 @dataclass(frozen=True, slots=True)
+class ClaimAbandoned:
+    """The instance that holds the claim is gone (it stopped beating): the claim may be taken at once."""
+
+    instance: str
+
+
+@dataclass(frozen=True, slots=True)
 class SubmitAccepted:
     """The upstream answered the order creation with ``ok: true``."""
 
@@ -312,6 +319,7 @@ class Cancel:
 Event = (
     Admit
     | Claim
+    | ClaimAbandoned
     | SubmitAccepted
     | SubmitRejected
     | SubmitUnavailable

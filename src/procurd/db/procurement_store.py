@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from decimal import Decimal
 from typing import Any, Final
 
 from sqlalchemy import (
@@ -21,6 +22,7 @@ from sqlalchemy import (
     case,
     func,
     insert,
+    literal,
     or_,
     select,
     tuple_,
@@ -31,6 +33,7 @@ from sqlalchemy import (
 from procurd.core.orders import Order
 from procurd.core.procurement import MirroredSku, Procurement, State
 from procurd.db.schema import (
+    alerts,
     audit_log,
     mirror_products,
     mirror_skus,
@@ -326,6 +329,18 @@ class ProcurementStore:
         rows = self.connection.execute(_due_for_poll(now, upstream, limit))
         return {row.id: row.order_no for row in rows}
 
+    def claimed_by(self, instances: Iterable[str]) -> dict[int, str]:
+        """Queued procurements whose submission claim one of ``instances`` holds (id to order number)."""
+        owners = [
+            procurements.c.lease_owner.startswith(f"{instance}/", autoescape=True) for instance in instances
+        ]
+        if not owners:
+            return {}
+        statement = select(procurements.c.id, procurements.c.order_no).where(
+            procurements.c.state == State.QUEUED.value, procurements.c.lease_owner.is_not(None), or_(*owners)
+        )
+        return {row.id: row.order_no for row in self.connection.execute(statement)}
+
     # --- writing a batch -------------------------------------------------------------------------------
 
     def insert_orders(self, rows: Sequence[Mapping[str, Any]]) -> None:
@@ -507,6 +522,36 @@ class ProcurementStore:
         )
         value = self.connection.execute(statement).scalar_one_or_none()
         return value if isinstance(value, datetime) else None
+
+    def spend_since(self, upstream: str, since: datetime) -> dict[str, Decimal]:
+        """What the upstream's wallet paid for procurements submitted since ``since``, per currency."""
+        statement = select(procurements.c.amount, procurements.c.currency).where(
+            procurements.c.upstream == upstream,
+            procurements.c.submitted_at >= since,
+            procurements.c.state.in_((State.SUBMITTED.value, State.DELIVERED.value)),
+            procurements.c.amount.is_not(None),
+        )
+        spent: dict[str, Decimal] = {}
+        for amount, currency in self.connection.execute(statement):
+            spent[currency or ""] = spent.get(currency or "", Decimal(0)) + Decimal(amount)
+        return spent
+
+    def stuck_without_alert(self, cutoff: datetime, limit: int = 500) -> list[Procurement]:
+        """Submitted procurements waiting for delivery since before ``cutoff`` with no ``order_stuck`` alert
+        raised since they were submitted."""
+        key = literal("order_stuck:") + procurements.c.order_no
+        statement = (
+            select(procurements)
+            .outerjoin(alerts, alerts.c.key == key)
+            .where(
+                procurements.c.state == State.SUBMITTED.value,
+                procurements.c.submitted_at < cutoff,
+                or_(alerts.c.key.is_(None), alerts.c.last_at < procurements.c.submitted_at),
+            )
+            .order_by(procurements.c.submitted_at)
+            .limit(limit)
+        )
+        return [to_procurement(row) for row in self.connection.execute(statement).mappings()]
 
     # --- the storefront outbox -----------------------------------------------------------------------------
 

@@ -7,7 +7,9 @@ from functools import cached_property
 
 from sqlalchemy import Connection
 
+from procurd.db.alert_store import AlertStore
 from procurd.db.health_store import HealthStore
+from procurd.db.instance_store import InstanceStore
 from procurd.db.leases import LeaseStore
 from procurd.db.mirror_store import MirrorStore
 from procurd.db.procurement_store import ProcurementStore
@@ -39,3 +41,11 @@ class Tx:
     @cached_property
     def leases(self) -> LeaseStore:
         return LeaseStore(self.connection)
+
+    @cached_property
+    def alerts(self) -> AlertStore:
+        return AlertStore(self.connection)
+
+    @cached_property
+    def instances(self) -> InstanceStore:
+        return InstanceStore(self.connection)

@@ -133,6 +133,7 @@ class CallbackReceiver:
             remote=request.remote,
         )
         self.runtime.metrics.observe_callback(name, False, error.code)
+        self.runtime.rejections.rejected(name, error.code)
         if name is not None:
             self.runtime.callbacks.count(name, False)
 

@@ -33,6 +33,7 @@ from procurd.sandbox import Sandbox, SandboxConfig
 from procurd.sandbox.config import DEFAULT_API_KEY, DEFAULT_API_SECRET
 from procurd.sandbox.testing import LARGE_BODY_BYTES, SignedClient
 from procurd.signing import HeaderNames, signed_headers
+from procurd.upstream.errors import AuthError
 
 T = TypeVar("T")
 
@@ -183,12 +184,17 @@ async def submit_due(runtime: Runtime, upstream: str = "main", limit: int = 1) -
         runtime.instance,
         limit,
         runtime.settings.server.callback_url,
-        on_auth_failure=runtime.record_auth_failure,
+        on_answer=lambda upstream, outcome: _record_auth_failure(runtime, upstream, outcome),
     )
     await submitter.step()
     sent = len(submitter.in_flight)
     await submitter.drain()
     return sent
+
+
+async def _record_auth_failure(runtime: Runtime, upstream: str, outcome: object) -> None:
+    if isinstance(outcome, AuthError):
+        await runtime.record_auth_failure(upstream, outcome)
 
 
 def stack_settings(

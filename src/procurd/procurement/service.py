@@ -45,6 +45,7 @@ from procurd.procurement.transitions import (
     Command,
     Intake,
     IntakeResult,
+    ReleaseClaims,
     Report,
     ReportRejected,
     Result,
@@ -128,6 +129,8 @@ class ProcurementService:
             storefront_events=bool(settings.storefront.webhook_url),
             clock=clock,
             rng=rng,
+            alert_repeat_after=settings.alerts.repeat_after_seconds,
+            alert_delivery=bool(settings.alerts.urls),
         )
         self._writer: BatchWriter[Command, Result] = BatchWriter(
             database, partial(_run_batch, rules=self.rules)
@@ -222,6 +225,18 @@ class ProcurementService:
     async def claim_polls(self, upstream: str, limit: int) -> list[Procurement]:
         """Claim procurements due for a fallback poll; their next poll moves out until the answer comes."""
         return await self._claims(ClaimPolls(upstream, limit))
+
+    async def release_claims(self, instances: Sequence[str]) -> list[Applied]:
+        """The submissions ``instances`` had claimed may be taken again at once (the instances are gone)."""
+        result = await self._submit(ReleaseClaims(tuple(instances)))
+        assert isinstance(result, list)
+        released = [applied for applied in result if isinstance(applied, Applied)]
+        for applied in released:
+            self._after(applied)
+        if released:
+            for upstream in {applied.procurement.upstream for applied in released}:
+                self.wakeups.for_upstream(upstream).set()
+        return released
 
     async def _claims(self, command: ClaimSubmissions | ClaimPolls) -> list[Procurement]:
         result = await self._submit(command)

@@ -38,7 +38,8 @@ from procurd.upstream.models import CreateOrderRequest, OrderCreated
 
 log = structlog.get_logger("procurd.submitter")
 
-AuthFailureHook = Callable[[str, AuthError], Awaitable[None]]
+AnswerHook = Callable[[str, OrderCreated | UpstreamError], Awaitable[None]]
+"""Told of every answer (or failure) of an order creation, with the upstream's name."""
 
 
 def submission_request(p: Procurement, callback_url: str | None) -> CreateOrderRequest:
@@ -98,7 +99,7 @@ class Submitter(Worker):
         size: int,
         callback_url: str | None,
         *,
-        on_auth_failure: AuthFailureHook | None = None,
+        on_answer: AnswerHook | None = None,
         idle_seconds: float = 5.0,
     ) -> None:
         super().__init__()
@@ -108,7 +109,7 @@ class Submitter(Worker):
         self.name = f"submitter {self.upstream}"
         self.size = size
         self.callback_url = callback_url
-        self.on_auth_failure = on_auth_failure
+        self.on_answer = on_answer
         self.idle_seconds = idle_seconds
         self.wakeup = service.wakeups.for_upstream(self.upstream)
         self.owner_prefix = f"{instance}/{self.upstream}"
@@ -146,14 +147,14 @@ class Submitter(Worker):
                 outcome = await self.client.create_order(submission_request(procurement, self.callback_url))
             except UpstreamError as exc:
                 outcome = exc
-            if isinstance(outcome, AuthError) and self.on_auth_failure is not None:
-                await self.on_auth_failure(self.upstream, outcome)
             event = outcome_event(owner, outcome)
             try:
                 await self.service.apply(procurement.id, event, Source.WORKER, order_no=procurement.order_no)
             except DatabaseUnavailable as exc:
                 # The claim stays until it expires; the procurement is then sent again under its number.
                 log.warning("submission.not_recorded", procurement_id=procurement.id, reason=exc.reason)
+            if self.on_answer is not None:
+                await self.on_answer(self.upstream, outcome)
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self.in_flight.discard(task)

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
+from procurd.core.alerts import Kind, Occurrence
 from procurd.core.intake import IntakeError, OrderRequest
 from procurd.core.machine import Policy, decide, is_noop
 from procurd.core.numbers import item_number
@@ -31,6 +32,7 @@ from procurd.core.orders import Order, OrderStatus, derive_status, event_for, or
 from procurd.core.procurement import (
     Admit,
     Claim,
+    ClaimAbandoned,
     Decision,
     Event,
     ExceptionOpened,
@@ -113,7 +115,14 @@ class ClaimPolls:
     limit: int
 
 
-Command = Intake | Change | ChangeAll | Report | ClaimSubmissions | ClaimPolls
+@dataclass(frozen=True, slots=True)
+class ReleaseClaims:
+    """The instances named are gone: the submissions they had claimed may be taken again at once."""
+
+    instances: tuple[str, ...]
+
+
+Command = Intake | Change | ChangeAll | Report | ClaimSubmissions | ClaimPolls | ReleaseClaims
 
 
 # --- results ------------------------------------------------------------------------------------------------
@@ -160,6 +169,8 @@ class Rules:
     storefront_events: bool
     clock: Callable[[], datetime]
     rng: random.Random | None = None
+    alert_repeat_after: float = 3600
+    alert_delivery: bool = False  # alert URLs are configured: opened exceptions are to be sent
 
 
 # --- one batch ----------------------------------------------------------------------------------------------
@@ -223,6 +234,8 @@ def apply_batch(tx: Tx, commands: Sequence[Command], rules: Rules) -> list[Resul
             claims[index] = store.claim_due(command.upstream, batch.now, command.limit)
         elif isinstance(command, ClaimPolls):
             claims[index] = store.claim_polls(command.upstream, batch.now, command.limit)
+        elif isinstance(command, ReleaseClaims):
+            claims[index] = store.claimed_by(command.instances)
     skus = store.mirrored_skus(
         (item.upstream or "", item.sku_id) for intake in intakes for item in intake.request.items
     )
@@ -281,6 +294,15 @@ def _run(
             return _claim(batch, claimed, Claim(command.owner, batch.rules.lease_seconds))
         case ClaimPolls():
             return _claim(batch, claimed, PollClaim(batch.rules.lease_seconds))
+        case ReleaseClaims():
+            released: list[Applied] = []
+            for instance in command.instances:
+                for procurement_id, order_no in claimed.items():
+                    current = _find(batch, order_no, procurement_id)
+                    if current is not None:
+                        released += _apply(batch, [(current, ClaimAbandoned(instance))], Source.WORKER)
+            changed = [applied for applied in released if applied.changed]
+            return lambda ids: changed
 
 
 def _find(batch: _Batch, order_no: str | None, procurement_id: int) -> Procurement | None:
@@ -502,7 +524,22 @@ def _flush(batch: _Batch) -> dict[Key, int]:
         ]
     )
     store.insert_events([_event_row(event, ids, batch.now) for event in batch.events])
+    rules = batch.rules
+    opened = [_exception_alert(batch, key, effect) for key, effect in batch.exceptions_opened]
+    batch.tx.alerts.occur(opened, batch.now, rules.alert_repeat_after, rules.alert_delivery)
     return ids
+
+
+def _exception_alert(batch: _Batch, key: Key, effect: ExceptionOpened) -> Occurrence:
+    """An opened exception as the alert a person gets: the reason, the order, the upstream, the error."""
+    order_no, position = key
+    p = next(item for item in batch.items[order_no] if item.position == position)
+    error = ": ".join(part for part in (effect.code, effect.message) if part)
+    message = (
+        f"{effect.reason}: order {order_no}, item {position + 1} ({p.downstream_order_no}) on upstream "
+        f"{p.upstream}" + (f": {error}" if error and error != effect.reason else "")
+    )
+    return Occurrence(Kind.EXCEPTION_OPENED, order_no, message, p.upstream)
 
 
 def _event_row(event: _Event, ids: Mapping[Key, int], now: datetime) -> dict[str, Any]:

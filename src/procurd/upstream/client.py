@@ -51,9 +51,9 @@ MAX_PAGE_SIZE = 100
 ModelT = TypeVar("ModelT", bound=UpstreamModel)
 
 
-RequestObserver = Callable[[str, str, str, float], None]
-"""``observer(upstream, endpoint, outcome, seconds)``, once per request: ``outcome`` is ``"ok"``, the error
-code, ``"cancelled"``, or ``"error"`` for an unexpected exception."""
+RequestObserver = Callable[[str, str, str, float, "UpstreamError | None"], None]
+"""``observer(upstream, endpoint, outcome, seconds, error)``, once per request: ``outcome`` is ``"ok"``, the
+error code, ``"cancelled"``, or ``"error"`` for an unexpected exception; ``error`` is the upstream error."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,25 +188,26 @@ class UpstreamClient:
         await self._limiter.acquire(call.priority)
         started = time.perf_counter()
         outcome = "error"
+        error: UpstreamError | None = None
         try:
             answer = await self._exchange(call, started)
             outcome = "ok"
             return answer
         except UpstreamError as exc:
-            outcome = exc.code
+            outcome, error = exc.code, exc
             self._react_to(exc)
             raise
         except asyncio.CancelledError:
             outcome = "cancelled"
             raise
         finally:
-            self._observe(call.endpoint, outcome, time.perf_counter() - started)
+            self._observe(call.endpoint, outcome, time.perf_counter() - started, error)
 
-    def _observe(self, endpoint: str, outcome: str, seconds: float) -> None:
+    def _observe(self, endpoint: str, outcome: str, seconds: float, error: UpstreamError | None) -> None:
         if self._observer is None:
             return
         try:
-            self._observer(self.name, endpoint, outcome, seconds)
+            self._observer(self.name, endpoint, outcome, seconds, error)
         except Exception:  # noqa: BLE001 - a metrics hook must never change the outcome of a request
             self._log.exception("request observer failed", endpoint=endpoint)
 
