@@ -38,6 +38,6 @@ async def test_migrations_build_exactly_the_schema(database: Database) -> None:
 
 def test_the_daemon_knows_the_newest_migration() -> None:
     """The revision the daemon checks at start-up (without loading Alembic) is the newest migration's."""
-    assert HEAD_REVISION == migrate.head_revision()
+    assert migrate.head_revision() == HEAD_REVISION
     assert describe_mismatch(HEAD_REVISION) is None
     assert "procurd db upgrade" in (describe_mismatch(None) or "")

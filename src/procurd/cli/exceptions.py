@@ -46,6 +46,9 @@ async def _list(
     settings: Settings, upstream: str | None, reason: str | None, page: int, page_size: int, as_json: bool
 ) -> None:
     async with open_runtime(settings) as runtime:
+        problem = await runtime.service.filter_problem(upstream, reason)
+        if problem is not None:
+            fail_usage(f"{problem[0]}: {problem[1]}")
         total, items = await runtime.service.exceptions(upstream, reason, page, page_size)
     if as_json:
         emit_json({"ok": True, "items": items, "total": total, "page": page, "page_size": page_size})
@@ -108,6 +111,9 @@ async def _retry_all(
     settings: Settings, upstream: str | None, reason: str | None, note: str | None, limit: int, as_json: bool
 ) -> None:
     async with open_runtime(settings) as runtime:
+        problem = await runtime.service.filter_problem(upstream, reason)
+        if problem is not None:
+            fail_usage(f"{problem[0]}: {problem[1]}")
         result = await runtime.service.retry_exceptions(upstream, reason, note, limit)
     if as_json:
         emit_json(

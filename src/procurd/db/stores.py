@@ -13,6 +13,7 @@ from procurd.db.instance_store import InstanceStore
 from procurd.db.leases import LeaseStore
 from procurd.db.mirror_store import MirrorStore
 from procurd.db.procurement_store import ProcurementStore
+from procurd.db.reconcile_store import ReconcileStore
 
 
 class Tx:
@@ -49,3 +50,7 @@ class Tx:
     @cached_property
     def instances(self) -> InstanceStore:
         return InstanceStore(self.connection)
+
+    @cached_property
+    def reconcile(self) -> ReconcileStore:
+        return ReconcileStore(self.connection)

@@ -187,9 +187,23 @@ async def order_audit(request: web.Request) -> web.Response:
     return json_response({"ok": True, "order_no": order_no, "audit": await runtime.service.audit(order_no)})
 
 
+async def _known_filters(runtime: Runtime, upstream: str | None, reason: str | None) -> None:
+    """A filter naming no upstream or reason procurd knows is a typo: 400 naming the known values."""
+    if upstream is not None and upstream not in runtime.service.upstream_names:
+        known = ", ".join(runtime.service.upstream_names)
+        raise ApiError(400, "unknown_upstream", f"no upstream {upstream!r} (configured: {known})")
+    if reason is not None:
+        reasons = await runtime.service.known_reasons()
+        if reason not in reasons:
+            raise ApiError(
+                400, "unknown_reason", f"no exception reason {reason!r} (known: {', '.join(reasons)})"
+            )
+
+
 async def list_exceptions(request: web.Request) -> web.Response:
     upstream = _query_text(request, "upstream")
     reason = _query_text(request, "reason")
+    await _known_filters(request.app[RUNTIME], upstream, reason)
     page = _query_int(request, "page", 1, 1, MAX_PAGE)
     page_size = _query_int(request, "page_size", DEFAULT_PAGE_SIZE, 1, MAX_PAGE_SIZE)
     total, items = await request.app[RUNTIME].service.exceptions(upstream, reason, page, page_size)
@@ -219,8 +233,7 @@ async def retry_exceptions(request: web.Request) -> web.Response:
         raise ApiError(
             422, "filter_required", 'name a reason or an upstream, or send "all": true for every exception'
         )
-    if upstream is not None and upstream not in runtime.service.upstream_names:
-        raise ApiError(422, "unknown_upstream", f"no upstream {upstream!r}")
+    await _known_filters(runtime, upstream, reason)
     limit = body.get("limit", DEFAULT_BULK_RETRY)
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_BULK_RETRY:
         raise ApiError(400, "invalid_request", f"limit must be an integer from 1 to {MAX_BULK_RETRY}")

@@ -27,6 +27,7 @@ from procurd.core.procurement import (
     Event,
     NotAllowed,
     Procurement,
+    Reason,
     Retry,
     Source,
     State,
@@ -52,12 +53,20 @@ from procurd.procurement.transitions import (
     Rules,
     apply_batch,
 )
+from procurd.upstream.errors import AUTH_ERROR_CODES, BUSINESS_ERROR_CODES
 
 log = structlog.get_logger("procurd.procurement")
 
 Clock = Callable[[], datetime]
 Observer = Callable[[Applied], None]
 
+# Exception reasons: procurd's own, and the upstream's refusal codes it records as they come.
+ASSIGNED_REASONS = frozenset(
+    {reason.value for reason in Reason}
+    | AUTH_ERROR_CODES
+    | BUSINESS_ERROR_CODES
+    | {"auth_error", "business_error"}
+)
 DEFAULT_BULK_RETRY = 100  # exceptions one bulk retry sends again unless told otherwise
 MAX_BULK_RETRY = 1000
 SETTLED_CACHE_SIZE = 10_000
@@ -331,6 +340,24 @@ class ProcurementService:
             }
             for row in rows
         ]
+
+    async def filter_problem(self, upstream: str | None, reason: str | None) -> tuple[str, str] | None:
+        """``(code, message)`` when an exception filter names no upstream or reason procurd knows (a typo),
+        with the known values; ``None`` when it is fine."""
+        if upstream is not None and upstream not in self.upstream_names:
+            known = ", ".join(self.upstream_names)
+            return "unknown_upstream", f"no upstream {upstream!r} (configured: {known})"
+        if reason is not None:
+            reasons = await self.known_reasons()
+            if reason not in reasons:
+                return "unknown_reason", f"no exception reason {reason!r} (known: {', '.join(reasons)})"
+        return None
+
+    async def known_reasons(self) -> list[str]:
+        """Every exception reason procurd assigns, and those the database holds (upstreams may add codes)."""
+        held = await self.database.read(lambda tx: tx.procurements.exception_reasons())
+        found = {reason for reasons in held.values() for reason in reasons}
+        return sorted(ASSIGNED_REASONS | found)
 
     async def next_submission_due(self, upstream: str) -> datetime | None:
         return await self.database.read(lambda tx: tx.procurements.next_submission_due(upstream))

@@ -1,0 +1,130 @@
+"""Statements of reconciliation: its runs and what each found."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import Connection, func, insert, select, update
+
+from procurd.db.schema import reconcile_findings, reconcile_runs
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReconcileRun:
+    id: int
+    upstream: str | None
+    trigger: str
+    started_at: datetime
+    finished_at: datetime | None
+    status: str
+    checked: int
+    mismatches: int
+    repaired: int
+    errors: int
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Finding:
+    procurement_id: int
+    order_no: str
+    upstream: str
+    downstream_order_no: str
+    upstream_order_id: int | None
+    field: str
+    local_value: str | None
+    upstream_value: str | None
+    repair: str | None
+    found_at: datetime
+    run_id: int = 0
+
+
+class ReconcileStore:
+    def __init__(self, connection: Connection) -> None:
+        self.connection = connection
+
+    def start(self, upstream: str | None, trigger: str, now: datetime) -> int:
+        values = dict(
+            upstream=upstream, trigger=trigger, started_at=now, status="running", checked=0, mismatches=0,
+            repaired=0, errors=0,
+        )  # fmt: skip
+        result = self.connection.execute(
+            insert(reconcile_runs).values(**values).returning(reconcile_runs.c.id)
+        )
+        return int(result.scalar_one())
+
+    def finish(
+        self,
+        run_id: int,
+        *,
+        status: str,
+        checked: int,
+        repaired: int,
+        errors: int,
+        error: str | None,
+        now: datetime,
+    ) -> None:
+        mismatches = self.connection.execute(
+            select(func.count()).select_from(reconcile_findings).where(reconcile_findings.c.run_id == run_id)
+        ).scalar_one()
+        self.connection.execute(
+            update(reconcile_runs)
+            .where(reconcile_runs.c.id == run_id)
+            .values(
+                status=status,
+                finished_at=now,
+                checked=checked,
+                mismatches=mismatches,
+                repaired=repaired,
+                errors=errors,
+                error=error,
+            )  # fmt: skip
+        )
+
+    def add_findings(self, run_id: int, findings: Sequence[Finding]) -> None:
+        if findings:
+            rows = [
+                {
+                    "run_id": run_id, "procurement_id": f.procurement_id, "order_no": f.order_no,
+                    "upstream": f.upstream, "downstream_order_no": f.downstream_order_no,
+                    "upstream_order_id": f.upstream_order_id, "field": f.field, "local_value": f.local_value,
+                    "upstream_value": f.upstream_value, "repair": f.repair, "found_at": f.found_at,
+                }
+                for f in findings
+            ]  # fmt: skip
+            self.connection.execute(insert(reconcile_findings), rows)
+
+    def runs(self, limit: int) -> list[ReconcileRun]:
+        statement = select(reconcile_runs).order_by(reconcile_runs.c.id.desc()).limit(limit)
+        return [ReconcileRun(**row) for row in self.connection.execute(statement).mappings()]
+
+    def last_finished(self) -> ReconcileRun | None:
+        statement = (
+            select(reconcile_runs)
+            .where(reconcile_runs.c.status != "running")
+            .order_by(reconcile_runs.c.id.desc())
+            .limit(1)
+        )
+        row = self.connection.execute(statement).mappings().first()
+        return None if row is None else ReconcileRun(**row)
+
+    def findings(self, run_ids: Sequence[int]) -> list[Finding]:
+        if not run_ids:
+            return []
+        statement = (
+            select(reconcile_findings)
+            .where(reconcile_findings.c.run_id.in_(list(run_ids)))
+            .order_by(reconcile_findings.c.id)
+        )
+        rows = self.connection.execute(statement).mappings()
+        return [Finding(**{key: value for key, value in row.items() if key != "id"}) for row in rows]
+
+    def last_full_check(self) -> datetime | None:
+        """When the last finished run that checked delivered procurements too started."""
+        statement = select(func.max(reconcile_runs.c.started_at)).where(
+            reconcile_runs.c.status == "ok", reconcile_runs.c.trigger.in_(("daily", "manual"))
+        )
+        value = self.connection.execute(statement).scalar_one_or_none()
+        return value if isinstance(value, datetime) else None
