@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import click
 
-from procurd.cli.base import CliState, database_errors, main, pass_state, run_async
+from procurd.cli.base import (
+    CliState,
+    common_options,
+    database_errors,
+    ensure_database_directory,
+    main,
+    pass_state,
+    run_async,
+)
 
 
 @main.group()
@@ -14,6 +22,7 @@ def db() -> None:
 
 @db.command("upgrade")
 @click.option("--revision", default="head", show_default=True, help="Target revision.")
+@common_options
 @pass_state
 def db_upgrade(state: CliState, revision: str) -> None:
     """Create the schema or migrate it to the current version (safe to run on every start)."""
@@ -21,6 +30,7 @@ def db_upgrade(state: CliState, revision: str) -> None:
     from procurd.db.engine import create_engine
 
     settings = state.settings()
+    ensure_database_directory(settings)
 
     async def upgrade() -> tuple[str | None, str | None]:
         engine = create_engine(settings.database.url)
