@@ -52,6 +52,34 @@ def test_unit_file_verifies(tmp_path: Path) -> None:
     assert "WatchdogSec=" in UNIT.read_text()
 
 
+def unit_settings() -> dict[str, list[str]]:
+    """The [Service] settings of the shipped unit, each with its values in order."""
+    values: dict[str, list[str]] = {}
+    section = ""
+    for line in UNIT.read_text(encoding="utf-8").splitlines():
+        line = line.strip()
+        if line.startswith("["):
+            section = line
+        elif line and not line.startswith("#") and section == "[Service]":
+            key, _, value = line.partition("=")
+            values.setdefault(key, []).append(value)
+    return values
+
+
+def test_the_unit_leaves_the_database_to_the_configuration_file() -> None:
+    """The unit sets no PROCURD_ variable (the [database] url of /etc/procurd/procurd.toml holds), and a
+    configuration error (exit 2 of the main process) is not restarted every few seconds."""
+    unit = unit_settings()
+    assert not [value for value in unit.get("Environment", []) if "PROCURD_" in value]
+    assert unit["Restart"] == ["on-failure"]
+    assert unit["RestartPreventExitStatus"] == ["2"]
+    # systemd decides restarts on the main process's status only: a failing ExecStartPre must not end the
+    # start before `run` reports the configuration error with its exit status.
+    assert all(value.startswith("-") for value in unit["ExecStartPre"])
+    assert unit["ExecStart"] == ["/opt/procurd/bin/procurd --config /etc/procurd/procurd.toml run"]
+    assert "main:/etc/procurd/credentials/main" in unit["LoadCredential"]
+
+
 def test_notifier_is_silent_outside_systemd() -> None:
     """Without $NOTIFY_SOCKET nothing is sent and nothing fails."""
     notifier = Notifier({})
