@@ -22,6 +22,7 @@ from procurd.catalog.sync import run_sync
 from procurd.config import Settings
 from procurd.db import migrate
 from procurd.http.admin import make_admin_app
+from procurd.http.errors import listener_runner
 from procurd.http.public import make_public_app
 from procurd.procurement.poller import Poller
 from procurd.procurement.worker import SubmissionPool, SubmissionWorker
@@ -121,9 +122,7 @@ class Daemon:
         )
 
     async def _listen(self, app: web.Application, host: str, port: int) -> int:
-        runner = web.AppRunner(
-            app, access_log=None, shutdown_timeout=self.settings.server.shutdown_timeout_seconds
-        )
+        runner = listener_runner(app, shutdown_timeout=self.settings.server.shutdown_timeout_seconds)
         await runner.setup()
         site = web.TCPSite(runner, host, port, reuse_address=True)
         await site.start()

@@ -19,14 +19,7 @@ from aiohttp import web
 
 from procurd.config import CALLBACK_PATH, UpstreamSettings
 from procurd.http.callback import Callback, CallbackBodyError, parse_callback
-from procurd.http.errors import (
-    MAX_BODY_BYTES,
-    ApiError,
-    error_middleware,
-    json_response,
-    public_error_body,
-    read_body,
-)
+from procurd.http.errors import ApiError, json_response, listener_app, public_error_body, read_body
 from procurd.procurement.model import Source
 from procurd.procurement.service import Applied, ReportRejected
 from procurd.runtime import Runtime
@@ -181,10 +174,7 @@ async def healthz(request: web.Request) -> web.Response:
 
 def make_public_app(runtime: Runtime) -> web.Application:
     """The callback receiver and ``/healthz``; the receiver also answers at ``callback_url``'s own path."""
-    app = web.Application(
-        client_max_size=MAX_BODY_BYTES,
-        middlewares=[error_middleware("public", public_error_body, runtime.metrics)],
-    )
+    app = listener_app("public", public_error_body, runtime.metrics, runtime.settings.server)
     app[RUNTIME] = runtime
     receiver = CallbackReceiver(runtime)
     app.router.add_post(CALLBACK_PATH, receiver.handle)
