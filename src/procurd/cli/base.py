@@ -43,12 +43,16 @@ class CliState:
         else works on the database alone. One-shot commands log warnings and worse unless ``--log-level``
         says otherwise; the ``daemon`` logs at ``[logging] level``.
         """
+        try:
+            return self.load(secrets=secrets, daemon=daemon)
+        except ConfigError as exc:
+            fail_config(str(exc))
+
+    def load(self, *, secrets: bool = False, daemon: bool = False) -> Settings:
+        """:meth:`settings`, raising :class:`ConfigError` instead of ending the program."""
         settings = self._loaded.get(secrets)
         if settings is None:
-            try:
-                settings = load_settings(self.config_path, read_secret_files=secrets)
-            except ConfigError as exc:
-                fail_config(str(exc))
+            settings = load_settings(self.config_path, read_secret_files=secrets)
             self._loaded[secrets] = settings
             register_secrets(known_secrets(settings))
         configured = settings.logging.level
