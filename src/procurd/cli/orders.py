@@ -1,8 +1,9 @@
 """``procurd order``: submit, show and cancel orders, straight on the database (daemon running or not).
 
 The same semantics as the admin API: a submit is validated against the mirror and queued for the workers,
-a cancel goes to the upstream first. Human output is a table; ``--json`` (``--output json`` for ``submit``,
-whose ``--json`` reads a body) prints what the admin API would answer. Exit codes: 0 done, 1 refused or
+a cancel goes to the upstream first. Human output is aligned text (:mod:`procurd.cli.output`); ``--json`` or
+``--output json`` (only the latter for ``submit``, whose ``--json`` reads a body) prints what the admin API
+would answer. Exit codes: 0 done, 1 refused or
 failed (the reason on stderr), 2 usage or configuration.
 """
 
