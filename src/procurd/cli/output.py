@@ -30,27 +30,31 @@ def echo(line: str = "") -> None:
     click.echo(line)
 
 
-def count(number: int, noun: str, plural: str | None = None) -> str:
+def count(number: int, noun: str) -> str:
     """``1 exception``, ``2 exceptions``, ``0 exceptions``."""
-    return f"{number} {noun if number == 1 else (plural or noun + 's')}"
+    return f"{number} {noun if number == 1 else noun + 's'}"
 
 
 def parse_time(value: str | datetime | None) -> datetime | None:
-    if value is None or isinstance(value, datetime):
-        return value.astimezone(UTC) if value is not None and value.tzinfo else value
-    try:
-        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
+    """An ISO 8601 time (or a datetime) in UTC; one without a zone is taken as UTC, as procurd stores it."""
+    if value is None:
         return None
+    if isinstance(value, datetime):
+        parsed = value
+    else:
+        try:
+            parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            return None
     return parsed.astimezone(UTC) if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
-def utc(value: str | datetime | None, *, seconds: bool = True) -> str:
+def utc(value: str | datetime | None) -> str:
     """``2026-11-23 15:09:54`` in UTC (the zone every time is shown in); ``-`` when there is none."""
     moment = parse_time(value)
     if moment is None:
         return "-" if value is None else str(value)
-    return moment.strftime("%Y-%m-%d %H:%M:%S" if seconds else "%Y-%m-%d %H:%M")
+    return moment.strftime("%Y-%m-%d %H:%M:%S")
 
 
 def duration(seconds: float) -> str:
