@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import os
+import pty
+import re
 import socket
+import struct
+import sys
+import termios
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
@@ -60,6 +67,68 @@ async def _on(database: Database | str, work: Callable[[Any], T], *, write: bool
     finally:
         if owned is not None:
             await owned.close()
+
+
+async def run_procurd(
+    *args: str,
+    env: Mapping[str, str] | None = None,
+    terminal_columns: int | None = None,
+    timeout: float = 120,
+) -> tuple[int, str, str]:
+    """``python -m procurd ARGS`` as a person runs it, while this test's loop keeps serving.
+
+    On pipes by default: the exit code, stdout and stderr. With ``terminal_columns`` stdout and stderr are a
+    terminal that wide (a pseudo-terminal), and everything written to it comes back as stdout.
+    """
+    environ = dict(os.environ if env is None else env)
+    if terminal_columns is None:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "procurd", *args,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=environ,
+        )  # fmt: skip
+        stdout, stderr = await asyncio.wait_for(process.communicate(), timeout)
+        assert process.returncode is not None
+        return process.returncode, stdout.decode(), stderr.decode()
+    environ.update(COLUMNS=str(terminal_columns), LINES="24", TERM="xterm-256color")
+    controller, terminal = pty.openpty()
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 24, terminal_columns, 0, 0))
+    try:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "procurd", *args,
+            stdin=terminal, stdout=terminal, stderr=terminal, env=environ,
+        )  # fmt: skip
+    finally:
+        os.close(terminal)
+    try:
+        output = await asyncio.wait_for(asyncio.to_thread(_read_until_closed, controller), timeout)
+        code = await asyncio.wait_for(process.wait(), timeout)
+    finally:
+        os.close(controller)
+    return code, output.decode(errors="replace"), ""
+
+
+def _read_until_closed(fd: int) -> bytes:
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:  # EIO: every process holding the terminal has exited
+            return b"".join(chunks)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+
+
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
+
+
+def screen_lines(output: str) -> list[str]:
+    """What a terminal shows of ``output``, line by line: escape sequences removed, each line as it stands
+    after its last carriage return."""
+    lines = []
+    for line in ANSI_ESCAPE.sub("", output).split("\n"):
+        lines.append(line.rstrip("\r").split("\r")[-1])
+    return lines
 
 
 def free_port() -> int:

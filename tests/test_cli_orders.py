@@ -19,6 +19,7 @@ from click.testing import CliRunner, Result
 from procurd.cli import main
 from procurd.http.testing import Stack, procurd_stack
 from procurd.logs import configure_logging
+from support import run_procurd, screen_lines
 
 
 @dataclass
@@ -205,7 +206,8 @@ async def test_cancel_local_and_denied(shell: Shell) -> None:
 
 
 async def test_exception_queue_list_retry_resolve(shell: Shell) -> None:
-    """exceptions list pages and filters; retry queues again; resolve needs a note; refusals exit 1."""
+    """exceptions list pages and filters (a filter naming no upstream or reason is refused with exit 2 and the
+    known values); retry queues again; resolve needs a note; refusals exit 1."""
     for number in ("E1", "E2"):
         submitted = await shell.run("order", "submit", "--order-no", number, "--sku", str(shell.sku),
                                     "--max-unit-price", "0.01")  # fmt: skip
@@ -215,10 +217,19 @@ async def test_exception_queue_list_retry_resolve(shell: Shell) -> None:
     page = parsed(await shell.run("exceptions", "list", "--reason", "price_above_limit", "--page", "2",
                                   "--page-size", "1", "--json"))  # fmt: skip
     assert [item["order_no"] for item in page["items"]] == ["E2"]
-    assert parsed(await shell.run("exceptions", "list", "--upstream", "other", "--json"))["total"] == 0
+    assert parsed(await shell.run("exceptions", "list", "--upstream", "main", "--json"))["total"] == 2
+    typo = await shell.run("exceptions", "list", "--upstream", "other")
+    assert (typo.exit_code, "unknown_upstream" in typo.stderr, "configured: main" in typo.stderr) == (
+        2,
+        True,
+        True,
+    )
+    reason_typo = await shell.run("exceptions", "list", "--reason", "max_attempt_exceeded")
+    assert reason_typo.exit_code == 2
+    assert "max_attempts_exceeded" in reason_typo.stderr  # the known values are named
     table = await shell.run("exceptions", "list")
     assert "E1" in table.stdout
-    assert "2 exception(s)" in table.stdout
+    assert "2 open exceptions" in table.stdout
     first, second = (item["id"] for item in listing["items"])
 
     retried = await shell.run("exceptions", "retry", str(first), "--note", "limit raised", "--json")
@@ -260,7 +271,7 @@ async def test_exceptions_retry_all(shell: Shell) -> None:
     first = await shell.run("exceptions", "retry-all", "--reason", "price_above_limit", "--limit", "2",
                             "--note", "limit raised")  # fmt: skip
     assert first.exit_code == 0, first.stderr
-    assert "2 exception(s) queued again" in first.stdout
+    assert "2 exceptions queued again" in first.stdout
     assert "1 more match" in first.stdout
     rest = parsed(await shell.run("exceptions", "retry-all", "--all", "--json"))
     assert (rest["retried"], rest["skipped"], rest["remaining"]) == ([ids[2]], [], 0)
@@ -286,7 +297,7 @@ async def test_status_for_people_and_machines(shell: Shell) -> None:
     assert table.exit_code == 0, table.stderr
     assert "main" in table.stdout
     assert "never" in table.stdout  # never pinged
-    assert "0 event(s) pending" in table.stdout
+    assert "no events pending" in table.stdout
 
 
 async def test_unmigrated_database_and_bad_configuration(shell: Shell, tmp_path: Path) -> None:
@@ -309,3 +320,86 @@ async def test_unmigrated_database_and_bad_configuration(shell: Shell, tmp_path:
     assert unmigrated.exit_code == 1
     assert "procurd db upgrade" in unmigrated.stderr
     assert broken.exit_code == 2
+
+
+async def exceptions_and_a_delivery(shell: Shell) -> None:
+    """Orders E1 and E2 refused for their price (exceptions), D1 delivered."""
+    for number in ("E1", "E2"):
+        submitted = await shell.run("order", "submit", "--order-no", number, "--sku", str(shell.sku),
+                                    "--max-unit-price", "0.01")  # fmt: skip
+        assert submitted.exit_code == 0, submitted.stderr
+    assert (await shell.run("order", "submit", "--order-no", "D1", "--sku", str(shell.sku))).exit_code == 0
+    assert await shell.stack.submit_due()
+    await shell.stack.sandbox.wait_callbacks_idle()
+    assert (await shell.stack.order("D1"))["status"] == "delivered"
+
+
+@pytest.mark.parametrize("terminal_columns", [None, 80], ids=["pipe", "80-column terminal"])
+async def test_human_output_reads_well(shell: Shell, terminal_columns: int | None) -> None:
+    """status, exceptions list and order show, on a pipe and on an 80-column terminal: no line wider than
+    the terminal, no word cut, no Python structures, times in UTC with their age, counted nouns."""
+    await exceptions_and_a_delivery(shell)
+    config = ("--config", str(shell.config))
+
+    async def show(*args: str) -> list[str]:
+        code, out, err = await run_procurd(*config, *args, terminal_columns=terminal_columns)
+        assert code == 0, out + err
+        assert err == ""
+        lines = (screen_lines(out) if terminal_columns else out.splitlines()) or [""]
+        while len(lines) > 1 and not lines[-1]:
+            lines.pop()
+        for line in lines:
+            assert "{'" not in line, line
+            assert "(s)" not in line, line
+            if terminal_columns:
+                assert len(line) <= terminal_columns, line
+        return lines
+
+    status = "\n".join(await show("status"))
+    assert "upstream main: healthy" in status or "upstream main: NOT HEALTHY" in status
+    assert "procurements  delivered 1, exception 2\n" in status
+    assert "exceptions    2 open exceptions: see `procurd exceptions list`" in status
+    words = " ".join(status.split())  # as read, whatever the terminal wrapped
+    assert "last sync ok " in words
+    assert " ago (20" in words
+    assert " UTC)" in words
+
+    listing = await show("exceptions", "list")
+    header = next(line for line in listing if "reason" in line)
+    assert header.split() == ["id", "order", "number", "upstream", "reason", "since", "tries"]
+    rows = [line.split() for line in listing if line.startswith("  ") and line.split()[0].isdigit()]
+    assert [row[1] for row in rows] == ["E1", "E2"]
+    assert any("is above max_unit_price" in line for line in listing)
+    assert listing[-1] == "2 open exceptions; page 1 of 1"
+    single = await show("exceptions", "list", "--page-size", "1", "--page", "2")
+    assert single[-1] == "2 open exceptions; page 2 of 2"
+    empty = await show("exceptions", "list", "--reason", "payment_failed")
+    assert empty == ["no open exceptions for reason payment_failed"]
+
+    order = "\n".join(await show("order", "show", "D1"))
+    assert "order D1: delivered" in order
+    assert "1 line\n" in order
+    assert "payload         hidden (--show-payload shows it)" in order
+    assert "audit trail" in order
+    assert "time (UTC)" in order
+
+
+async def test_one_shot_commands_print_no_info_lines(shell: Shell) -> None:
+    """With [logging] level = "info" in the file, status prints its report and no log line; --log-level
+    brings them back."""
+    text = shell.config.read_text(encoding="utf-8").replace('level = "warning"', 'level = "info"')
+    shell.config.write_text(text, encoding="utf-8")
+    code, out, err = await run_procurd("--config", str(shell.config), "status")
+    assert code == 0, err
+    assert out.startswith("procurd status at")
+    assert err == ""
+
+
+async def test_output_json_is_a_synonym_of_json(shell: Shell) -> None:
+    """``--output json`` prints exactly what ``--json`` prints (the README's and the scripts' spelling)."""
+    await exceptions_and_a_delivery(shell)
+    for args in (["exceptions", "list"], ["order", "show", "D1"]):
+        as_json = parsed(await shell.run(*args, "--json"))
+        as_output = parsed(await shell.run(*args, "--output", "json"))
+        assert as_output == as_json
+    assert parsed(await shell.run("status", "--output", "json"))["ok"] is True

@@ -13,6 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from procurd.db.schema import mirror_products, sync_runs
 from procurd.sandbox import Sandbox, SandboxConfig
+from support import run_procurd, screen_lines
 
 
 @pytest.fixture
@@ -92,3 +93,25 @@ async def test_catalog_sync_needs_a_migrated_database(tmp_path: Path, sandbox: S
     code, _, err = await procurd("--config", config, "catalog", "sync")
     assert code == 1
     assert "procurd db upgrade" in err
+
+
+async def test_catalog_sync_progress_on_a_terminal(tmp_path: Path, database_url: str) -> None:
+    """On a terminal the progress bar ends at 100 %, and log lines appear above it, never inside it."""
+    async with Sandbox(SandboxConfig(products=150)) as sandbox:
+        config = write_config(tmp_path, database_url, sandbox)
+        text = config.read_text(encoding="utf-8").replace(
+            "max_requests_per_second = 200", "max_requests_per_second = 15"
+        )
+        config.write_text(text + "\n[catalog]\npage_size = 10\nconcurrency = 1\n", encoding="utf-8")
+        code, out, _ = await run_procurd(
+            "--config", str(config), "--log-level", "info", "--log-format", "json", "catalog", "sync",
+            terminal_columns=80,
+        )  # fmt: skip
+    assert code == 0, out
+    lines = screen_lines(out)
+    assert any('"event": "catalog_sync_finished"' in line for line in lines), out[-2000:]
+    assert not [line for line in lines if "━" in line and '"event"' in line]
+    bars = [line for line in lines if "pages" in line and "━" in line]
+    assert bars[-1].split()[-2] == "100%", bars[-1]
+    assert "15/15" in bars[-1]
+    assert any(line.startswith("main: ok") for line in lines)

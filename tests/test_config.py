@@ -100,6 +100,47 @@ def test_secret_file_relative_to_systemd_credentials(tmp_path: Path) -> None:
     assert settings.upstream("main").secret() == "cred-secret-1"
 
 
+def test_token_and_webhook_secret_files(tmp_path: Path) -> None:
+    """admin_token_file and webhook_secret_file are read like api_secret_file: bare names from
+    $CREDENTIALS_DIRECTORY, stripped of white space."""
+    (tmp_path / "admin").write_text("admin-token-1\n", encoding="utf-8")
+    (tmp_path / "webhook").write_text(" webhook-secret-1 ", encoding="utf-8")
+    text = MINIMAL + (
+        '\n[server]\nadmin_host = "0.0.0.0"\nadmin_token_file = "admin"\n'
+        '\n[storefront]\nwebhook_url = "https://shop.example.com/events"\nwebhook_secret_file = "webhook"\n'
+    )
+    settings = load_settings(write(tmp_path, text), environ={"CREDENTIALS_DIRECTORY": str(tmp_path)})
+    assert settings.server.admin_token.get_secret_value() == "admin-token-1"
+    assert settings.storefront.webhook_secret.get_secret_value() == "webhook-secret-1"
+
+
+def test_bare_names_beside_the_configuration_file(tmp_path: Path) -> None:
+    """Outside systemd a bare secret file name is read from the credentials directory beside the file."""
+    (tmp_path / "credentials").mkdir()
+    (tmp_path / "credentials" / "main").write_text("beside-secret-1", encoding="utf-8")
+    text = MINIMAL.replace('api_secret = "secret-value-1"', 'api_secret_file = "main"')
+    assert load_settings(write(tmp_path, text), environ={}).upstream("main").secret() == "beside-secret-1"
+
+
+def test_secret_files_are_left_alone_unless_asked(tmp_path: Path) -> None:
+    """Without read_secret_files a missing secret file is no error; the secret is simply not there."""
+    text = MINIMAL.replace('api_secret = "secret-value-1"', 'api_secret_file = "/nonexistent/secret"')
+    settings = load_settings(write(tmp_path, text), environ={}, read_secret_files=False)
+    with pytest.raises(RuntimeError, match="api_secret_file was not read"):
+        settings.upstream("main").secret()
+
+
+def test_environment_variables_without_a_section_are_ignored(tmp_path: Path) -> None:
+    """PROCURD_ variables without ``__`` are not configuration; those with one are, and a bad value names
+    the variable."""
+    environ = {"PROCURD_VENV": "/x", "PROCURD_CRASH_SEED": "3", "PROCURD_CONFIG_EXTRA": "y"}
+    assert load_settings(write(tmp_path, MINIMAL), environ=environ).upstream("main").secret()
+    with pytest.raises(ConfigError) as caught:
+        load_settings(write(tmp_path, MINIMAL), environ={"PROCURD_CATALOG__PAGE_SIZE": "many"})
+    expected = "environment variable PROCURD_CATALOG__PAGE_SIZE: [catalog] page_size:"
+    assert str(caught.value).startswith(expected)
+
+
 @pytest.mark.parametrize(
     ("change", "expected"),
     [
@@ -114,6 +155,7 @@ def test_secret_file_relative_to_systemd_credentials(tmp_path: Path) -> None:
         ("[server]\n", "upstreams: required key is missing"),
         (MINIMAL + MINIMAL, "upstreams: upstream name 'main' is used more than once"),
         (MINIMAL + "\n[procurement]\nretry_base_seconds = -1\n", "[procurement] retry_base_seconds:"),
+        (MINIMAL + "\n[server]\npublic_port = 9000\nadmin_port = 9000\n", "[server] admin_port: 9000 is"),
         ("[[upstreams]\n", "not valid TOML"),
     ],
 )

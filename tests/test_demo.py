@@ -2,34 +2,60 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 
-def test_demo_delivers_both_orders_and_leaves_a_database(tmp_path: Path) -> None:
-    """The demo mirrors, orders an auto and a manual product, shows both delivered, and status works after."""
-    result = subprocess.run(
-        [sys.executable, "-m", "procurd", "demo", "--dir", str(tmp_path / "demo")],
+def procurd(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "procurd", *args],
         capture_output=True,
         text=True,
         check=False,
         timeout=180,
-        cwd=tmp_path,
+        cwd=cwd,
     )
+
+
+def test_demo_delivers_both_orders_and_leaves_a_database(tmp_path: Path) -> None:
+    """The demo mirrors, orders an auto and a manual product, shows both delivered, and status works after."""
+    result = procurd("demo", "--dir", str(tmp_path / "demo"), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "mirrored" in out
     assert "DEMO-AUTO-1: delivered" in out
     assert "DEMO-MANUAL-1: delivered" in out
     assert "ACCOUNT-ACTIVATION-CODE" in out
+    assert "{'" not in out
     config = tmp_path / "demo" / "procurd.toml"
-    status = subprocess.run(
-        [sys.executable, "-m", "procurd", "--config", str(config), "order", "show", "DEMO-AUTO-1"],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=60,
-    )
+    status = procurd("--config", str(config), "order", "show", "DEMO-AUTO-1")
     assert status.returncode == 0, status.stderr
     assert "delivered" in status.stdout
+
+
+def test_a_second_demo_in_the_same_directory_starts_fresh(tmp_path: Path) -> None:
+    """Run again in the same directory, the demo takes in and delivers its own orders (202, not a repeat of
+    the last run's), as quickly as the first time, and the database holds only this run's orders."""
+    directory = str(tmp_path / "demo")
+    first = procurd("demo", "--dir", directory, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    between = datetime.now(UTC)
+    started = time.monotonic()
+    second = procurd("demo", "--dir", directory, cwd=tmp_path)
+    seconds = time.monotonic() - started
+    assert second.returncode == 0, second.stderr
+    assert seconds < 45, f"the second demo took {seconds:.0f} s"
+    for order_no in ("DEMO-AUTO-1", "DEMO-MANUAL-1"):
+        assert f"{order_no}: accepted (HTTP 202)" in second.stdout
+        assert f"{order_no}: delivered" in second.stdout
+    config = str(tmp_path / "demo" / "procurd.toml")
+    shown = procurd("--config", config, "order", "show", "DEMO-AUTO-1", "--json")
+    assert shown.returncode == 0, shown.stderr
+    created = datetime.fromisoformat(json.loads(shown.stdout)["order"]["created_at"].replace("Z", "+00:00"))
+    assert created > between
+    report = json.loads(procurd("--config", config, "status", "--json").stdout)
+    assert report["upstreams"][0]["queue"]["delivered"] == 2

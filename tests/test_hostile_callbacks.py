@@ -16,6 +16,7 @@ The target (:func:`hostile_target`) and the checks it offers are shared with ``t
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import io
 import json
@@ -23,13 +24,13 @@ import os
 import sys
 import time
 import zlib
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import astuple, dataclass, field
 from decimal import Decimal
 from types import SimpleNamespace
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import aiohttp
 import pytest
@@ -51,7 +52,7 @@ from procurd.logs import configure_logging
 from procurd.runtime import Runtime
 from procurd.sandbox import Sandbox, SandboxConfig
 from procurd.signing import HeaderNames, sign
-from support import sql_rows
+from support import sql_rows, wait_until
 
 HOSTILE_EXAMPLES = int(os.environ.get("PROCURD_HOSTILE_EXAMPLES", "120"))
 # Shrinking a failure of these big requests can take minutes: on only when asked for.
@@ -251,12 +252,19 @@ def admin_headers(token: str = ADMIN_TOKEN) -> list[tuple[str, str]]:
     return [("Authorization", f"Bearer {token}"), ("Content-Type", "application/json")]
 
 
-def target_settings(database_url: str, callback_url: str, sandboxes: Mapping[str, Sandbox]) -> Settings:
+def target_settings(
+    database_url: str, callback_url: str, sandboxes: Mapping[str, Sandbox], **server: Any
+) -> Settings:
     credentials = {"main": (MAIN_KEY, MAIN_SECRET, MAIN_PREFIX), "second": (SECOND_KEY, SECOND_SECRET,
                                                                             SECOND_PREFIX)}  # fmt: skip
     return Settings(
         database={"url": database_url},
-        server={"callback_url": callback_url, "allow_private_callback_url": True, "admin_token": ADMIN_TOKEN},
+        server={
+            "callback_url": callback_url,
+            "allow_private_callback_url": True,
+            "admin_token": ADMIN_TOKEN,
+            **server,
+        },
         upstreams=[
             {
                 "name": name,
@@ -292,11 +300,13 @@ def sandbox_config(api_key: str, api_secret: str, header_prefix: str) -> Sandbox
 
 
 @asynccontextmanager
-async def hostile_target(database_url: str) -> AsyncIterator[Target]:
+async def hostile_target(database_url: str, **server: Any) -> AsyncIterator[Target]:
     """Both listeners with both upstreams mirrored, the log captured, and orders in every state:
 
     ``HC-D1`` delivered (payload with :data:`PAYLOAD_MARK`), ``HC-S1`` submitted, ``HC-X1`` an exception
     (price above its limit), all on ``main``; ``HC-S2`` submitted and ``HC-Q1`` queued on ``second``.
+    ``server`` overrides ``[server]`` keys (short time limits: the test client then opens a connection per
+    request, so that none it reuses was closed for idleness meanwhile).
     """
     logs = LogCapture()
     logs.start()
@@ -309,14 +319,16 @@ async def hostile_target(database_url: str) -> AsyncIterator[Target]:
             sandboxes = {"main": main, "second": second}
             callback_url = url_of(public_sock) + OWN_CALLBACK_PATH
             runtime = Runtime.build(
-                target_settings(database_url, callback_url, sandboxes), instance="hostile"
+                target_settings(database_url, callback_url, sandboxes, **server), instance="hostile"
             )
             try:
                 await runtime.start()
                 async with (
                     serve(make_public_app(runtime), public_sock) as public_url,
                     serve(make_admin_app(runtime)) as admin_url,
-                    aiohttp.ClientSession() as session,
+                    aiohttp.ClientSession(
+                        connector=aiohttp.TCPConnector(force_close=bool(server))
+                    ) as session,
                 ):
                     target = Target(sandboxes, runtime, public_url, admin_url, session, logs)
                     await _prepare(target)
@@ -901,10 +913,9 @@ async def test_compressed_bodies_inflating_past_the_cap(target: Target, encoding
     target.assert_quiet(intake)
 
 
-# Methods HTTP parsers know (aiohttp's parser refuses unknown ones itself, with a plain-text 400).
+# Methods HTTP parsers know (aiohttp's parser refuses unknown ones itself: see EDGE_REQUESTS).
 METHODS = ("GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD", "TRACE", "PROPFIND", "PURGE")
-# aiohttp's HTTP parser refuses a longer request line itself, with a plain-text 400, before any application
-# code runs.
+# aiohttp's HTTP parser refuses a longer request line itself, before any application code runs.
 REQUEST_LINE_LIMIT = 8190
 
 
@@ -925,12 +936,11 @@ def request_line_too_long(method: str, path: str) -> bool:
 
 
 def assert_json_answer(reply: Reply, method: str, path: str) -> None:
-    """Below 500, and JSON with a boolean ``ok`` (HEAD has no body; an over-long request line is refused
-    by the HTTP parser with a 4xx before procurd sees it)."""
+    """Below 500, and JSON with a boolean ``ok`` (HEAD has no body), an over-long request line refused by
+    the HTTP parser included."""
     assert reply.status < 500, (method, path[:200], reply.status, reply.text[:200])
     if request_line_too_long(method, path):
         assert reply.status >= 400, (method, path[:200], reply.status)
-        return
     if method != "HEAD":
         assert reply.content_type.startswith("application/json"), (method, path[:200], reply.text[:200])
         assert isinstance(reply.body, dict), reply.text[:200]
@@ -962,3 +972,227 @@ async def test_the_log_capture_sees_rejections(target: Target) -> None:
     delivered = await target.runtime.service.order("HC-D1")
     assert delivered is not None
     assert PAYLOAD_MARK in delivered["procurements"][0]["fulfillment"]["payload"]
+
+
+# --- the edges of both listeners: encodings, the HTTP parser, disconnects, slow clients --------------------
+
+
+@dataclass(frozen=True)
+class RawAnswer:
+    status: int
+    status_line: str
+    headers: CIMultiDict[str]
+    text: str
+    body: Any
+
+
+async def read_answer(reader: asyncio.StreamReader) -> RawAnswer:
+    """One HTTP answer: the status line, the headers and a Content-Length body."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    status_line, *header_lines = head.decode("latin-1").split("\r\n")
+    headers: CIMultiDict[str] = CIMultiDict()
+    for line in header_lines:
+        if line:
+            name, _, value = line.partition(":")
+            headers.add(name.strip(), value.strip())
+    text = (await reader.readexactly(int(headers.get("Content-Length", "0")))).decode()
+    try:
+        body: Any = json.loads(text)
+    except ValueError:
+        body = None
+    return RawAnswer(int(status_line.split()[1]), status_line, headers, text, body)
+
+
+async def raw_exchange(url: str, request: bytes, timeout: float = 10) -> RawAnswer:
+    """``request`` sent byte for byte on a new connection, and the answer read from it."""
+    parts = urlsplit(url)
+    reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
+    try:
+        writer.write(request)
+        await writer.drain()
+        return await asyncio.wait_for(read_answer(reader), timeout)
+    finally:
+        writer.close()
+
+
+def raw_request(path: str, body: bytes, *headers: str, method: str = "POST") -> bytes:
+    lines = [f"{method} {path} HTTP/1.1", "Host: procurd", "Connection: close", *headers]
+    if not any(header.lower().startswith("transfer-encoding") for header in headers):
+        lines.append(f"Content-Length: {len(body)}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+PLAIN = b'{"order_no": "HE-1", "items": []}'
+NUL_AFTER_TOKEN = f"Authorization: Bearer {ADMIN_TOKEN}\x00"
+CHUNKS = b"zz\r\nab\r\n0\r\n\r\n"  # a chunk size that is not hexadecimal
+# Requests that no handler may read: an undecodable Content-Encoding, and what aiohttp's HTTP parser refuses.
+# Each is built from the path and the listener's extra headers (the admin listener's token).
+EDGE_REQUESTS: dict[str, tuple[Callable[[str, Sequence[str]], bytes], str]] = {
+    "gzip on plain bytes": (
+        lambda path, extra: raw_request(path, PLAIN, *extra, "Content-Encoding: gzip"),
+        "bad_content_encoding",
+    ),
+    "gzip labelled deflate": (
+        lambda path, extra: raw_request(path, gzip.compress(PLAIN), *extra, "Content-Encoding: deflate"),
+        "bad_content_encoding",
+    ),
+    "brotli": (
+        lambda path, extra: raw_request(path, PLAIN, *extra, "Content-Encoding: br"),
+        "bad_content_encoding",
+    ),
+    "bad chunk size": (
+        lambda path, extra: raw_request(path, CHUNKS, *extra, "Transfer-Encoding: chunked"),
+        "bad_request",
+    ),
+    "NUL in a header": (
+        lambda path, extra: raw_request(path, PLAIN, *extra, "X-Note: a\x00b"),
+        "bad_request",
+    ),
+    "NUL after the token": (lambda path, extra: raw_request(path, PLAIN, NUL_AFTER_TOKEN), "bad_request"),
+    "header line too long": (
+        lambda path, extra: raw_request(path, PLAIN, *extra, "X-Note: " + "a" * 9000),
+        "bad_request",
+    ),
+    "not a method": (lambda path, extra: raw_request(path, PLAIN, *extra, method="G\x01T"), "bad_request"),
+}
+
+
+def server_errors_counted(target: Target) -> list[tuple[str, str, str]]:
+    """(listener, route, status) of every 5xx answer counted so far."""
+    counted = []
+    for metric in target.runtime.metrics.registry.collect():
+        for sample in metric.samples:
+            if sample.name == "procurd_http_requests_total" and sample.labels["status"].startswith("5"):
+                counted.append((sample.labels["listener"], sample.labels["route"], sample.labels["status"]))
+    return counted
+
+
+def assert_no_error_logged(lines: Sequence[str]) -> None:
+    """No log line at error level, and no traceback, among ``lines`` (the client's mistake is not ours)."""
+    for line in lines:
+        record = json.loads(line)
+        assert record.get("level") not in ("error", "critical"), line[:400]
+        assert "exception" not in record, line[:400]
+
+
+async def check_edge_request(
+    target: Target, base_url: str, path: str, case: str, extra_headers: Sequence[str] = ()
+) -> RawAnswer:
+    """The edge case answered 400 with the listener's JSON error, nothing changed, nothing logged as an
+    error, no 5xx counted."""
+    build, code = EDGE_REQUESTS[case]
+    before = await target.rows()
+    answer = await raw_exchange(base_url, build(path, extra_headers))
+    assert answer.status == 400, (case, answer.status_line, answer.text)
+    assert answer.headers["Content-Type"].startswith("application/json"), (case, answer.text)
+    assert (answer.body["ok"], answer.body["error_code"]) == (False, code), (case, answer.text)
+    assert not leaked(answer.text)
+    assert await target.rows() == before
+    lines = target.logs.new_lines()
+    assert_no_error_logged(lines)
+    assert not [line for line in lines if leaked(line)]
+    assert server_errors_counted(target) == []
+    return answer
+
+
+@pytest.mark.parametrize("case", list(EDGE_REQUESTS))
+async def test_undecodable_and_unparsable_requests_on_the_public_listener(target: Target, case: str) -> None:
+    """Each request that cannot be decoded or parsed is answered 400 with the receiver's JSON error
+    (``ok``, ``error_code``, ``message``), changes nothing, and is logged as one line below error level."""
+    answer = await check_edge_request(target, target.public_url, CALLBACK_PATH, case)
+    assert isinstance(answer.body["message"], str)
+    assert answer.body["message"]
+
+
+async def hang_up_mid_body(base_url: str, path: str, headers: Sequence[str] = ()) -> None:
+    """Send a request's headers and the first bytes of a longer body, then close the connection."""
+    parts = urlsplit(base_url)
+    _, writer = await asyncio.open_connection(parts.hostname, parts.port)
+    lines = [f"POST {path} HTTP/1.1", "Host: procurd", "Content-Length: 1000", *headers]
+    writer.write(("\r\n".join(lines) + "\r\n\r\n").encode() + b'{"order_no": ')
+    await writer.drain()
+    writer.close()
+    await writer.wait_closed()
+
+
+async def check_hang_up(target: Target, base_url: str, path: str, headers: Sequence[str] = ()) -> None:
+    """A client hanging up mid-body is logged as a disconnect at info level, counted as 499, not as a
+    server or database failure, and changes nothing."""
+    before = await target.rows()
+    await hang_up_mid_body(base_url, path, headers)
+    seen: list[dict[str, Any]] = []
+
+    def disconnect_logged() -> bool:
+        seen.extend(json.loads(line) for line in target.logs.new_lines())
+        return any(record.get("event") == "http.client_disconnected" for record in seen)
+
+    await wait_until(disconnect_logged, timeout=10)
+    assert_no_error_logged([json.dumps(record) for record in seen])
+    assert not [record for record in seen if record.get("event") == "http.database_unavailable"]
+    assert server_errors_counted(target) == []
+    assert await target.rows() == before
+
+
+async def test_a_client_hanging_up_mid_body_on_the_public_listener(target: Target) -> None:
+    """A callback whose sender disconnects mid-body is a client disconnect, not a database failure."""
+    await check_hang_up(target, target.public_url, CALLBACK_PATH)
+
+
+@pytest.fixture
+async def impatient_target(database_url: str) -> AsyncIterator[Target]:
+    """The target with one-second header and body time limits."""
+    async with hostile_target(database_url, header_timeout_seconds=1, body_timeout_seconds=1) as target:
+        yield target
+
+
+SLOW_CONNECTIONS = 100
+
+
+async def check_slow_headers_are_cut(base_url: str, path: str) -> None:
+    """``SLOW_CONNECTIONS`` connections that send part of their headers and then nothing are all closed by
+    the server once the header time limit (1 s) has passed."""
+    parts = urlsplit(base_url)
+    started = time.monotonic()
+    connections = [await asyncio.open_connection(parts.hostname, parts.port) for _ in range(SLOW_CONNECTIONS)]
+    try:
+        for _, writer in connections:
+            writer.write(f"POST {path} HTTP/1.1\r\nHost: procurd\r\nX-Slow: ".encode())
+            await writer.drain()
+        leftovers = await asyncio.wait_for(
+            asyncio.gather(*(reader.read() for reader, _ in connections)), timeout=10
+        )
+    finally:
+        for _, writer in connections:
+            writer.close()
+    assert leftovers == [b""] * SLOW_CONNECTIONS
+    assert time.monotonic() - started >= 0.9
+
+
+async def check_slow_body_is_refused(base_url: str, path: str, headers: Sequence[str] = ()) -> RawAnswer:
+    """A body that stops arriving is answered 408 with the listener's JSON error once the body time limit
+    (1 s) has passed, and the connection is to be closed."""
+    parts = urlsplit(base_url)
+    reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
+    try:
+        lines = [f"POST {path} HTTP/1.1", "Host: procurd", "Content-Length: 1000", *headers]
+        writer.write(("\r\n".join(lines) + "\r\n\r\n").encode() + b'{"order_no": ')
+        await writer.drain()
+        answer = await asyncio.wait_for(read_answer(reader), timeout=10)
+    finally:
+        writer.close()
+    assert answer.status == 408, answer.text
+    assert (answer.body["ok"], answer.body["error_code"]) == (False, "request_timeout")
+    assert answer.headers.get("Connection", "").lower() == "close"
+    return answer
+
+
+async def test_slow_clients_on_the_public_listener(impatient_target: Target) -> None:
+    """Slow headers are cut after the header time limit, a slow body is refused 408; nothing changes and
+    nothing is logged as an error."""
+    target = impatient_target
+    before = await target.rows()
+    await check_slow_headers_are_cut(target.public_url, CALLBACK_PATH)
+    answer = await check_slow_body_is_refused(target.public_url, CALLBACK_PATH)
+    assert answer.body["message"] == "the body did not arrive within 1 s"
+    assert await target.rows() == before
+    assert_no_error_logged(target.logs.new_lines())

@@ -169,10 +169,10 @@ async def test_price_above_limit_becomes_an_exception_and_is_never_sent(shop: Sh
 
 
 async def test_amounts_are_exact_text_and_form_numbers_pass_through(shop: Shop) -> None:
-    """A JSON-number max_unit_price keeps its exact text; numbers in manual_form_data are accepted."""
+    """A max_unit_price string keeps its exact text; numbers in manual_form_data are accepted."""
     raw = (
         b'{"order_no": "D1", "items": ['
-        b'{"upstream": "main", "sku_id": %d, "quantity": 1, "max_unit_price": 10.10},'
+        b'{"upstream": "main", "sku_id": %d, "quantity": 1, "max_unit_price": "10.10"},'
         b'{"upstream": "main", "sku_id": %d, "quantity": 1,'
         b' "manual_form_data": {"account": "a", "level": 1.5}}]}'
     ) % (shop.auto_sku, shop.manual_sku)
@@ -181,6 +181,28 @@ async def test_amounts_are_exact_text_and_form_numbers_pass_through(shop: Shop) 
     first, second = answer.body["order"]["procurements"]
     assert (first["max_unit_price"], first["unit_price"], second["unit_price"]) == ("10.10", "9.90", "5.00")
     assert second["downstream_order_no"] == "D1-2"
+
+
+@pytest.mark.parametrize("number", [b"10.10", b"10", b"1e1"])
+async def test_an_amount_as_a_json_number_is_refused(shop: Shop, number: bytes) -> None:
+    """max_unit_price written as a JSON number is refused 400, saying amounts are decimal strings."""
+    raw = b'{"order_no": "N1", "items": [{"upstream": "main", "sku_id": %d, "quantity": 1, ' % shop.auto_sku
+    answer = await shop.stack.admin(
+        "POST", "/api/v1/orders", raw=raw + b'"max_unit_price": ' + number + b"}]}"
+    )
+    assert (answer.status, answer.body["error_code"]) == (400, "invalid_request")
+    assert answer.body["error_message"] == (
+        'items.0.max_unit_price: must be a decimal string such as "9.90" (a JSON string, not a number)'
+    )
+
+
+async def test_order_number_rule_is_said_in_words(shop: Shop) -> None:
+    """An order_no that breaks the rule is refused with the rule in words, not a regular expression."""
+    answer = await shop.stack.admin("POST", "/api/v1/orders", order_body("has space", shop.auto_sku))
+    assert answer.status == 400
+    assert answer.body["error_message"] == (
+        "order_no: must be 1 to 64 characters: letters, digits, and _ . : - ; starting with a letter or digit"
+    )
 
 
 async def test_order_read_and_audit(shop: Shop) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncIterator, Iterator
 from importlib.resources import files
 from typing import Any
@@ -109,3 +110,74 @@ def test_every_reference_resolves() -> None:
         for part in reference[2:].split("/"):
             assert part in node, reference
             node = node[part]
+
+
+def request_schemas(document: dict[str, Any]) -> Iterator[tuple[str, Any]]:
+    """Every schema a request is checked against: parameters and request bodies, with their names."""
+    for path, item in document["paths"].items():
+        for parameter in item.get("parameters", []):
+            yield f"{path} {parameter['name']}", parameter["schema"]
+        for method in METHODS:
+            operation = item.get(method)
+            if operation is None:
+                continue
+            for parameter in operation.get("parameters", []):
+                yield f"{method} {path} {parameter['name']}", parameter["schema"]
+            body = operation.get("requestBody", {}).get("content", {}).get("application/json")
+            if body is not None:
+                yield f"{method} {path} body", body["schema"]
+
+
+def leaves(
+    document: dict[str, Any], name: str, schema: Any, seen: frozenset[str] = frozenset()
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The scalar schemas inside ``schema``, following references."""
+    if "$ref" in schema:
+        reference = schema["$ref"]
+        if reference in seen:
+            return
+        node: Any = document
+        for part in reference[2:].split("/"):
+            node = node[part]
+        yield from leaves(document, name, node, seen | {reference})
+        return
+    for key in ("oneOf", "anyOf", "allOf"):
+        for option in schema.get(key, []):
+            yield from leaves(document, name, option, seen)
+    for field, child in schema.get("properties", {}).items():
+        yield from leaves(document, f"{name}.{field}", child, seen)
+    if "items" in schema:
+        yield from leaves(document, f"{name}[]", schema["items"], seen)
+    kinds = schema.get("type")
+    kinds = kinds if isinstance(kinds, list) else [kinds]
+    if "string" in kinds or "integer" in kinds:
+        yield name, schema
+
+
+def test_request_limits_are_documented() -> None:
+    """What a request may hold is what the server takes: every integer has a maximum, every free text
+    excludes NUL, and the documented maxima are the server's own."""
+    from procurd.core.intake import MAX_QUANTITY
+    from procurd.core.numbers import MAX_ID
+
+    from procurd.http.admin import MAX_PAGE
+
+    document = load_document()
+    checked = 0
+    for name, schema in request_schemas(document):
+        for leaf, scalar in leaves(document, name, schema):
+            checked += 1
+            kinds = scalar["type"] if isinstance(scalar["type"], list) else [scalar["type"]]
+            if "integer" in kinds:
+                assert "maximum" in scalar, leaf
+            elif "enum" not in scalar:
+                assert "pattern" in scalar, leaf
+                for text in ("\x00", "A1\x00", "9\x00"):
+                    assert re.search(scalar["pattern"], text) is None, (leaf, text)
+    assert checked > 20
+    schemas = document["components"]["schemas"]
+    item = schemas["OrderItemRequest"]["properties"]
+    assert (item["sku_id"]["maximum"], item["quantity"]["maximum"]) == (MAX_ID, MAX_QUANTITY)
+    page = next(s for name, s in request_schemas(document) if name.endswith("/api/v1/exceptions page"))
+    assert page["maximum"] == MAX_PAGE
+    assert [option.get("type") for option in item["max_unit_price"]["oneOf"]] == [None, "null"]

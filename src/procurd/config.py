@@ -3,8 +3,15 @@
 Lookup order of the file: ``--config PATH``, ``$PROCURD_CONFIG``, ``./procurd.toml``,
 ``/etc/procurd/procurd.toml``. Environment variables take precedence over the file. Upstream blocks are
 addressed by name or by position: ``PROCURD_UPSTREAMS__MAIN__API_KEY`` or ``PROCURD_UPSTREAMS__0__API_KEY``.
+Other ``PROCURD_*`` variables (without a ``__``) are not configuration and are ignored.
 
-Any problem becomes a :class:`ConfigError` whose message names the file, the key and the reason.
+Secrets have a ``_file`` form (``api_secret_file``, ``admin_token_file``, ``webhook_secret_file``). A bare
+file name is a credential: it is looked up in ``$CREDENTIALS_DIRECTORY`` (systemd's ``LoadCredential=``) and,
+outside systemd, in the ``credentials`` directory beside the configuration file
+(``/etc/procurd/credentials/NAME``), where the shipped unit loads it from.
+
+Any problem becomes a :class:`ConfigError` whose message names the file (or the environment variable), the
+key and the reason.
 """
 
 from __future__ import annotations
@@ -86,16 +93,28 @@ class ServerSettings(_Section):
     admin_host: str = "127.0.0.1"
     admin_port: int = Field(default=8081, ge=0, le=65535)
     admin_token: SecretStr = SecretStr("")
+    admin_token_file: Path | None = None
     callback_url: HttpUrl = "https://shop.example.com/api/v1/upstream/callback"
     allow_private_callback_url: bool = False
     shutdown_timeout_seconds: PositiveSeconds = 20
     heartbeat_seconds: PositiveSeconds = 5
+    header_timeout_seconds: PositiveSeconds = 15
+    body_timeout_seconds: PositiveSeconds = 30
 
     @model_validator(mode="after")
-    def _admin_off_loopback_needs_token(self) -> ServerSettings:
-        if not is_loopback_host(self.admin_host) and not self.admin_token.get_secret_value():
+    def _consistent(self) -> ServerSettings:
+        _one_secret_form("admin_token", self.admin_token, self.admin_token_file)
+        has_token = bool(self.admin_token.get_secret_value()) or self.admin_token_file is not None
+        if not is_loopback_host(self.admin_host) and not has_token:
             raise ValueError(
                 f"admin_token: required because admin_host {self.admin_host!r} is not a loopback address"
+            )
+        same_port = self.public_port and self.public_port == self.admin_port
+        if same_port and hosts_overlap(self.public_host, self.admin_host):
+            raise ValueError(
+                f"admin_port: {self.admin_port} is also public_port, on overlapping hosts "
+                f"(public_host {self.public_host!r}, admin_host {self.admin_host!r}): "
+                "the two listeners need different ports"
             )
         return self
 
@@ -104,6 +123,11 @@ class ServerSettings(_Section):
         if self.allow_private_callback_url:
             return None
         return private_url_reason(self.callback_url)
+
+
+def _one_secret_form(key: str, value: SecretStr | None, file: Path | None) -> None:
+    if value is not None and value.get_secret_value() and file is not None:
+        raise ValueError(f"{key}, {key}_file: both are set; set one of them, not both")
 
 
 class UpstreamSettings(_Section):
@@ -123,7 +147,7 @@ class UpstreamSettings(_Section):
         if self.api_secret is None and self.api_secret_file is None:
             raise ValueError("api_secret: missing (set api_secret or api_secret_file)")
         if self.api_secret is not None and self.api_secret_file is not None:
-            raise ValueError("api_secret: set either api_secret or api_secret_file, not both")
+            raise ValueError("api_secret, api_secret_file: both are set; set one of them, not both")
         if self.api_secret is not None and not self.api_secret.get_secret_value():
             raise ValueError("api_secret: must not be empty")
         return self
@@ -169,12 +193,15 @@ class StorefrontSettings(_Section):
     webhook_url: Annotated[str, AfterValidator(lambda v: v and _http_url(v))] = ""
     webhook_api_key: str = ""
     webhook_secret: SecretStr = SecretStr("")
+    webhook_secret_file: Path | None = None
     header_prefix: str = Field(default="Service", pattern=r"^[A-Za-z0-9][A-Za-z0-9-]*$")
 
     @model_validator(mode="after")
     def _webhook_needs_secret(self) -> StorefrontSettings:
-        if self.webhook_url and not self.webhook_secret.get_secret_value():
-            raise ValueError("webhook_secret: required when webhook_url is set")
+        _one_secret_form("webhook_secret", self.webhook_secret, self.webhook_secret_file)
+        has_secret = bool(self.webhook_secret.get_secret_value()) or self.webhook_secret_file is not None
+        if self.webhook_url and not has_secret:
+            raise ValueError("webhook_secret: required when webhook_url is set (or webhook_secret_file)")
         return self
 
 
@@ -277,13 +304,26 @@ def find_config_file(explicit: str | os.PathLike[str] | None, environ: Mapping[s
     return None
 
 
+def no_config_file_message() -> str:
+    looked_in = ", ".join(str(Path.cwd() / path) for path in DEFAULT_LOCATIONS)
+    return f"no configuration file found (looked in: {looked_in}); use --config"
+
+
+# Where a key came from when the environment set it: the variable's name, by location in the data.
+Origins = dict[tuple[str | int, ...], str]
+
+
 def load_settings(
     explicit_path: str | os.PathLike[str] | None = None,
     environ: Mapping[str, str] | None = None,
+    *,
+    read_secret_files: bool = True,
 ) -> Settings:
     """Read, merge and validate the configuration; raise :class:`ConfigError` on any problem.
 
-    On return every upstream's ``api_secret`` is set (read from ``api_secret_file`` where that was given).
+    With ``read_secret_files`` every secret given as a ``_file`` is read on return (``api_secret``,
+    ``admin_token``, ``webhook_secret`` are set). Without it the files are left alone: enough for everything
+    that only uses the database.
     """
     environ = os.environ if environ is None else environ
     path = find_config_file(explicit_path, environ)
@@ -302,51 +342,113 @@ def load_settings(
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{where}: not valid TOML: {exc}") from None
     try:
-        merged = apply_environment(data, environ)
+        merged, origins = overlay_environment(data, environ)
     except ValueError as exc:
-        raise ConfigError(f"{where}: {exc}") from None
+        raise ConfigError(f"environment variable {exc}") from None
     try:
         settings = Settings(**merged)
     except ValidationError as exc:
-        raise ConfigError(format_validation_error(where, exc, merged)) from None
-    resolved = [
-        upstream.model_copy(update={"api_secret": _resolve_secret(where, index, upstream, environ)})
-        for index, upstream in enumerate(settings.upstreams)
-    ]
-    settings = settings.model_copy(update={"upstreams": resolved})
+        message = format_validation_error(where, exc, merged, origins)
+        if path is None:
+            from_environment = [line for line in message.splitlines() if line.startswith("environment")]
+            message = "\n".join([no_config_file_message(), *from_environment])
+        raise ConfigError(message) from None
+    if read_secret_files:
+        credentials = SecretFiles(where, origins, environ, path.parent if path is not None else Path())
+        settings = credentials.read_into(settings)
     settings._source = path
     return settings
 
 
-def _resolve_secret(
-    where: str, index: int, upstream: UpstreamSettings, environ: Mapping[str, str]
-) -> SecretStr:
-    if upstream.api_secret is not None:
-        return upstream.api_secret
-    assert upstream.api_secret_file is not None
-    secret_path = upstream.api_secret_file
-    if not secret_path.is_absolute() and "CREDENTIALS_DIRECTORY" in environ:
-        # systemd LoadCredential=: a bare name refers to a file in the credentials directory.
-        secret_path = Path(environ["CREDENTIALS_DIRECTORY"]) / secret_path
-    key = f"upstreams[{index}] ({upstream.name}).api_secret_file"
-    try:
-        value = secret_path.read_text(encoding="utf-8").strip()
-    except FileNotFoundError:
-        raise ConfigError(f"{where}: {key}: file {secret_path} not found") from None
-    except PermissionError:
-        raise ConfigError(f"{where}: {key}: file {secret_path} is not readable (permission denied)") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{where}: {key}: cannot read {secret_path}: {type(exc).__name__}") from None
-    if not value:
-        raise ConfigError(f"{where}: {key}: file {secret_path} is empty")
-    return SecretStr(value)
+class SecretFiles:
+    """Reads the ``_file`` forms of secrets into the settings."""
+
+    def __init__(self, where: str, origins: Origins, environ: Mapping[str, str], config_dir: Path) -> None:
+        self.where = where
+        self.origins = origins
+        self.environ = environ
+        self.config_dir = config_dir
+
+    def read_into(self, settings: Settings) -> Settings:
+        upstreams = []
+        for index, upstream in enumerate(settings.upstreams):
+            if upstream.api_secret_file is not None:
+                key = f"upstreams[{index}] ({upstream.name}).api_secret_file"
+                secret = self.read(("upstreams", index, "api_secret_file"), key, upstream.api_secret_file)
+                upstream = upstream.model_copy(update={"api_secret": secret})
+            upstreams.append(upstream)
+        server, storefront = settings.server, settings.storefront
+        if server.admin_token_file is not None:
+            token = self.read(
+                ("server", "admin_token_file"), "[server] admin_token_file", server.admin_token_file
+            )
+            server = server.model_copy(update={"admin_token": token})
+        if storefront.webhook_secret_file is not None:
+            secret = self.read(
+                ("storefront", "webhook_secret_file"),
+                "[storefront] webhook_secret_file",
+                storefront.webhook_secret_file,
+            )
+            storefront = storefront.model_copy(update={"webhook_secret": secret})
+        return settings.model_copy(
+            update={"upstreams": upstreams, "server": server, "storefront": storefront}
+        )
+
+    def path_of(self, name: Path) -> Path:
+        """Where the secret file ``name`` is: a bare name is a credential (systemd's, or one beside the
+        configuration file); any other path is used as it is."""
+        if name.is_absolute() or name.parent != Path():
+            return name
+        if "CREDENTIALS_DIRECTORY" in self.environ:
+            return Path(self.environ["CREDENTIALS_DIRECTORY"]) / name
+        return self.config_dir / "credentials" / name
+
+    def read(self, location: tuple[str | int, ...], key: str, name: Path) -> SecretStr:
+        where = _origin(self.origins, location) or self.where
+        secret_path = self.path_of(name)
+        try:
+            value = secret_path.read_text(encoding="utf-8").strip()
+        except FileNotFoundError:
+            raise ConfigError(f"{where}: {key}: file {secret_path} not found{self._hint(name)}") from None
+        except PermissionError:
+            raise ConfigError(
+                f"{where}: {key}: file {secret_path} is not readable (permission denied)"
+            ) from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{where}: {key}: cannot read {secret_path}: {type(exc).__name__}") from None
+        if not value:
+            raise ConfigError(f"{where}: {key}: file {secret_path} is empty")
+        return SecretStr(value)
+
+    def _hint(self, name: Path) -> str:
+        if name.is_absolute() or name.parent != Path():
+            return ""
+        if "CREDENTIALS_DIRECTORY" in self.environ:
+            return " (a bare name is looked up in $CREDENTIALS_DIRECTORY)"
+        return (
+            " (a bare name is looked up in $CREDENTIALS_DIRECTORY, which is not set here, else in the "
+            "credentials directory beside the configuration file)"
+        )
 
 
-def apply_environment(data: Mapping[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
-    """Overlay ``PROCURD_<SECTION>__<KEY>`` variables on the file's data.
+def _origin(origins: Origins, location: tuple[str | int, ...]) -> str | None:
+    """The environment variable that set ``location`` (or the upstream block holding it), if any."""
+    for length in range(len(location), 0, -1):
+        name = origins.get(location[:length])
+        if name is not None:
+            return f"environment variable {name}"
+    return None
+
+
+def overlay_environment(
+    data: Mapping[str, Any], environ: Mapping[str, str]
+) -> tuple[dict[str, Any], Origins]:
+    """Overlay ``PROCURD_<SECTION>__<KEY>`` variables on the file's data; also say which variable set what.
 
     Values are strings; pydantic converts them. ``PROCURD_UPSTREAMS__<NAME or INDEX>__<KEY>`` addresses one
-    upstream block; an index one past the end adds a block.
+    upstream block; an index one past the end adds a block. Variables without ``__`` after the prefix
+    (``PROCURD_CONFIG``, or those of scripts and tests) are not configuration and are ignored. A
+    :class:`ValueError` names the variable that cannot be applied.
     """
     merged: dict[str, Any] = {
         key: (dict(value) if isinstance(value, dict) else value) for key, value in data.items()
@@ -357,54 +459,64 @@ def apply_environment(data: Mapping[str, Any], environ: Mapping[str, str]) -> di
     merged["upstreams"] = [dict(u) if isinstance(u, dict) else u for u in upstreams]
     if not merged["upstreams"]:
         del merged["upstreams"]
+    origins: Origins = {}
+    blocks_in_file = len(merged.get("upstreams", []))
     for name in sorted(environ):
-        if not name.startswith(ENV_PREFIX) or name == "PROCURD_CONFIG" or name.startswith("PROCURD_TEST_"):
+        if not name.startswith(ENV_PREFIX) or "__" not in name[len(ENV_PREFIX) :]:
             continue
         parts = name[len(ENV_PREFIX) :].lower().split("__")
         value = environ[name]
         if parts[0] == "upstreams":
             if len(parts) != 3:
                 raise ValueError(f"{name}: expected PROCURD_UPSTREAMS__<NAME or INDEX>__<KEY>")
-            _set_upstream_key(merged.setdefault("upstreams", []), parts[1], parts[2], value, name)
+            index = _set_upstream_key(merged.setdefault("upstreams", []), parts[1], parts[2], value, name)
+            if index >= blocks_in_file:
+                origins.setdefault(("upstreams", index), name)
+            origins[("upstreams", index, parts[2])] = name
         elif len(parts) == 2:
             section = merged.setdefault(parts[0], {})
             if not isinstance(section, dict):
                 raise ValueError(f"{name}: [{parts[0]}] is not a table in the file")
             section[parts[1]] = value
+            origins[(parts[0], parts[1])] = name
         else:
             raise ValueError(f"{name}: expected PROCURD_<SECTION>__<KEY>")
-    return merged
+    return merged, origins
 
 
-def _set_upstream_key(upstreams: list[Any], selector: str, key: str, value: str, env_name: str) -> None:
-    target: dict[str, Any] | None = None
+def _set_upstream_key(upstreams: list[Any], selector: str, key: str, value: str, env_name: str) -> int:
+    """Set ``key`` of the upstream block ``selector`` (a name or an index); the block's index."""
+    index: int | None = None
     if selector.isdigit():
         index = int(selector)
-        if index < len(upstreams):
-            target = upstreams[index]
-        elif index == len(upstreams):
-            target = {}
-            upstreams.append(target)
-        else:
+        if index == len(upstreams):
+            upstreams.append({})
+        elif index > len(upstreams):
             raise ValueError(f"{env_name}: there are only {len(upstreams)} upstream blocks")
     else:
-        for block in upstreams:
+        for position, block in enumerate(upstreams):
             if isinstance(block, dict) and str(block.get("name", "")).lower() == selector:
-                target = block
+                index = position
                 break
-        if target is None:
-            target = {"name": selector}
-            upstreams.append(target)
+        if index is None:
+            index = len(upstreams)
+            upstreams.append({"name": selector})
+    target = upstreams[index]
     if not isinstance(target, dict):
         raise ValueError(f"{env_name}: upstream block {selector} is not a table")
     target[key] = value
+    return index
 
 
-def format_validation_error(where: str, exc: ValidationError, data: Mapping[str, Any]) -> str:
-    """One line per problem: ``FILE: [section] key: reason``."""
+def format_validation_error(
+    where: str, exc: ValidationError, data: Mapping[str, Any], origins: Origins | None = None
+) -> str:
+    """One line per problem: ``FILE: [section] key: reason``, or ``environment variable NAME: ...`` for a
+    value the environment set."""
     lines = []
     for error in exc.errors(include_url=False):
         location = _describe_location(error["loc"], data)
+        source = _origin(origins or {}, tuple(error["loc"])) or where
         message = str(error["msg"])
         if error["type"] == "extra_forbidden":
             message = "unknown key"
@@ -414,7 +526,13 @@ def format_validation_error(where: str, exc: ValidationError, data: Mapping[str,
             message = "at least one [[upstreams]] block is required"
         elif message.startswith("Value error, "):
             message = message[len("Value error, ") :]
-        lines.append(f"{where}: {location}: {message}" if location else f"{where}: {message}")
+        if not location:
+            lines.append(f"{source}: {message}")
+        elif error["type"] == "value_error" and len(error["loc"]) == 1 and location.startswith("["):
+            # A check of the whole section: its message starts with the keys it concerns.
+            lines.append(f"{source}: {location} {message}")
+        else:
+            lines.append(f"{source}: {location}: {message}")
     return "\n".join(lines)
 
 
@@ -432,7 +550,7 @@ def _describe_location(loc: tuple[int | str, ...], data: Mapping[str, Any]) -> s
         return f"upstreams[{index}]{name}" + (f".{key}" if key else "")
     if rest:
         return f"[{head}] " + ".".join(str(part) for part in rest)
-    return str(head)
+    return str(head) if head == "upstreams" else f"[{head}]"
 
 
 def is_loopback_host(host: str) -> bool:
@@ -465,3 +583,25 @@ def private_url_reason(url: str) -> str | None:
     if address.is_loopback or address.is_private or address.is_link_local or address.is_unspecified:
         return f"host {host} is a loopback, private or link-local address"
     return None
+
+
+# Addresses that listen on every interface of their family.
+WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "*"})
+
+
+def hosts_overlap(first: str, second: str) -> bool:
+    """Whether listeners on ``first`` and ``second`` would compete for the same port: the same address, a
+    wildcard, or ``localhost`` and a loopback address. Names other than ``localhost`` are not resolved."""
+
+    def addresses(host: str) -> set[str]:
+        host = host.strip("[]").lower()
+        if host in ("localhost", "localhost.localdomain"):
+            return {"127.0.0.1", "::1"}
+        try:
+            return {str(ipaddress.ip_address(host))}
+        except ValueError:
+            return {host}
+
+    if first.strip("[]") in WILDCARD_HOSTS or second.strip("[]") in WILDCARD_HOSTS:
+        return True
+    return bool(addresses(first) & addresses(second))

@@ -28,6 +28,7 @@ from procurd.db.errors import DatabaseError
 from procurd.db.revision import current_revision, describe_mismatch
 from procurd.heartbeat import Heartbeat
 from procurd.http.admin import make_admin_app
+from procurd.http.errors import listener_runner
 from procurd.http.public import make_public_app
 from procurd.procurement.poller import Poller
 from procurd.procurement.submitter import Submitter
@@ -112,9 +113,7 @@ class Daemon:
         )
 
     async def _listen(self, app: web.Application, host: str, port: int) -> int:
-        runner = web.AppRunner(
-            app, access_log=None, shutdown_timeout=self.settings.server.shutdown_timeout_seconds
-        )
+        runner = listener_runner(app, shutdown_timeout=self.settings.server.shutdown_timeout_seconds)
         await runner.setup()
         site = web.TCPSite(runner, host, port, reuse_address=True)
         await site.start()

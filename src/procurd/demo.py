@@ -23,6 +23,7 @@ from procurd.daemon import Daemon
 from procurd.db import migrate
 from procurd.db.database import open_database
 from procurd.logs import configure_logging
+from procurd.output import count, print_status
 from procurd.sandbox import Sandbox, SandboxConfig
 from procurd.status import ping_upstream, status_report
 from procurd.systemd import Notifier
@@ -30,6 +31,7 @@ from procurd.systemd import Notifier
 DEMO_SECRET = "demo-secret-please-change"  # noqa: S105 - the sandbox's own throwaway credential
 DEMO_KEY = "demo-key"
 WAIT_SECONDS = 60.0
+DATABASE_NAME = "procurd.db"
 
 
 def _free_port() -> int:
@@ -38,14 +40,23 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def fresh_database(directory: Path) -> Path:
+    """The demo's database file, with any earlier run's removed: every run starts from scratch."""
+    directory.mkdir(parents=True, exist_ok=True)
+    database = directory / DATABASE_NAME
+    for leftover in (database, *(database.with_name(database.name + tail) for tail in ("-wal", "-shm"))):
+        leftover.unlink(missing_ok=True)
+    return database
+
+
 def write_demo_config(directory: Path, sandbox_url: str) -> Path:
     public, admin = _free_port(), _free_port()
-    directory.mkdir(parents=True, exist_ok=True)
+    database = fresh_database(directory)
     path = directory / "procurd.toml"
     path.write_text(
         f"""# Written by `procurd demo`: procurd against a sandbox upstream on this machine.
 [database]
-url = "sqlite+aiosqlite:///{(directory / "procurd.db").resolve()}"
+url = "sqlite+aiosqlite:///{database.resolve()}"
 
 [server]
 public_host = "127.0.0.1"
@@ -206,22 +217,12 @@ def _show_journey(order: dict[str, Any], audit: list[dict[str, Any]], console: C
             f"{item['amount']} {item['currency']}, upstream status {item['upstream_status']}"
         )
         if fulfillment:
-            console.print(
-                f"  delivered ({fulfillment['type']}, {fulfillment['payload_line_count']} line(s)):"
-            )
+            lines = count(fulfillment["payload_line_count"], "line")
+            console.print(f"  delivered ({fulfillment['type']}, {lines}):")
             for line in (fulfillment["payload"] or "").splitlines():
                 console.print(f"    {line}")
 
 
 def _show_status(report: dict[str, Any], console: Console) -> None:
     console.rule("status")
-    for upstream in report["upstreams"]:
-        ping = upstream.get("last_ping") or {}
-        sync = upstream.get("last_sync") or {}
-        console.print(
-            f"{upstream['name']}: {'healthy' if upstream['healthy'] else 'UNHEALTHY'}, "
-            f"balance {ping.get('balance')} {ping.get('currency')}, latency {ping.get('latency_ms')} ms, "
-            f"last sync {sync.get('products')} products / {sync.get('skus')} SKUs"
-        )
-        console.print(f"  queue {upstream['queue']}, open exceptions {upstream['open_exceptions']}, "
-                      f"callbacks {upstream['callbacks']}")  # fmt: skip
+    print_status(report)

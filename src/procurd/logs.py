@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any, TextIO
 
 import structlog
@@ -144,6 +145,23 @@ def configure_logging(level: str = "info", fmt: str = "auto", stream: TextIO | N
     # parameter, delivered payloads included.
     for noisy in ("aiohttp.access", "sqlalchemy.engine", "apscheduler", "asyncio", "alembic", "aiosqlite"):
         logging.getLogger(noisy).setLevel(max(numeric_level, logging.WARNING))
+
+
+@contextmanager
+def log_stream(stream: TextIO) -> Iterator[None]:
+    """Write log lines to ``stream`` for a while (the console of a progress display, so that they appear
+    above it instead of through it), then to where they went before."""
+    handlers = [
+        handler for handler in logging.getLogger().handlers if isinstance(handler, logging.StreamHandler)
+    ]
+    previous = [handler.stream for handler in handlers]
+    for handler in handlers:
+        handler.setStream(stream)
+    try:
+        yield
+    finally:
+        for handler, old in zip(handlers, previous, strict=True):
+            handler.setStream(old)
 
 
 def _rich_available() -> bool:

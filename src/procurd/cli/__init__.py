@@ -7,6 +7,7 @@ from procurd.cli import (  # noqa: F401
     catalog,
     database,
     demo,
+    doctor,
     exceptions,
     orders,
     ping,

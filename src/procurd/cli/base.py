@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import Awaitable, Coroutine
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
@@ -19,9 +19,11 @@ if TYPE_CHECKING:
     from procurd.db.database import Database
 
 T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
 
 EXIT_CONFIG = 2
 EXIT_FAILURE = 1
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 log = structlog.get_logger("procurd.cli")
 
@@ -31,30 +33,34 @@ class CliState:
     config_path: str | None
     log_level: str | None
     log_format: str | None
-    _settings: Settings | None = None
+    _loaded: dict[bool, Settings] = field(default_factory=dict)
 
-    def settings(self) -> Settings:
-        """Load the configuration once; a problem ends the program with exit code 2."""
-        if self._settings is None:
-            try:
-                self._settings = load_settings(self.config_path)
-            except ConfigError as exc:
-                fail_config(str(exc))
-            register_secrets(
-                [u.secret() for u in self._settings.upstreams]
-                + [
-                    self._settings.server.admin_token.get_secret_value(),
-                    self._settings.storefront.webhook_secret.get_secret_value(),
-                ]
-            )
-            configure_logging(
-                self.log_level or self._settings.logging.level,
-                self.log_format or self._settings.logging.format,
-            )
-        return self._settings
+    def settings(self, *, secrets: bool = False, daemon: bool = False) -> Settings:
+        """The configuration, loaded once; a problem ends the program with exit code 2.
+
+        Secret files are read only with ``secrets`` (commands that talk to an upstream or serve): everything
+        else works on the database alone. One-shot commands log warnings and worse unless ``--log-level``
+        says otherwise; the ``daemon`` logs at ``[logging] level``.
+        """
+        try:
+            return self.load(secrets=secrets, daemon=daemon)
+        except ConfigError as exc:
+            fail_config(str(exc))
+
+    def load(self, *, secrets: bool = False, daemon: bool = False) -> Settings:
+        """:meth:`settings`, raising :class:`ConfigError` instead of ending the program."""
+        settings = self._loaded.get(secrets)
+        if settings is None:
+            settings = load_settings(self.config_path, read_secret_files=secrets)
+            self._loaded[secrets] = settings
+            register_secrets(known_secrets(settings))
+        configured = settings.logging.level
+        level = self.log_level or (configured if daemon else max(configured, "warning", key=LOG_LEVELS.index))
+        configure_logging(level, self.log_format or settings.logging.format)
+        return settings
 
     def upstreams(self, name: str | None) -> list[UpstreamSettings]:
-        settings = self.settings()
+        settings = self.settings(secrets=True)
         if name is None:
             return list(settings.upstreams)
         try:
@@ -62,6 +68,15 @@ class CliState:
         except KeyError:
             known = ", ".join(u.name for u in settings.upstreams)
             fail_usage(f"no upstream named {name!r} is configured (configured: {known})")
+
+
+def known_secrets(settings: Settings) -> list[str]:
+    """Every secret value the settings hold (those read so far)."""
+    return [
+        *(u.api_secret.get_secret_value() for u in settings.upstreams if u.api_secret is not None),
+        settings.server.admin_token.get_secret_value(),
+        settings.storefront.webhook_secret.get_secret_value(),
+    ]
 
 
 def fail_config(message: str) -> NoReturn:
@@ -81,25 +96,70 @@ def run_async(coroutine: Coroutine[Any, Any, T]) -> T:
 pass_state = click.make_pass_decorator(CliState)
 
 
+def _remember(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A common option given after the subcommand overrides the one given before it."""
+    if value is not None and param.name is not None:
+        setattr(ctx.find_object(CliState), param.name, value)
+    return value
+
+
+def _common_options(**extra: Any) -> list[Callable[[F], F]]:
+    return [
+        click.option(
+            "--config",
+            "config_path",
+            type=click.Path(dir_okay=False),
+            help="Configuration file (default: $PROCURD_CONFIG, ./procurd.toml, /etc/procurd/procurd.toml).",
+            **extra,
+        ),
+        click.option(
+            "--log-level",
+            type=click.Choice(LOG_LEVELS),
+            help="Override [logging] level (one-shot commands log warnings and worse by default).",
+            **extra,
+        ),
+        click.option(
+            "--log-format",
+            type=click.Choice(["json", "console", "auto"]),
+            help="Override [logging] format.",
+            **extra,
+        ),
+    ]
+
+
+def common_options(command: F) -> F:
+    """``--config``, ``--log-level`` and ``--log-format`` on a subcommand, so they work after it as well
+    (``procurd status --config x.toml``)."""
+    for option in reversed(_common_options(expose_value=False, callback=_remember)):
+        command = option(command)
+    return command
+
+
+def _group_options(group: F) -> F:
+    for option in reversed(_common_options()):
+        group = option(group)
+    return group
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-@click.option(
-    "--config",
-    "config_path",
-    type=click.Path(dir_okay=False),
-    help="Configuration file (default: $PROCURD_CONFIG, ./procurd.toml, /etc/procurd/procurd.toml).",
-)
-@click.option(
-    "--log-level", type=click.Choice(["debug", "info", "warning", "error"]), help="Override [logging] level."
-)
-@click.option(
-    "--log-format", type=click.Choice(["json", "console", "auto"]), help="Override [logging] format."
-)
+@_group_options
 @click.version_option(__version__, prog_name="procurd")
 @click.pass_context
 def main(ctx: click.Context, config_path: str | None, log_level: str | None, log_format: str | None) -> None:
     """procurd: mirror upstream catalogues and procure paid orders over the signed upstream API."""
     ctx.obj = CliState(config_path, log_level, log_format)
     configure_logging(log_level or "warning", log_format or "auto")
+
+
+def ensure_database_directory(settings: Settings) -> None:
+    """Create the directory of a SQLite database file; when that cannot be, one line and exit code 2."""
+    from procurd.db.database import sqlite_file, sqlite_location_problem
+
+    path = sqlite_file(settings.database.url)
+    problem = None if path is None else sqlite_location_problem(path)
+    if problem is not None:
+        where = settings.source or "environment"
+        fail_usage(f"{where}: [database] url: {problem}")
 
 
 async def database_errors(awaitable: Awaitable[T]) -> T:
@@ -125,11 +185,12 @@ def open_database(url: str) -> Database:
         sys.exit(EXIT_FAILURE)
 
 
-async def open_current_database(url: str) -> Database:
+async def open_current_database(settings: Settings) -> Database:
     """The database, at the current migration; otherwise a clear message and exit 1."""
     from procurd.db.revision import current_revision, describe_mismatch
 
-    database = open_database(url)
+    ensure_database_directory(settings)
+    database = open_database(settings.database.url)
     mismatch = describe_mismatch(await database_errors(current_revision(database)))
     if mismatch is not None:
         await database.close()

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import click
 
 from procurd.cli.base import (
     EXIT_FAILURE,
     CliState,
+    common_options,
     main,
     open_current_database,
     pass_state,
@@ -16,6 +18,7 @@ from procurd.cli.base import (
 )
 from procurd.config import Settings, UpstreamSettings
 from procurd.instance import instance_id
+from procurd.logs import log_stream
 
 
 @main.group()
@@ -26,10 +29,11 @@ def catalog() -> None:
 @catalog.command("sync")
 @click.option("--upstream", "upstream_name", metavar="NAME", help="Only this upstream (default: all).")
 @click.option("--progress/--no-progress", default=None, help="Progress bar (default: on a terminal).")
+@common_options
 @pass_state
 def catalog_sync(state: CliState, upstream_name: str | None, progress: bool | None) -> None:
     """One full mirror pass now: categories, every page of products, their SKUs."""
-    settings = state.settings()
+    settings = state.settings(secrets=True)
     upstreams = state.upstreams(upstream_name)
     show_progress = sys.stderr.isatty() if progress is None else progress
     failed = run_async(_sync_all(settings, upstreams, show_progress))
@@ -39,10 +43,12 @@ def catalog_sync(state: CliState, upstream_name: str | None, progress: bool | No
 
 async def _sync_all(settings: Settings, upstreams: list[UpstreamSettings], show_progress: bool) -> int:
     from rich.console import Console
+    from rich.markup import escape
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
         Progress,
+        TaskProgressColumn,
         TextColumn,
         TimeElapsedColumn,
     )
@@ -50,37 +56,35 @@ async def _sync_all(settings: Settings, upstreams: list[UpstreamSettings], show_
     from procurd.catalog.sync import SyncReport, run_sync
     from procurd.upstream.client import UpstreamClient
 
-    database = await open_current_database(settings.database.url)
+    database = await open_current_database(settings)
     failed = 0
     console = Console(stderr=True)
     try:
         for upstream in upstreams:
             with Progress(
-                TextColumn(f"[bold]{upstream.name}[/bold] pages"),
+                TextColumn(f"[bold]{escape(upstream.name)}[/bold] pages"),
                 BarColumn(),
                 MofNCompleteColumn(),
+                TaskProgressColumn(),
                 TimeElapsedColumn(),
                 console=console,
                 disable=not show_progress,
-                transient=True,
             ) as bar:
-                task = bar.add_task("sync", total=None)
-
-                def on_progress(
-                    done: int, total: int | None, bar: Progress = bar, task: object = task
-                ) -> None:
-                    bar.update(task, completed=done, total=total)  # type: ignore[arg-type]
-
-                async with UpstreamClient(upstream) as client:
-                    report: SyncReport = await run_sync(
-                        database,
-                        client,
-                        upstream.name,
-                        page_size=settings.catalog.page_size,
-                        concurrency=settings.catalog.concurrency,
-                        holder=instance_id(),
-                        progress=on_progress,
-                    )
+                pages = PageProgress(bar)
+                # Log lines go through the display's console, above the bar, while it is shown.
+                with log_stream(sys.stderr):
+                    async with UpstreamClient(upstream) as client:
+                        report: SyncReport = await run_sync(
+                            database,
+                            client,
+                            upstream.name,
+                            page_size=settings.catalog.page_size,
+                            concurrency=settings.catalog.concurrency,
+                            holder=instance_id(),
+                            progress=pages.update,
+                        )
+                if report.status == "ok":
+                    pages.complete(report.pages)
             click.echo(_describe(report))
             for violation in report.violations:
                 click.echo(f"  category rule: {violation}")
@@ -89,6 +93,24 @@ async def _sync_all(settings: Settings, upstreams: list[UpstreamSettings], show_
     finally:
         await database.close()
     return failed
+
+
+class PageProgress:
+    """The pages of one sync on a progress bar; a finished sync shows every page done."""
+
+    def __init__(self, bar: Any) -> None:
+        self.bar = bar
+        self.task = bar.add_task("sync", total=None)
+        self.done = 0
+        self.total = 0
+
+    def update(self, done: int, total: int | None) -> None:
+        self.done, self.total = done, total or 0
+        self.bar.update(self.task, completed=done, total=total)
+
+    def complete(self, pages: int) -> None:
+        whole = max(self.done, self.total, pages)
+        self.bar.update(self.task, completed=whole, total=whole)
 
 
 def _describe(report: object) -> str:

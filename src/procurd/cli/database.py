@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import click
 
-from procurd.cli.base import CliState, database_errors, main, open_database, pass_state, run_async
+from procurd.cli.base import (
+    CliState,
+    common_options,
+    database_errors,
+    ensure_database_directory,
+    main,
+    open_database,
+    pass_state,
+    run_async,
+)
 
 
 @main.group()
@@ -14,12 +23,14 @@ def db() -> None:
 
 @db.command("upgrade")
 @click.option("--revision", default="head", show_default=True, help="Target revision.")
+@common_options
 @pass_state
 def db_upgrade(state: CliState, revision: str) -> None:
     """Create the schema or migrate it to the current version (safe to run on every start)."""
     from procurd.db import migrate
 
     settings = state.settings()
+    ensure_database_directory(settings)
 
     async def upgrade() -> tuple[str | None, str | None]:
         database = open_database(settings.database.url)

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import click
 
-from procurd.cli.base import main, run_async
+from procurd.cli.base import fail_usage, main, run_async
+from procurd.db.database import sqlite_location_problem
 
 
 @main.command()
@@ -20,9 +21,16 @@ from procurd.cli.base import main, run_async
     help="Where the demo's database and configuration are written (and kept).",
 )
 def demo(directory: Path) -> None:
-    """Mirror a sandbox catalogue, order an automatic and a manual product, follow them to delivery."""
+    """Mirror a sandbox catalogue, order an automatic and a manual product, follow them to delivery.
+
+    Each run starts from a fresh database in the directory.
+    """
     from rich.console import Console
 
-    from procurd.demo import run_demo
+    from procurd.demo import DATABASE_NAME, run_demo
+
+    problem = sqlite_location_problem(directory / DATABASE_NAME)
+    if problem is not None:
+        fail_usage(f"--dir {directory}: {problem}")
 
     sys.exit(run_async(run_demo(directory, Console())))

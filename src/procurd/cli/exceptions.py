@@ -6,18 +6,11 @@ import math
 
 import click
 
-from procurd.cli.base import CliState, fail_usage, main, pass_state
-from procurd.cli.orders import (
-    Refused,
-    console,
-    emit_json,
-    json_option,
-    open_runtime,
-    procurements_table,
-    run_command,
-)
+from procurd.cli.base import CliState, common_options, fail_usage, main, pass_state
+from procurd.cli.orders import Refused, emit_json, json_option, open_runtime, print_procurement, run_command
 from procurd.config import Settings
 from procurd.core.procurement import Event, Resolve, Retry, Source
+from procurd.output import Column, ago, count, echo, print_table
 from procurd.procurement.service import DEFAULT_BULK_RETRY, MAX_BULK_RETRY
 
 MAX_PAGE_SIZE = 100
@@ -34,6 +27,7 @@ def exceptions_group() -> None:
 @click.option("--page", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--page-size", type=click.IntRange(1, MAX_PAGE_SIZE), default=20, show_default=True)
 @json_option
+@common_options
 @pass_state
 def exceptions_list(
     state: CliState, upstream: str | None, reason: str | None, page: int, page_size: int, as_json: bool
@@ -54,15 +48,37 @@ async def _list(
         emit_json({"ok": True, "items": items, "total": total, "page": page, "page_size": page_size})
         return
     pages = max(1, math.ceil(total / page_size))
-    out = console()
-    out.print(procurements_table("exceptions", items, with_order=True))
-    out.print(f"page {page} of {pages}, {total} exception(s) in all")
+    filters = " and ".join(
+        f"{name} {value}" for name, value in (("upstream", upstream), ("reason", reason)) if value
+    )
+    matching = f" for {filters}" if filters else ""
+    if total == 0:
+        echo(f"no open exceptions{matching}")
+        return
+    if not items:
+        in_all = count(total, "open exception") + matching
+        echo(f"page {page} is past the end: {in_all} fill {count(pages, 'page')}")
+        return
+    rows = [
+        [item["id"], item.get("order_no"), item["downstream_order_no"], item["upstream"],
+         item["exception_reason"], ago(item.get("updated_at")), item["attempts"]]
+        for item in items
+    ]  # fmt: skip
+    notes = [
+        ": ".join(str(part) for part in (item["last_error_code"], item["last_error_message"]) if part) or None
+        for item in items
+    ]
+    columns = [Column("id", right=True), Column("order"), Column("number"), Column("upstream"),
+               Column("reason"), Column("since"), Column("tries", right=True)]  # fmt: skip
+    print_table(columns, rows, notes=notes)
+    echo(f"{count(total, 'open exception')}{matching}; page {page} of {pages}")
 
 
 @exceptions_group.command("retry")
 @click.argument("procurement_id", metavar="ID", type=click.IntRange(min=1))
 @click.option("--note", help="Why, for the audit trail.")
 @json_option
+@common_options
 @pass_state
 def exceptions_retry(state: CliState, procurement_id: int, note: str | None, as_json: bool) -> None:
     """Send the procurement again (under a new number once the upstream canceled the old one)."""
@@ -86,6 +102,7 @@ def exceptions_retry(state: CliState, procurement_id: int, note: str | None, as_
 )
 @click.option("--note", help="Why, for the audit trail.")
 @json_option
+@common_options
 @pass_state
 def exceptions_retry_all(
     state: CliState,
@@ -120,18 +137,19 @@ async def _retry_all(
             {"ok": True, "retried": result.retried, "skipped": result.skipped, "remaining": result.remaining}
         )
         return
-    out = console()
-    out.print(f"{len(result.retried)} exception(s) queued again")
+    echo(f"{count(len(result.retried), 'exception')} queued again")
     for skipped in result.skipped:
-        out.print(f"procurement {skipped['id']} skipped: {skipped['error_code']} ({skipped['message']})")
+        echo(f"procurement {skipped['id']} skipped: {skipped['error_code']} ({skipped['message']})")
     if result.remaining:
-        out.print(f"{result.remaining} more match; run the command again for them")
+        more = "1 more matches" if result.remaining == 1 else f"{result.remaining} more match"
+        echo(f"{more}; run the command again for them")
 
 
 @exceptions_group.command("resolve")
 @click.argument("procurement_id", metavar="ID", type=click.IntRange(min=1))
 @click.option("--note", required=True, help="How it was settled (required).")
 @json_option
+@common_options
 @pass_state
 def exceptions_resolve(state: CliState, procurement_id: int, note: str, as_json: bool) -> None:
     """Close the exception by hand."""
@@ -156,9 +174,8 @@ async def _act(settings: Settings, procurement_id: int, event: Event, as_json: b
     if as_json:
         emit_json({"ok": True, "procurement": procurement, "order": order})
         return
-    out = console()
     if isinstance(event, Retry):
-        out.print(f"procurement {procurement_id} queued again as {procurement['downstream_order_no']}")
+        echo(f"procurement {procurement_id} queued again as {procurement['downstream_order_no']}")
     else:
-        out.print(f"procurement {procurement_id} resolved")
-    out.print(procurements_table("procurement", [procurement], with_order=True))
+        echo(f"procurement {procurement_id} resolved")
+    print_procurement(dict(procurement, order_no=applied.procurement.order_no))

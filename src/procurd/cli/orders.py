@@ -1,16 +1,18 @@
 """``procurd order``: submit, show and cancel orders, straight on the database (daemon running or not).
 
 The same semantics as the admin API: a submit is validated against the mirror and queued for the workers,
-a cancel goes to the upstream first. Human output is a table; ``--json`` (``--output json`` for ``submit``,
-whose ``--json`` reads a body) prints what the admin API would answer. Exit codes: 0 done, 1 refused or
+a cancel goes to the upstream first. Human output is aligned text (:mod:`procurd.output`); ``--json`` or
+``--output json`` (only the latter for ``submit``, whose ``--json`` reads a body) prints what the admin API
+would answer. Exit codes: 0 done, 1 refused or
 failed (the reason on stderr), 2 usage or configuration.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
-from collections.abc import AsyncIterator, Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from contextlib import asynccontextmanager
 from typing import IO, Any
 
@@ -19,6 +21,7 @@ import click
 from procurd.cli.base import (
     EXIT_FAILURE,
     CliState,
+    common_options,
     database_errors,
     fail_usage,
     main,
@@ -27,11 +30,25 @@ from procurd.cli.base import (
     run_async,
 )
 from procurd.config import Settings
+from procurd.output import Column, cell, count, echo, print_fields, print_table, utc, when
 from procurd.runtime import Runtime
 
 # --- shared by the order, exceptions and status commands -----------------------------------------------
 
-json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON (what the admin API answers).")
+
+def json_option(command: Callable[..., Any]) -> Callable[..., Any]:
+    """``--json`` and its synonym ``--output json``: print what the admin API would answer."""
+
+    @functools.wraps(command)
+    def with_output(*args: Any, as_json: bool, output: str | None, **kwargs: Any) -> Any:
+        return command(*args, as_json=as_json or output == "json", **kwargs)
+
+    with_output = click.option(
+        "--output", type=click.Choice(["table", "json"]), help="table (the default) or json (as --json)."
+    )(with_output)
+    return click.option("--json", "as_json", is_flag=True, help="Print JSON (what the admin API answers).")(
+        with_output
+    )
 
 
 class Refused(Exception):
@@ -47,7 +64,7 @@ class Refused(Exception):
 @asynccontextmanager
 async def open_runtime(settings: Settings) -> AsyncIterator[Runtime]:
     """A runtime on the configured database (which must be at the current migration)."""
-    database = await open_current_database(settings.database.url)
+    database = await open_current_database(settings)
     runtime = Runtime.build(settings, database=database)
     try:
         yield runtime
@@ -72,59 +89,53 @@ def emit_json(data: Mapping[str, Any]) -> None:
     click.echo(json.dumps(data, ensure_ascii=False, indent=2, default=str))
 
 
-def console() -> Any:
-    from rich.console import Console
-
-    return Console(highlight=False, soft_wrap=False)
-
-
-def text(value: Any) -> str:
-    """A cell: empty for missing values, compact JSON for structures."""
-    if value is None:
-        return ""
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, dict | list):
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
-    return str(value)
-
-
-def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> Any:
-    from rich.table import Table
-
-    grid = Table(title=title, title_justify="left", show_lines=False)
-    for column in columns:
-        grid.add_column(column, overflow="fold")
-    for row in rows:
-        grid.add_row(*(text(cell) for cell in row))
-    return grid
-
-
-def procurements_table(
-    title: str, procurements: Sequence[Mapping[str, Any]], *, with_order: bool = False
-) -> Any:
-    columns = ["id", *(["order"] if with_order else []), "number", "upstream", "sku", "qty", "state",
-               "upstream status", "upstream order", "amount", "attempts", "exception",
-               "last error"]  # fmt: skip
-    rows = [
-        [
-            item["id"],
-            *([item.get("order_no")] if with_order else []),
-            item["downstream_order_no"],
-            item["upstream"],
-            item["sku_id"],
-            item["quantity"],
-            item["state"],
-            item["upstream_status"],
-            " ".join(text(part) for part in (item["upstream_order_id"], item["upstream_order_no"]) if part),
-            " ".join(text(part) for part in (item["amount"], item["currency"]) if part),
-            item["attempts"],
-            item.get("exception_reason"),
-            ": ".join(text(part) for part in (item["last_error_code"], item["last_error_message"]) if part),
-        ]
-        for item in procurements
+def print_procurement(item: Mapping[str, Any], *, show_payload: bool = False) -> None:
+    """One procurement: a heading line, then its facts, one per line."""
+    order = f"order {item['order_no']}, " if item.get("order_no") else ""
+    echo(f"procurement {item['id']}: {order}number {item['downstream_order_no']}, {item['state']}")
+    upstream_order = " ".join(
+        str(part) for part in (item["upstream_order_id"], item["upstream_order_no"]) if part
+    )
+    amount = " ".join(str(part) for part in (item["amount"], item["currency"]) if part)
+    fields: list[tuple[str, Any]] = [
+        ("upstream", f"{item['upstream']}, SKU {item['sku_id']}, quantity {item['quantity']}"),
+        (
+            "upstream order",
+            f"{upstream_order}, status {item['upstream_status']}" if upstream_order else "none yet",
+        ),
     ]
-    return table(title, columns, rows)
+    if amount:
+        fields.append(("amount", amount))
+    if item.get("max_unit_price"):
+        fields.append(("max unit price", item["max_unit_price"]))
+    fields.append(("attempts", item["attempts"]))
+    if item.get("exception_reason"):
+        fields.append(("exception", item["exception_reason"]))
+    if item.get("last_error_code") or item.get("last_error_message"):
+        fields.append(
+            (
+                "last error",
+                ": ".join(str(p) for p in (item["last_error_code"], item["last_error_message"]) if p),
+            )
+        )
+    if item.get("resolution_note"):
+        fields.append(("resolution", item["resolution_note"]))
+    fields.append(("updated", when(item.get("updated_at"))))
+    fulfillment = item.get("fulfillment")
+    if fulfillment:
+        lines = count(fulfillment.get("payload_line_count") or 0, "line")
+        delivered = (
+            f"{fulfillment.get('type')}, {fulfillment.get('status')} {when(fulfillment.get('delivered_at'))}"
+        )
+        fields.append(("fulfillment", f"{delivered}, {lines}"))
+        if not show_payload:
+            fields.append(("payload", "hidden (--show-payload shows it)"))
+    print_fields(fields)
+    if fulfillment and show_payload:
+        for line in (fulfillment.get("payload") or "").splitlines():
+            echo(f"    {line}")
+        if fulfillment.get("delivery_data") is not None:
+            echo(f"    delivery data: {cell(fulfillment['delivery_data'])}")
 
 
 def cancel_items(denied: Any) -> list[dict[str, Any]]:
@@ -148,30 +159,14 @@ def hide_payloads(order: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def print_order(order: Mapping[str, Any], *, show_payload: bool = False) -> None:
-    out = console()
     flags = " (exception)" if order["exception"] else ""
-    out.print(f"order {order['order_no']}: {order['status']}{flags}")
-    details = [("trace id", order.get("trace_id")), ("created", order.get("created_at")),
-               ("updated", order.get("updated_at"))]  # fmt: skip
-    for label, value in details:
-        if value:
-            out.print(f"  {label}: {value}")
-    out.print(procurements_table("procurements", order["procurements"]))
+    echo(f"order {order['order_no']}: {order['status']}{flags}")
+    details = [("trace id", order.get("trace_id")), ("created", when(order.get("created_at"))),
+               ("updated", when(order.get("updated_at")))]  # fmt: skip
+    print_fields([(label, value) for label, value in details if value])
     for item in order["procurements"]:
-        fulfillment = item.get("fulfillment")
-        if not fulfillment:
-            continue
-        lines = fulfillment.get("payload_line_count", 0)
-        out.print(
-            f"fulfillment of {item['downstream_order_no']}: {fulfillment.get('type')} "
-            f"{fulfillment.get('status')} at {fulfillment.get('delivered_at')}, {lines} line(s)"
-        )
-        if show_payload:
-            out.print(fulfillment.get("payload") or "", markup=False)
-            if fulfillment.get("delivery_data") is not None:
-                out.print(text(fulfillment["delivery_data"]), markup=False)
-        else:
-            out.print("  (payload hidden; --show-payload shows it)")
+        echo()
+        print_procurement(item, show_payload=show_payload)
 
 
 # --- procurd order ------------------------------------------------------------------------------------------
@@ -196,6 +191,7 @@ def order_group() -> None:
     "--json", "body_file", type=click.File("rb"), metavar="FILE|-", help="The whole request body (as POSTed)."
 )
 @click.option("--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@common_options
 @pass_state
 def order_submit(
     state: CliState,
@@ -264,9 +260,7 @@ async def _submit(settings: Settings, raw: bytes, as_json: bool) -> None:
         emit_json({"ok": True, "created": result.created, "order": result.order})
         return
     order_no = result.order["order_no"]
-    console().print(
-        f"accepted order {order_no}" if result.created else f"order {order_no} was already accepted"
-    )
+    echo(f"accepted order {order_no}" if result.created else f"order {order_no} was already accepted")
     print_order(result.order)
 
 
@@ -274,6 +268,7 @@ async def _submit(settings: Settings, raw: bytes, as_json: bool) -> None:
 @click.argument("order_no")
 @click.option("--show-payload", is_flag=True, help="Also print delivered goods (card codes, accounts ...).")
 @json_option
+@common_options
 @pass_state
 def order_show(state: CliState, order_no: str, show_payload: bool, as_json: bool) -> None:
     """The order, each procurement, its fulfillment and the audit trail."""
@@ -291,21 +286,25 @@ async def _show(settings: Settings, order_no: str, show_payload: bool, as_json: 
         emit_json({"ok": True, "order": shown, "audit": audit})
         return
     print_order(shown, show_payload=show_payload)
+    echo()
     rows = [
-        [entry["at"], entry["procurement_id"], entry["source"], entry["event"],
-         f"{entry['old_state'] or ''} -> {entry['new_state'] or ''}", entry["detail"]]
+        [utc(entry["at"]), entry["procurement_id"], entry["source"], entry["event"],
+         f"{entry['old_state'] or '-'} -> {entry['new_state'] or '-'}"]
         for entry in audit
     ]  # fmt: skip
-    console().print(table("audit trail", ["at", "procurement", "source", "event", "state", "detail"], rows))
+    columns = [Column("time (UTC)"), Column("procurement", right=True), Column("source"), Column("event"),
+               Column("state")]  # fmt: skip
+    print_table(columns, rows, notes=[entry["detail"] for entry in audit], title="audit trail")
 
 
 @order_group.command("cancel")
 @click.argument("order_no")
 @json_option
+@common_options
 @pass_state
 def order_cancel(state: CliState, order_no: str, as_json: bool) -> None:
     """Cancel the order upstream-first; refused (exit 1) when any item cannot be canceled."""
-    run_command(_cancel(state.settings(), order_no, as_json), as_json)
+    run_command(_cancel(state.settings(secrets=True), order_no, as_json), as_json)
 
 
 async def _cancel(settings: Settings, order_no: str, as_json: bool) -> None:
@@ -324,5 +323,5 @@ async def _cancel(settings: Settings, order_no: str, as_json: bool) -> None:
     if as_json:
         emit_json({"ok": True, "order": hide_payloads(order)})
         return
-    console().print(f"canceled order {order_no}")
+    echo(f"canceled order {order_no}")
     print_order(hide_payloads(order))

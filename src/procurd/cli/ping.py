@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from procurd.cli.base import EXIT_FAILURE, CliState, main, pass_state, run_async
+from procurd.cli.base import EXIT_FAILURE, CliState, common_options, main, pass_state, run_async
 from procurd.config import UpstreamSettings
 
 SUPPORTED_PROTOCOL = "1.0"
@@ -12,6 +12,7 @@ SUPPORTED_PROTOCOL = "1.0"
 
 @main.command()
 @click.option("--upstream", "upstream_name", metavar="NAME", help="Only this upstream (default: all).")
+@common_options
 @pass_state
 def ping(state: CliState, upstream_name: str | None) -> None:
     """Check connectivity: site name, protocol version, balance, currency, member level, latency."""

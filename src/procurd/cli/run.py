@@ -6,16 +6,18 @@ import sys
 
 import click
 
-from procurd.cli.base import CliState, main, pass_state, run_async
+from procurd.cli.base import CliState, common_options, ensure_database_directory, main, pass_state, run_async
 
 
 @main.command()
+@common_options
 @pass_state
 def run(state: CliState) -> None:
     """The daemon: both listeners, the procurement workers, the scheduled catalogue sync, pings and polls."""
     from procurd.daemon import StartupError, run_daemon
 
-    settings = state.settings()
+    settings = state.settings(secrets=True, daemon=True)
+    ensure_database_directory(settings)
     try:
         code = run_async(run_daemon(settings))
     except StartupError as exc:

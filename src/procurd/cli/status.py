@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from procurd.cli.base import CliState, main, pass_state
-from procurd.cli.orders import console, emit_json, json_option, open_runtime, run_command, table
+from procurd.cli.base import CliState, common_options, main, pass_state
+from procurd.cli.orders import emit_json, json_option, open_runtime, run_command
 from procurd.config import Settings
+from procurd.output import print_status
 
 
 @main.command("status")
 @json_option
+@common_options
 @pass_state
 def status(state: CliState, as_json: bool) -> None:
     """Per upstream: health, last ping and balance, last catalogue sync, queue depths, exceptions."""
@@ -25,38 +25,4 @@ async def _status(settings: Settings, as_json: bool) -> None:
     if as_json:
         emit_json(report)
         return
-    out = console()
-    out.print(table("upstreams", ["upstream", "healthy", "last ping", "balance", "last sync", "callbacks"],
-                    [_health_row(upstream) for upstream in report["upstreams"]]))  # fmt: skip
-    states = list(report["upstreams"][0]["queue"]) if report["upstreams"] else []
-    rows = [
-        [upstream["name"], *(upstream["queue"][name] for name in states), upstream["oldest_queued_seconds"]]
-        for upstream in report["upstreams"]
-    ]
-    out.print(table("procurements", ["upstream", *states, "oldest queued (s)"], rows))
-    storefront = report["storefront"]
-    webhook = "webhook" if storefront["webhook_configured"] else "no webhook (the storefront polls)"
-    out.print(f"storefront: {webhook}; {storefront['events_pending']} event(s) pending")
-
-
-def _health_row(upstream: dict[str, Any]) -> list[Any]:
-    ping = upstream["last_ping"]
-    sync = upstream["last_sync"]
-    if ping["at"] is None:
-        ping_text = "never"
-    elif ping["ok"]:
-        ping_text = f"ok at {ping['at']} ({ping['latency_ms']} ms)"
-    else:
-        ping_text = f"failed at {ping['at']}: {ping['error']}"
-    auth = upstream.get("auth_error")
-    if auth:
-        ping_text += f"; auth error {auth['code']} at {auth['at']}"
-    if sync["at"] is None:
-        sync_text = "never"
-    else:
-        sync_text = f"{sync['status']} at {sync['at']}: {sync['products']} products, {sync['skus']} SKUs"
-        if sync.get("error"):
-            sync_text += f" ({sync['error']})"
-    balance = " ".join(str(part) for part in (ping["balance"], ping["currency"]) if part is not None)
-    callbacks = f"{upstream['callbacks']['accepted']} accepted, {upstream['callbacks']['rejected']} rejected"
-    return [upstream["name"], upstream["healthy"], ping_text, balance, sync_text, callbacks]
+    print_status(report)

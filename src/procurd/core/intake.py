@@ -13,6 +13,8 @@ from procurd.core.numbers import MAX_ID, ORDER_NO_PATTERN
 from procurd.core.problems import problems
 
 MAX_ITEMS = 100
+MAX_QUANTITY = 100_000
+ORDER_NO_RULE = "1 to 64 characters: letters, digits, and _ . : - ; starting with a letter or digit"
 MAX_AMOUNT_CHARS = 40  # the database's Money column
 MAX_FORM_NUMBER_EXPONENT = 308  # a float's range
 
@@ -45,13 +47,9 @@ CONFLICTS = frozenset({"order_conflict", "downstream_order_no_taken"})
 
 
 def _decimal_text(value: Any) -> str:
-    """An amount as exact decimal text: a string, or a JSON number parsed as Decimal (never a float)."""
-    if isinstance(value, bool | float):
-        raise ValueError('must be a decimal string such as "9.90"')
-    if isinstance(value, int | Decimal):
-        value = str(value)
+    """An amount as exact decimal text: a JSON string such as ``"9.90"``, never a JSON number."""
     if not isinstance(value, str):
-        raise ValueError('must be a decimal string such as "9.90"')
+        raise ValueError('must be a decimal string such as "9.90" (a JSON string, not a number)')
     try:
         amount = Decimal(value.strip())
     except InvalidOperation:
@@ -84,7 +82,7 @@ class ItemRequest(BaseModel):
 
     upstream: StrictStr | None = None
     sku_id: Annotated[StrictInt, Field(gt=0, le=MAX_ID)]
-    quantity: Annotated[StrictInt, Field(ge=1, le=100_000)]
+    quantity: Annotated[StrictInt, Field(ge=1, le=MAX_QUANTITY)]
     manual_form_data: dict[str, Any] | None = None
     max_unit_price: str | None = None
 
@@ -102,9 +100,16 @@ class ItemRequest(BaseModel):
 class OrderRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    order_no: Annotated[StrictStr, Field(pattern=ORDER_NO_PATTERN.pattern)]
+    order_no: StrictStr
     trace_id: Annotated[StrictStr, Field(max_length=128)] | None = None
     items: Annotated[list[ItemRequest], Field(min_length=1, max_length=MAX_ITEMS)]
+
+    @field_validator("order_no")
+    @classmethod
+    def _order_number_rule(cls, value: str) -> str:
+        if not ORDER_NO_PATTERN.fullmatch(value):
+            raise ValueError(f"must be {ORDER_NO_RULE}")
+        return value
 
     def with_upstream(self, default: str | None) -> OrderRequest:
         """Items without an upstream take ``default`` (only possible when one upstream is configured)."""

@@ -105,6 +105,29 @@ class Database(ABC):
             event.listen(engine, "before_cursor_execute", self.counts.count_statement)
 
 
+def sqlite_file(url: str) -> Path | None:
+    """The file of a SQLite URL, ``None`` for another database."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    return Path(parsed.database)
+
+
+def sqlite_location_problem(path: Path) -> str | None:
+    """Why ``path`` cannot hold a SQLite database (creating its directory when missing), or ``None``."""
+    directory = path.parent
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        blocking = next((p for p in (directory, *directory.parents) if p.exists() and not p.is_dir()), None)
+        if blocking is not None:
+            return f"{blocking} is not a directory"
+        return f"cannot create the directory {directory}: {exc.strerror or exc}"
+    if path.is_dir():
+        return f"{path} is a directory, not a database file"
+    return None
+
+
 def application_name() -> str:
     """How this process names itself to PostgreSQL: ``procurd host:pid``."""
     return f"procurd {instance_id()}"[:63]

@@ -46,13 +46,11 @@ class ReconcileStore:
         self.connection = connection
 
     def start(self, upstream: str | None, trigger: str, now: datetime) -> int:
-        values = dict(
+        statement = insert(reconcile_runs).values(
             upstream=upstream, trigger=trigger, started_at=now, status="running", checked=0, mismatches=0,
             repaired=0, errors=0,
         )  # fmt: skip
-        result = self.connection.execute(
-            insert(reconcile_runs).values(**values).returning(reconcile_runs.c.id)
-        )
+        result = self.connection.execute(statement.returning(reconcile_runs.c.id))
         return int(result.scalar_one())
 
     def finish(
@@ -80,7 +78,7 @@ class ReconcileStore:
                 repaired=repaired,
                 errors=errors,
                 error=error,
-            )  # fmt: skip
+            )
         )
 
     def add_findings(self, run_id: int, findings: Sequence[Finding]) -> None:

@@ -21,14 +21,13 @@ from procurd.core.numbers import MAX_ID, ORDER_NO_PATTERN
 from procurd.core.procurement import NotAllowed, Resolve, Retry, Source
 from procurd.http.errors import (
     HEALTH_PATH,
-    MAX_BODY_BYTES,
     RUNTIME,
     ApiError,
     Handler,
     admin_error_body,
-    error_middleware,
     healthz,
     json_response,
+    listener_app,
     read_body,
 )
 from procurd.http.json_limits import json_problem, text_problem
@@ -327,12 +326,13 @@ def bearer_auth(token: str) -> Middleware:
 def make_admin_app(runtime: Runtime) -> web.Application:
     """The admin API (see ``procurd/http/openapi.yaml``) bound to ``runtime``."""
     token = runtime.settings.server.admin_token.get_secret_value()
-    app = web.Application(
-        client_max_size=MAX_BODY_BYTES,
-        middlewares=[
-            error_middleware("admin", admin_error_body, runtime.metrics, database_unavailable_status=503),
-            bearer_auth(token),
-        ],
+    app = listener_app(
+        "admin",
+        admin_error_body,
+        runtime.metrics,
+        runtime.settings.server,
+        database_unavailable_status=503,
+        middlewares=(bearer_auth(token),),
     )
     app[RUNTIME] = runtime
     router = app.router

@@ -1,23 +1,33 @@
 """JSON answers and the error handling shared by procurd's two HTTP listeners.
 
-No route ever answers with aiohttp's HTML error pages or a traceback: every failure, including unknown paths
-and methods and bodies that are too large, becomes a JSON body. Unexpected exceptions are logged with their
-traceback and answered with a fixed ``internal error`` text.
+No route ever answers with aiohttp's HTML or plain-text error pages or a traceback: every failure, including
+unknown paths and methods, bodies that are too large, slow or cannot be decoded, and requests the HTTP parser
+refuses, becomes the listener's JSON error body. A client's mistake is logged as one line; only unexpected
+exceptions are logged with their traceback (and answered with a fixed ``internal error`` text).
+
+Time limits: a connection whose request headers have not all arrived within ``[server]
+header_timeout_seconds`` of its opening (or of the previous answer on it) is closed; a body that has not
+arrived within ``body_timeout_seconds`` is answered 408 and the connection closed.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import re
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
 import structlog
-from aiohttp import web
+from aiohttp import http_exceptions, web
 from aiohttp.typedefs import Middleware
+from aiohttp.web_protocol import RequestPayloadError
 
+from procurd.config import ServerSettings
 from procurd.db.errors import DatabaseUnavailable
 from procurd.metrics import Metrics
 from procurd.runtime import Runtime
@@ -48,14 +58,66 @@ class ApiError(Exception):
     """A failure answer: HTTP status, error code, a message for a person, and extra fields."""
 
     def __init__(
-        self, status: int, code: str, message: str, *, headers: Mapping[str, str] | None = None, **extra: Any
+        self,
+        status: int,
+        code: str,
+        message: str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        close_connection: bool = False,
+        **extra: Any,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
         self.headers = dict(headers or {})
+        self.close_connection = close_connection
         self.extra = extra
+
+
+class ClientGone(Exception):
+    """The client closed its connection before its request's body arrived: nobody is left to answer."""
+
+
+# The status counted for a request whose client went away (nginx's "client closed request").
+CLIENT_CLOSED_REQUEST = 499
+
+
+@dataclass(frozen=True)
+class Listener:
+    """What the edge of one listener needs: its name, error body, metrics and time limits."""
+
+    name: str
+    error_body: ErrorBody
+    metrics: Metrics
+    header_timeout_seconds: float
+    body_timeout_seconds: float
+
+
+LISTENER = web.AppKey("procurd.listener", Listener)
+
+
+def listener_app(
+    name: str,
+    body: ErrorBody,
+    metrics: Metrics,
+    server: ServerSettings,
+    *,
+    database_unavailable_status: int = 500,
+    middlewares: tuple[Middleware, ...] = (),
+) -> web.Application:
+    """An application for one listener: the error middleware first, then ``middlewares``; serve it with
+    :func:`listener_runner`."""
+    app = web.Application(
+        client_max_size=MAX_BODY_BYTES,
+        middlewares=[
+            error_middleware(name, body, metrics, database_unavailable_status=database_unavailable_status),
+            *middlewares,
+        ],
+    )
+    app[LISTENER] = Listener(name, body, metrics, server.header_timeout_seconds, server.body_timeout_seconds)
+    return app
 
 
 def _default(value: Any) -> Any:
@@ -96,7 +158,10 @@ def public_error_body(status: int, code: str, message: str) -> dict[str, Any]:
 def error_response(error: ApiError, body: ErrorBody) -> web.Response:
     data = body(error.status, error.code, error.message)
     data.update(error.extra)
-    return json_response(data, error.status, error.headers)
+    response = json_response(data, error.status, error.headers)
+    if error.close_connection:
+        response.force_close()
+    return response
 
 
 def route_name(request: web.Request) -> str:
@@ -133,6 +198,10 @@ async def _answer(
         return await handler(request)
     except ApiError as error:
         return error_response(error, body)
+    except ClientGone:
+        log.info("http.client_disconnected", method=request.method, route=route_name(request))
+        gone = ApiError(CLIENT_CLOSED_REQUEST, "client_closed_request", "the client closed the connection")
+        return error_response(gone, body)
     except web.HTTPException as http_error:
         if http_error.status < 400:
             raise
@@ -148,6 +217,7 @@ async def _answer(
             method=request.method,
             route=route_name(request),
             reason=unavailable.reason,
+            detail=unavailable.detail,
         )
         if database_unavailable_status == 500:
             return error_response(ApiError(500, "internal_error", "internal error"), body)
@@ -175,9 +245,148 @@ def check_content_length(request: web.Request, limit: int = MAX_BODY_BYTES) -> N
 
 
 async def read_body(request: web.Request, limit: int = MAX_BODY_BYTES) -> bytes:
-    """The raw body, at most ``limit`` bytes (declared or streamed); 413 beyond."""
+    """The raw body, at most ``limit`` bytes (declared or streamed, after decoding): 413 beyond, 400 when its
+    ``Content-Encoding`` cannot be decoded or its framing is broken, 408 when it is slower than the
+    listener's ``body_timeout_seconds``; :class:`ClientGone` when the client hung up meanwhile."""
     check_content_length(request, limit)
+    listener = request.app.get(LISTENER)
+    deadline = listener.body_timeout_seconds if listener is not None else None
     try:
-        return await request.read()
+        async with asyncio.timeout(deadline):
+            return await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise ApiError(413, "payload_too_large", f"the body is larger than {limit} bytes") from None
+    except TimeoutError:
+        raise ApiError(
+            408, "request_timeout", f"the body did not arrive within {deadline:g} s", close_connection=True
+        ) from None
+    except RequestPayloadError as exc:
+        raise body_refusal(request, exc) from None
+    except ConnectionError:
+        raise ClientGone from None
+
+
+KNOWN_ENCODINGS = frozenset({"gzip", "deflate", "br", "zstd", "identity"})
+
+
+def body_refusal(request: web.Request, exc: RequestPayloadError) -> ApiError:
+    """The 400 for a body aiohttp could not read: undecodable ``Content-Encoding`` or broken framing."""
+    cause = exc.__cause__
+    if isinstance(cause, http_exceptions.ContentEncodingError):
+        encoding = request.headers.get("Content-Encoding", "").strip().lower()
+        named = f" ({encoding})" if encoding in KNOWN_ENCODINGS else ""
+        return ApiError(
+            400, "bad_content_encoding", f"the body cannot be decoded as its Content-Encoding{named} says"
+        )
+    return ApiError(400, "bad_request", "the body is malformed (its length or chunked framing is broken)")
+
+
+# --- the connection level ---------------------------------------------------------------------------------
+
+# Why aiohttp's HTTP parser refused a request, by the exception it raised (most specific first).
+PARSER_REFUSALS: tuple[tuple[type[Exception], str, str], ...] = (
+    (http_exceptions.ContentEncodingError, "bad_content_encoding",
+     "the Content-Encoding cannot be decoded here (gzip and deflate can)"),
+    (http_exceptions.TransferEncodingError, "bad_request", "malformed request: broken chunked encoding"),
+    (http_exceptions.ContentLengthError, "bad_request", "malformed request: broken Content-Length"),
+    (http_exceptions.LineTooLong, "bad_request", "malformed request: a request line or header is too long"),
+    (http_exceptions.InvalidHeader, "bad_request", "malformed request: an invalid header"),
+    (http_exceptions.BadHttpMethod, "bad_request", "malformed request: not an HTTP method"),
+    (http_exceptions.BadStatusLine, "bad_request", "malformed request: an invalid request line"),
+)  # fmt: skip
+PARSER_REASON = re.compile(r"[A-Za-z][A-Za-z ]{0,59}")
+# A client's broken request or connection: worth one line in the log, not a traceback.
+CLIENT_FAULTS = (http_exceptions.HttpProcessingError, RequestPayloadError, ConnectionError)
+
+
+def parser_refusal(exc: BaseException | None) -> tuple[str, str]:
+    """The error code and message for a request the HTTP parser refused, never echoing what was sent."""
+    for kind, code, message in PARSER_REFUSALS:
+        if isinstance(exc, kind):
+            return code, message
+    # llhttp's own reason ("Invalid character in chunk size") comes before the bytes it quotes.
+    reason = str(getattr(exc, "message", "")).split(":", 1)[0].strip()
+    if PARSER_REASON.fullmatch(reason):
+        return "bad_request", f"malformed request: {reason[0].lower()}{reason[1:]}"
+    return "bad_request", "malformed request"
+
+
+class JsonErrorRequestHandler(web.RequestHandler):
+    """aiohttp's connection handler, answering what its HTTP parser refuses (a broken request line, header,
+    chunk size or Content-Encoding) with the listener's JSON error body and logging it as one line.
+
+    aiohttp answers these itself, before any application code: the status line says HTTP/1.0 because the
+    request's own version could not be read.
+    """
+
+    def __init__(self, manager: web.Server, *, listener: Listener, **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self.listener = listener
+
+    def handle_error(
+        self,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        if status >= 500 and not isinstance(exc, CLIENT_FAULTS):
+            log.error("http.internal_error", listener=self.listener.name, exc_info=exc)
+            code, text = "internal_error", "internal error"
+        else:
+            code, text = parser_refusal(exc)
+            log.info("http.request_refused", listener=self.listener.name, status=status, reason=text,
+                     remote=request.remote)  # fmt: skip
+        if request.writer.output_size > 0:
+            raise ConnectionError("an answer was already being sent; the connection is broken")
+        self.listener.metrics.observe_http(self.listener.name, "unparsed", status)
+        response = json_response(self.listener.error_body(status, code, text), status)
+        response.force_close()
+        return response
+
+    def log_exception(self, *args: Any, **kwargs: Any) -> None:
+        exc = kwargs.get("exc_info")
+        if isinstance(exc, CLIENT_FAULTS):
+            # Typically the rest of a body that could not be read, drained after the answer went out.
+            log.info("http.connection_dropped", listener=self.listener.name, reason=type(exc).__name__)
+            return
+        log.error("http.connection_error", listener=self.listener.name, detail=str(args[0]) if args else "",
+                  exc_info=exc)  # fmt: skip
+
+
+class JsonErrorServer(web.Server):
+    """aiohttp's server, with :class:`JsonErrorRequestHandler` for each connection."""
+
+    def __init__(self, handler: Any, *, listener: Listener, **kwargs: Any) -> None:
+        super().__init__(handler, **kwargs)
+        self.listener = listener
+
+    def __call__(self) -> web.RequestHandler:
+        return JsonErrorRequestHandler(self, loop=self._loop, listener=self.listener, **self._kwargs)
+
+
+class ListenerRunner(web.AppRunner):
+    """An :class:`aiohttp.web.AppRunner` whose connections answer parser refusals in JSON."""
+
+    async def _make_server(self) -> web.Server:
+        server = await super()._make_server()  # runs the application's start-up, freezes it
+        return JsonErrorServer(
+            server.request_handler,
+            request_factory=server.request_factory,
+            handler_cancellation=server.handler_cancellation,
+            loop=server._loop,
+            listener=self.app[LISTENER],
+            **server._kwargs,
+        )
+
+
+def listener_runner(app: web.Application, *, shutdown_timeout: float) -> web.AppRunner:
+    """The runner for a listener's application (see :func:`listener_app`): JSON for every refusal, and a
+    connection whose request headers are slower than ``header_timeout_seconds`` closed (aiohttp's
+    keep-alive timer also runs while a request's headers are still coming)."""
+    return ListenerRunner(
+        app,
+        access_log=None,
+        shutdown_timeout=shutdown_timeout,
+        keepalive_timeout=app[LISTENER].header_timeout_seconds,
+    )

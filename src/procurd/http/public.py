@@ -22,12 +22,11 @@ from procurd.core.procurement import Source
 from procurd.http.callback import Callback, CallbackBodyError, parse_callback
 from procurd.http.errors import (
     HEALTH_PATH,
-    MAX_BODY_BYTES,
     RUNTIME,
     ApiError,
-    error_middleware,
     healthz,
     json_response,
+    listener_app,
     public_error_body,
     read_body,
 )
@@ -168,10 +167,7 @@ def configured_callback_path(runtime: Runtime) -> str:
 
 def make_public_app(runtime: Runtime) -> web.Application:
     """The callback receiver and ``/healthz``; the receiver also answers at ``callback_url``'s own path."""
-    app = web.Application(
-        client_max_size=MAX_BODY_BYTES,
-        middlewares=[error_middleware("public", public_error_body, runtime.metrics)],
-    )
+    app = listener_app("public", public_error_body, runtime.metrics, runtime.settings.server)
     app[RUNTIME] = runtime
     receiver = CallbackReceiver(runtime)
     app.router.add_post(CALLBACK_PATH, receiver.handle)

@@ -26,6 +26,7 @@ from multidict import CIMultiDict
 from procurd.catalog.sync import SyncReport, run_sync
 from procurd.config import CALLBACK_PATH, Settings
 from procurd.http.admin import make_admin_app
+from procurd.http.errors import LISTENER, listener_runner
 from procurd.http.public import make_public_app
 from procurd.procurement.submitter import Submitter
 from procurd.runtime import Runtime
@@ -70,8 +71,13 @@ def url_of(sock: socket.socket) -> str:
 
 @asynccontextmanager
 async def serve(app: web.Application, sock: socket.socket | None = None) -> AsyncIterator[str]:
-    """Run ``app`` on 127.0.0.1 (on ``sock`` when given) and yield its base URL."""
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
+    """Run ``app`` on 127.0.0.1 (on ``sock`` when given) and yield its base URL; one of procurd's listeners
+    runs as the daemon runs it (:func:`~procurd.http.errors.listener_runner`)."""
+    runner = (
+        listener_runner(app, shutdown_timeout=1.0)
+        if LISTENER in app
+        else web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
+    )
     await runner.setup()
     try:
         site: web.BaseSite = (

@@ -1,0 +1,233 @@
+"""Human output of the command line: aligned plain text.
+
+Tables have short columns that never wrap; free text (an error message, an audit detail) goes on a line of
+its own under its row. On a terminal that text, and long values of labelled fields, wrap at word boundaries
+to the terminal's width, indented under themselves; on a pipe nothing is wrapped or cut, one line per
+record, for grep and awk. Times are shown in UTC with their age ("3 min ago"); counts agree with their nouns
+("1 exception", "2 exceptions").
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import textwrap
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import click
+
+
+def on_terminal() -> bool:
+    return sys.stdout.isatty()
+
+
+def echo(line: str = "") -> None:
+    """One line of output, printed as it is (no markup)."""
+    click.echo(line)
+
+
+def count(number: int, noun: str) -> str:
+    """``1 exception``, ``2 exceptions``, ``0 exceptions``."""
+    return f"{number} {noun if number == 1 else noun + 's'}"
+
+
+def parse_time(value: str | datetime | None) -> datetime | None:
+    """An ISO 8601 time (or a datetime) in UTC; one without a zone is taken as UTC, as procurd stores it."""
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        parsed = value
+    else:
+        try:
+            parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            return None
+    return parsed.astimezone(UTC) if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def utc(value: str | datetime | None) -> str:
+    """``2026-11-23 15:09:54`` in UTC (the zone every time is shown in); ``-`` when there is none."""
+    moment = parse_time(value)
+    if moment is None:
+        return "-" if value is None else str(value)
+    return moment.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def duration(seconds: float) -> str:
+    """A length of time for a person: ``12 s``, ``3 min``, ``2 h 5 min``, ``4 days``."""
+    seconds = abs(seconds)
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    minutes = seconds / 60
+    if minutes < 90:
+        return f"{minutes:.0f} min"
+    hours = minutes / 60
+    if hours < 48:
+        whole = int(hours)
+        rest = round((hours - whole) * 60)
+        return f"{whole} h {rest} min" if rest else f"{whole} h"
+    return count(round(hours / 24), "day")
+
+
+def ago(value: str | datetime | None, now: datetime | None = None) -> str:
+    """How long ago ``value`` was: ``just now``, ``12 s ago``, ``3 min ago`` (``in 5 s`` when ahead)."""
+    moment = parse_time(value)
+    if moment is None:
+        return "never"
+    delta = ((now or datetime.now(UTC)) - moment).total_seconds()
+    if abs(delta) < 1:
+        return "just now"
+    return f"{duration(delta)} ago" if delta > 0 else f"in {duration(delta)}"
+
+
+def when(value: str | datetime | None, now: datetime | None = None) -> str:
+    """``3 min ago (2026-11-23 15:09:54 UTC)``, or ``never``."""
+    if value is None:
+        return "never"
+    return f"{ago(value, now)} ({utc(value)} UTC)"
+
+
+def cell(value: Any) -> str:
+    """A value as text: empty when missing, ``yes``/``no``, ``key=value`` pairs for an object."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, Mapping):
+        return " ".join(f"{key}={compact(item)}" for key, item in value.items())
+    if isinstance(value, list | tuple):
+        return ", ".join(compact(item) for item in value)
+    return " ".join(str(value).split())
+
+
+def compact(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
+
+
+@dataclass(frozen=True)
+class Column:
+    header: str
+    right: bool = False
+
+
+def print_table(
+    columns: Sequence[Column],
+    rows: Sequence[Sequence[Any]],
+    *,
+    notes: Sequence[str | None] = (),
+    title: str | None = None,
+) -> None:
+    """A table of short values; ``notes[i]``, when given, is free text on its own line under row ``i``."""
+    cells = [[cell(value) for value in row] for row in rows]
+    if title:
+        echo(title)
+    widths = [max([len(column.header), *(len(row[i]) for row in cells)]) for i, column in enumerate(columns)]
+
+    def line(texts: Sequence[str]) -> str:
+        padded = [
+            text.rjust(width) if column.right else text.ljust(width)
+            for text, width, column in zip(texts, widths, columns, strict=True)
+        ]
+        return "  " + "  ".join(padded).rstrip()
+
+    echo(line([column.header for column in columns]))
+    for index, row in enumerate(cells):
+        echo(line(row))
+        note = notes[index] if index < len(notes) else None
+        if note:
+            echo(wrapped(cell(note), indent=6))
+
+
+def print_fields(fields: Sequence[tuple[str, Any]], *, indent: int = 2) -> None:
+    """Labelled values, one per line, the values aligned (a long one wraps under itself on a terminal)."""
+    shown = [(label, cell(value)) for label, value in fields]
+    if not shown:
+        return
+    width = max(len(label) for label, _ in shown)
+    for label, value in shown:
+        head = f"{' ' * indent}{label.ljust(width)}  "
+        echo(wrapped(value, indent=len(head), first=head).rstrip())
+
+
+def wrapped(text: str, *, indent: int, first: str | None = None) -> str:
+    """``text`` after ``first`` (default: ``indent`` spaces): on a terminal wrapped at word boundaries to its
+    width with every further line indented by ``indent``; on a pipe one line."""
+    lead = " " * indent if first is None else first
+    if not on_terminal():
+        return lead + text
+    width = max(shutil.get_terminal_size((80, 24)).columns, indent + 20)
+    return (
+        textwrap.fill(
+            text,
+            width=width,
+            initial_indent=lead,
+            subsequent_indent=" " * indent,
+            break_on_hyphens=False,
+        )
+        or lead
+    )
+
+
+# --- the status report ------------------------------------------------------------------------------
+
+
+def print_status(report: dict[str, Any]) -> None:
+    """The status report for a person: a block per upstream, then the storefront."""
+    echo(f"procurd status at {utc(report['generated_at'])} UTC")
+    for upstream in report["upstreams"]:
+        echo()
+        echo(f"upstream {upstream['name']}: {'healthy' if upstream['healthy'] else 'NOT HEALTHY'}")
+        print_fields(_upstream_fields(upstream))
+    storefront = report["storefront"]
+    pending = storefront["events_pending"]
+    events = f"{count(pending, 'event')} pending" if pending else "no events pending"
+    webhook = "webhook" if storefront["webhook_configured"] else "no webhook (the storefront polls)"
+    echo()
+    echo(f"storefront: {webhook}; {events}")
+
+
+def _upstream_fields(upstream: dict[str, Any]) -> list[tuple[str, Any]]:
+    ping = upstream["last_ping"]
+    sync = upstream["last_sync"]
+    if ping["at"] is None:
+        ping_text = "never"
+    elif ping["ok"]:
+        ping_text = f"ok {when(ping['at'])}, {ping['latency_ms']} ms"
+    else:
+        ping_text = f"failed {when(ping['at'])}: {ping['error']}"
+    fields: list[tuple[str, Any]] = []
+    if upstream.get("site_name"):
+        fields.append(("site", f"{upstream['site_name']} ({upstream['base_url']})"))
+    fields.append(("last ping", ping_text))
+    balance = " ".join(str(part) for part in (ping["balance"], ping["currency"]) if part is not None)
+    fields.append(("balance", balance or "unknown (no successful ping yet)"))
+    auth = upstream.get("auth_error")
+    if auth:
+        fields.append(
+            ("auth error", f"{auth['code']} {when(auth['at'])}: run `procurd ping` for what to check")
+        )
+    if sync["at"] is None:
+        fields.append(("last sync", "never"))
+    else:
+        sync_text = f"{sync['status']} {when(sync['at'])}: {count(sync['products'] or 0, 'product')}, "
+        sync_text += count(sync["skus"] or 0, "SKU")
+        fields.append(("last sync", sync_text + (f" ({sync['error']})" if sync.get("error") else "")))
+    queue = upstream["queue"]
+    by_state = ", ".join(f"{state} {number}" for state, number in queue.items() if number)
+    fields.append(("procurements", by_state or "none"))
+    if queue.get("queued"):
+        fields.append(("oldest queued", f"{duration(upstream['oldest_queued_seconds'])} ago"))
+    open_exceptions = upstream["open_exceptions"]
+    fields.append(
+        ("exceptions", f"{count(open_exceptions, 'open exception')}: see `procurd exceptions list`"
+         if open_exceptions else "none open")
+    )  # fmt: skip
+    callbacks = upstream["callbacks"]
+    fields.append(("callbacks", f"{callbacks['accepted']} accepted, {callbacks['rejected']} rejected"))
+    return fields
