@@ -159,7 +159,6 @@ def test_request_limits_are_documented() -> None:
     excludes NUL, and the documented maxima are the server's own."""
     from procurd.core.intake import MAX_QUANTITY
     from procurd.core.numbers import MAX_ID
-
     from procurd.http.admin import MAX_PAGE
 
     document = load_document()
