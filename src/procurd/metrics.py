@@ -89,6 +89,15 @@ class Metrics:
             "procurd_catalog_last_sync_ok", "1 when the last catalogue sync pass succeeded.", ["upstream"],
             registry=r,
         )  # fmt: skip
+        self.exceptions = Gauge(
+            "procurd_exceptions",
+            "Open exceptions by upstream and reason.",
+            ["upstream", "reason"],
+            registry=r,
+        )
+        self.instances_alive = Gauge(
+            "procurd_instances_alive", "Instances whose heartbeat is recent (0: no daemon runs).", registry=r
+        )
         self.pending_events = Gauge(
             "procurd_storefront_events_pending", "Undelivered storefront events.", registry=r
         )
@@ -123,8 +132,10 @@ class Metrics:
         self.last_ping_timestamp.clear()
         self.last_sync_timestamp.clear()
         self.last_sync_ok.clear()
+        self.exceptions.clear()
         for upstream in report.get("upstreams", []):
             self._set_upstream(upstream)
+        self.instances_alive.set(sum(1 for instance in report.get("instances", []) if instance.get("alive")))
         storefront = report.get("storefront") or {}
         self.pending_events.set(int(storefront.get("events_pending", 0)))
 
@@ -134,6 +145,8 @@ class Metrics:
             self.queue_depth.labels(name, state).set(count)
         self.oldest_queued_seconds.labels(name).set(upstream.get("oldest_queued_seconds") or 0)
         self.upstream_healthy.labels(name).set(1 if upstream.get("healthy") else 0)
+        for reason, open_exceptions in (upstream.get("exceptions_by_reason") or {}).items():
+            self.exceptions.labels(name, reason).set(open_exceptions)
         ping = upstream.get("last_ping") or {}
         balance = _number(ping.get("balance"))
         if balance is not None:

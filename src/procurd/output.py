@@ -31,8 +31,10 @@ def echo(line: str = "") -> None:
 
 
 def count(number: int, noun: str) -> str:
-    """``1 exception``, ``2 exceptions``, ``0 exceptions``."""
-    return f"{number} {noun if number == 1 else noun + 's'}"
+    """``1 exception``, ``2 exceptions``, ``0 exceptions``; ``2 mismatches``."""
+    if number == 1:
+        return f"{number} {noun}"
+    return f"{number} {noun}{'es' if noun.endswith(('s', 'x', 'ch', 'sh')) else 's'}"
 
 
 def parse_time(value: str | datetime | None) -> datetime | None:
@@ -178,8 +180,24 @@ def wrapped(text: str, *, indent: int, first: str | None = None) -> str:
 
 
 def print_status(report: dict[str, Any]) -> None:
-    """The status report for a person: a block per upstream, then the storefront."""
+    """The status report for a person: the daemon, a block per upstream, then the storefront and alerts."""
     echo(f"procurd status at {utc(report['generated_at'])} UTC")
+    instances = report.get("instances") or []
+    alive = [instance for instance in instances if instance["alive"]]
+    if alive:
+        running = ", ".join(
+            f"{i['id']} (procurd {i['version']}, beat {when(i['heartbeat_at'])})" for i in alive
+        )
+        echo(f"daemon: running: {running}")
+    else:
+        last = max((i["heartbeat_at"] for i in instances), default=None)
+        seen = f"; last heartbeat {when(last)}" if last else "; none has ever run on this database"
+        echo(f"daemon: NOT RUNNING: no procurd daemon is alive{seen}. Orders are taken in but not procured")
+        echo("        until `procurd run` (systemctl start procurd) runs.")
+    for instance in instances:
+        if instance.get("down_at") and not instance["alive"]:
+            gone = when(instance["down_at"])
+            echo(f"        instance {instance['id']} went down without a clean shutdown {gone}")
     for upstream in report["upstreams"]:
         echo()
         echo(f"upstream {upstream['name']}: {'healthy' if upstream['healthy'] else 'NOT HEALTHY'}")
@@ -190,6 +208,20 @@ def print_status(report: dict[str, Any]) -> None:
     webhook = "webhook" if storefront["webhook_configured"] else "no webhook (the storefront polls)"
     echo()
     echo(f"storefront: {webhook}; {events}")
+    alerts = (report.get("alerts") or {}).get("last_24h", 0)
+    echo(
+        f"alerts: {count(alerts, 'alert')} in the last 24 h"
+        + (": see `procurd alerts list`" if alerts else "")
+    )
+    reconcile = report.get("last_reconcile")
+    if reconcile:
+        checked = count(reconcile["checked"], "order")
+        echo(
+            f"reconciliation: {reconcile['status']} {when(reconcile['at'])}: {checked} checked, "
+            f"{count(reconcile['mismatches'], 'mismatch')}, {reconcile['repaired']} repaired"
+        )
+    else:
+        echo("reconciliation: never run")
 
 
 def _upstream_fields(upstream: dict[str, Any]) -> list[tuple[str, Any]]:
@@ -206,6 +238,9 @@ def _upstream_fields(upstream: dict[str, Any]) -> list[tuple[str, Any]]:
         fields.append(("site", f"{upstream['site_name']} ({upstream['base_url']})"))
     fields.append(("last ping", ping_text))
     balance = " ".join(str(part) for part in (ping["balance"], ping["currency"]) if part is not None)
+    threshold = upstream.get("low_balance_threshold")
+    if balance and threshold:
+        balance += f" (alert below {threshold})"
     fields.append(("balance", balance or "unknown (no successful ping yet)"))
     auth = upstream.get("auth_error")
     if auth:
@@ -224,10 +259,16 @@ def _upstream_fields(upstream: dict[str, Any]) -> list[tuple[str, Any]]:
     if queue.get("queued"):
         fields.append(("oldest queued", f"{duration(upstream['oldest_queued_seconds'])} ago"))
     open_exceptions = upstream["open_exceptions"]
+    reasons = ", ".join(
+        f"{reason} {n}" for reason, n in sorted((upstream.get("exceptions_by_reason") or {}).items())
+    )
+    opened = count(open_exceptions, "open exception")
     fields.append(
-        ("exceptions", f"{count(open_exceptions, 'open exception')}: see `procurd exceptions list`"
-         if open_exceptions else "none open")
-    )  # fmt: skip
+        (
+            "exceptions",
+            f"{opened} ({reasons}): see `procurd exceptions list`" if open_exceptions else "none open",
+        )
+    )
     callbacks = upstream["callbacks"]
     fields.append(("callbacks", f"{callbacks['accepted']} accepted, {callbacks['rejected']} rejected"))
     return fields

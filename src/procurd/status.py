@@ -8,7 +8,7 @@ authentication failure was seen since: an auth error recorded by a worker stays 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import structlog
@@ -18,6 +18,8 @@ from procurd.config import UpstreamSettings
 from procurd.core.orders import iso
 from procurd.core.procurement import State
 from procurd.db.health_store import UpstreamHealth
+from procurd.db.instance_store import Instance
+from procurd.db.reconcile_store import ReconcileRun
 from procurd.db.stores import Tx
 from procurd.db.types import utcnow
 from procurd.logs import scrub
@@ -29,6 +31,7 @@ from procurd.watch import low_balance
 log = structlog.get_logger("procurd.status")
 
 QUEUE_STATES = tuple(state.value for state in State)
+ALIVE_BEATS = 3  # an instance is alive while its heartbeat is at most this many heartbeat_seconds old
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,22 +41,36 @@ class _Facts:
     health: dict[str, UpstreamHealth]
     events_pending: int
     syncs: dict[str, SyncReport | None]
+    exceptions: dict[str, dict[str, int]]
+    instances: list[Instance]
+    alerts_last_day: int
+    last_reconcile: ReconcileRun | None
 
 
-def _facts(tx: Tx, upstreams: list[str]) -> _Facts:
+def _facts(tx: Tx, upstreams: list[str], day_ago: datetime) -> _Facts:
     store = tx.procurements
     syncs = {}
     for name in upstreams:
         row = tx.mirror.last_run(name)
         syncs[name] = None if row is None else SyncReport.from_row(row)
-    return _Facts(store.queue_counts(), store.oldest_queued(), tx.health.all(), store.pending_events(), syncs)
+    return _Facts(
+        queue=store.queue_counts(),
+        oldest=store.oldest_queued(),
+        health=tx.health.all(),
+        events_pending=store.pending_events(),
+        syncs=syncs,
+        exceptions=store.exception_reasons(),
+        instances=tx.instances.all(),
+        alerts_last_day=tx.alerts.count_since(day_ago),
+        last_reconcile=tx.reconcile.last_finished(),
+    )
 
 
 async def status_report(runtime: Runtime) -> dict[str, Any]:
     """Per configured upstream: health, last ping and sync, queue depths, open exceptions, callbacks."""
     now = utcnow()
     names = [upstream.name for upstream in runtime.settings.upstreams]
-    facts = await runtime.database.read(_facts, names)
+    facts = await runtime.database.read(_facts, names, now - timedelta(days=1))
     upstreams = []
     for upstream in runtime.settings.upstreams:
         status = _upstream_status(
@@ -63,17 +80,52 @@ async def status_report(runtime: Runtime) -> dict[str, Any]:
         accepted, rejected = runtime.callbacks.pending(upstream.name)
         status["callbacks"]["accepted"] += accepted
         status["callbacks"]["rejected"] += rejected
+        status["exceptions_by_reason"] = facts.exceptions.get(upstream.name, {})
         upstreams.append(status)
     events_pending = facts.events_pending
+    stale_before = now - timedelta(seconds=ALIVE_BEATS * runtime.settings.server.heartbeat_seconds)
+    instances = [_instance(instance, stale_before) for instance in facts.instances]
     return {
         "ok": True,
         "generated_at": iso(now),
         "instance": runtime.instance,
+        "daemon_alive": any(instance["alive"] for instance in instances),
+        "instances": instances,
+        "alerts": {"last_24h": facts.alerts_last_day},
+        "last_reconcile": _last_reconcile(facts.last_reconcile),
         "upstreams": upstreams,
         "storefront": {
             "webhook_configured": bool(runtime.settings.storefront.webhook_url),
             "events_pending": events_pending,
         },
+    }
+
+
+def _instance(instance: Instance, stale_before: datetime) -> dict[str, Any]:
+    ended = instance.stopped_at is not None or instance.down_at is not None
+    return {
+        "id": instance.id,
+        "host": instance.host,
+        "pid": instance.pid,
+        "version": instance.version,
+        "started_at": iso(instance.started_at),
+        "heartbeat_at": iso(instance.heartbeat_at),
+        "alive": not ended and instance.heartbeat_at >= stale_before,
+        "stopped_at": iso(instance.stopped_at),
+        "down_at": iso(instance.down_at),
+    }
+
+
+def _last_reconcile(run: ReconcileRun | None) -> dict[str, Any] | None:
+    if run is None:
+        return None
+    return {
+        "at": iso(run.finished_at or run.started_at),
+        "status": run.status,
+        "checked": run.checked,
+        "mismatches": run.mismatches,
+        "repaired": run.repaired,
+        "errors": run.errors,
     }
 
 
@@ -90,6 +142,7 @@ def _upstream_status(
     return {
         "name": upstream.name,
         "base_url": upstream.base_url,
+        "low_balance_threshold": upstream.low_balance_threshold or None,
         "healthy": row.last_ping_ok is True and row.auth_error_code is None,
         "site_name": row.site_name,
         "protocol_version": row.protocol_version,
