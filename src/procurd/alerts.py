@@ -21,6 +21,7 @@ import structlog
 from procurd.background import Worker
 from procurd.config import AlertsSettings
 from procurd.core.alerts import ERRORS, RECOVERIES, Alert, Occurrence
+from procurd.core.orders import iso
 from procurd.core.procurement import ExceptionOpened
 from procurd.db.database import Database
 from procurd.db.errors import Conflict
@@ -111,6 +112,24 @@ class Alerts:
         return await self.database.read(lambda tx: tx.alerts.recent(page, page_size, kind))
 
 
+def alert_view(alert: Alert) -> dict[str, Any]:
+    """An alert as ``GET /api/v1/alerts`` shows it."""
+    return {
+        "kind": alert.kind.value,
+        "key": alert.key,
+        "subject": alert.subject,
+        "upstream": alert.upstream,
+        "message": alert.message,
+        "first_at": iso(alert.first_at),
+        "last_at": iso(alert.last_at),
+        "count": alert.count,
+        "unsent": alert.unsent,
+        "sent_at": iso(alert.sent_at),
+        "send_due_at": iso(alert.send_due_at),
+        "error": alert.error,
+    }
+
+
 @dataclass(frozen=True, slots=True)
 class SendResult:
     """What one URL did with one message."""
@@ -193,6 +212,34 @@ def _captured(capture: Any) -> str:
     with contextlib.suppress(Exception):
         return str(capture.getvalue()).strip()
     return ""
+
+
+async def reachability(urls: Sequence[str], timeout: float = 5.0) -> list[str | None]:
+    """For each URL, why it cannot be used (not an Apprise URL, or its host refuses a connection), or
+    ``None``. Nothing is sent."""
+    return list(await asyncio.gather(*(_reachable(url, timeout) for url in urls)))
+
+
+async def _reachable(url: str, timeout: float) -> str | None:
+    import apprise
+
+    notifier = apprise.Apprise()
+    if not notifier.add(url):
+        return "not a notification URL Apprise knows"
+    service = notifier[0]
+    host = getattr(service, "host", None)
+    if not host:
+        return None  # a service without a host of its own (e-mail through a provider, say)
+    secure = bool(getattr(service, "secure", False))
+    port = getattr(service, "port", None) or (443 if secure else 80)
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+    except (OSError, TimeoutError) as exc:
+        return f"{host}:{port} does not answer: {getattr(exc, 'strerror', None) or type(exc).__name__}"
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+    return None
 
 
 def shown_url(url: str) -> str:

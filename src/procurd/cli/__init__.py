@@ -4,6 +4,7 @@ from __future__ import annotations
 
 # Importing each module registers its commands on main.
 from procurd.cli import (  # noqa: F401
+    alerts,
     catalog,
     database,
     demo,

@@ -164,7 +164,28 @@ async def _check_clock(upstream: UpstreamSettings) -> Finding:
     return Finding(True, subject, detail)
 
 
-DOCTOR_CHECKS: list[DoctorCheck] = [check_configuration, check_database, check_upstreams]
+async def check_alert_urls(exam: Examination) -> list[Finding]:
+    """Each ``[alerts] urls`` entry is a notification URL Apprise knows, and its host answers a connection
+    (no message is sent: ``procurd alerts test`` sends one)."""
+    from procurd.alerts import reachability, shown_url
+
+    settings = exam.settings or exam.database_settings
+    if settings is None:
+        return []
+    urls = settings.alerts.urls
+    if not urls:
+        return [Finding(True, "alerts", "no [alerts] urls: alerts are recorded only (procurd alerts list)")]
+    findings = []
+    for url, problem in zip(urls, await reachability(urls), strict=True):
+        if problem is None:
+            findings.append(Finding(True, f"alerts {shown_url(url)}", "reachable"))
+        else:
+            fix = "correct the URL in [alerts] urls or check the network (`procurd alerts test` sends one)"
+            findings.append(Finding(False, f"alerts {shown_url(url)}", problem, fix))
+    return findings
+
+
+DOCTOR_CHECKS: list[DoctorCheck] = [check_configuration, check_database, check_upstreams, check_alert_urls]
 """What ``procurd doctor`` checks, in order; append a check here to add one."""
 
 

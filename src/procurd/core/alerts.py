@@ -32,6 +32,8 @@ class Kind(StrEnum):
     INSTANCE_DOWN = "instance_down"
 
 
+KINDS = tuple(kind.value for kind in Kind)
+
 # Kinds that mean something is broken now (logged at error level); the rest need a look (warning).
 ERRORS = frozenset(
     {Kind.UPSTREAM_UNHEALTHY, Kind.INSTANCE_DOWN, Kind.RECONCILE_MISMATCH, Kind.CALLBACKS_REJECTED}

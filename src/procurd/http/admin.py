@@ -15,6 +15,8 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 from prometheus_client.aiohttp import make_aiohttp_handler
 
+from procurd.alerts import alert_view
+from procurd.core.alerts import KINDS
 from procurd.core.exact import loads_exact
 from procurd.core.intake import CONFLICTS, MALFORMED, IntakeError, parse_order_request
 from procurd.core.numbers import MAX_ID, ORDER_NO_PATTERN
@@ -280,6 +282,18 @@ async def _admin_action(request: web.Request, procurement_id: int, event: Retry 
     )
 
 
+async def list_alerts(request: web.Request) -> web.Response:
+    """Recent alerts, the latest first: ``kind``, ``page``, ``page_size``."""
+    kind = _query_text(request, "kind")
+    if kind is not None and kind not in KINDS:
+        raise ApiError(400, "unknown_kind", f"no alert kind {kind!r} (known: {', '.join(KINDS)})")
+    page = _query_int(request, "page", 1, 1, MAX_PAGE)
+    page_size = _query_int(request, "page_size", DEFAULT_PAGE_SIZE, 1, MAX_PAGE_SIZE)
+    total, found = await request.app[RUNTIME].alerts.recent(page, page_size, kind)
+    items = [alert_view(alert) for alert in found]
+    return json_response({"ok": True, "items": items, "total": total, "page": page, "page_size": page_size})
+
+
 async def get_status(request: web.Request) -> web.Response:
     return json_response(await status_report(request.app[RUNTIME]))
 
@@ -345,6 +359,7 @@ def make_admin_app(runtime: Runtime) -> web.Application:
     router.add_post("/api/v1/exceptions/{id}/retry", retry_exception)
     router.add_post("/api/v1/exceptions/{id}/resolve", resolve_exception)
     router.add_get("/api/v1/status", get_status)
+    router.add_get("/api/v1/alerts", list_alerts)
     router.add_get("/metrics", metrics_handler(runtime))
     router.add_get(HEALTH_PATH, healthz)
     return app
