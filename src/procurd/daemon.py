@@ -32,6 +32,7 @@ from procurd.http.errors import listener_runner
 from procurd.http.public import make_public_app
 from procurd.procurement.poller import Poller
 from procurd.procurement.submitter import Submitter
+from procurd.reconcile import reconcile
 from procurd.runtime import Runtime
 from procurd.status import ping_upstream
 from procurd.systemd import Notifier
@@ -229,6 +230,16 @@ class Daemon:
                 await self.runtime.alerts.raise_(Occurrence(Kind.SYNC_FAILED, upstream, message, upstream))
 
         return job
+
+    async def _reconcile_job(self) -> None:
+        settings = self.settings.reconcile
+        await reconcile(
+            self.runtime.service,
+            self.runtime.clients,
+            self.runtime.alerts,
+            window_seconds=settings.window_seconds,
+            repair=settings.repair,
+        )
 
     async def _checks_job(self) -> None:
         """Orders stuck at the upstream."""

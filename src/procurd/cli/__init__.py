@@ -12,6 +12,7 @@ from procurd.cli import (  # noqa: F401
     exceptions,
     orders,
     ping,
+    reconcile,
     run,
     status,
 )

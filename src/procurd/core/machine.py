@@ -43,6 +43,7 @@ from procurd.core.procurement import (
     PollFailed,
     Procurement,
     Reason,
+    Reconciled,
     Resolve,
     Retry,
     State,
@@ -111,6 +112,8 @@ def _decide(
                 }
                 return Decision(p, "status_for_previous_number", detail)
             return _after_amount_fetch(p, event, _upstream_report(p, event, now, policy))
+        case Reconciled():
+            return _reconciled(p, event, now, policy)
         case PollClaim():
             return _poll_claim(p, event, now)
         case PollFailed():
@@ -499,6 +502,32 @@ def _refunded(known: Procurement, event: UpstreamReport, detail: dict[str, Any])
     if event.refunded_amount is not None:
         detail["refunded_amount"] = event.refunded_amount
     return Decision(refunded, "upstream_refunded", detail)
+
+
+def _reconciled(p: Procurement, event: Reconciled, now: datetime, policy: Policy) -> Decision:
+    report = event.report
+    detail: dict[str, Any] = {"status": report.status, "order_id": report.order_id}
+    if amount_differs(p, report.amount, report.currency) and p.state is not State.EXCEPTION:
+        detail.update(
+            amount=report.amount, currency=report.currency, recorded=p.amount, recorded_currency=p.currency
+        )
+        message = (
+            f"the upstream charged {report.amount} {report.currency or ''}, procurd recorded {p.amount} "
+            f"{p.currency or ''}"
+        ).replace("  ", " ")
+        return Decision(_exception(p, Reason.AMOUNT_MISMATCH, message=message), "amount_mismatch", detail)
+    after_delivery = report.status == CANCELED_STATUS or report.status in REFUNDED_STATUSES
+    if p.state is State.DELIVERED and after_delivery:
+        known = replace(p, upstream_status=report.status)
+        return _refunded(known, report, detail)
+    return _after_amount_fetch(p, report, _upstream_report(p, replace(report, polled=True), now, policy))
+
+
+def amount_differs(p: Procurement, amount: str | None, currency: str | None) -> bool:
+    """Whether the upstream's amount or currency contradicts the one recorded (unknown ones never do)."""
+    if amount is not None and p.amount is not None and Decimal(amount) != Decimal(p.amount):
+        return True
+    return currency is not None and p.currency is not None and currency != p.currency
 
 
 # --- polls ------------------------------------------------------------------------------------------------

@@ -34,6 +34,7 @@ class Source(StrEnum):
     CALLBACK = "callback"
     POLL = "poll"
     ADMIN = "admin"
+    RECONCILE = "reconcile"
 
 
 class Reason(StrEnum):
@@ -47,6 +48,7 @@ class Reason(StrEnum):
     CONFLICTING_CALLBACK = "conflicting_callback"
     STALE = "stale"
     UPSTREAM_ORDER_MISSING = "upstream_order_missing"
+    AMOUNT_MISMATCH = "amount_mismatch"
 
 
 # Upstream statuses (seed 000 part 3, plus what real sites report).
@@ -273,6 +275,18 @@ class UpstreamReport:
 
 
 @dataclass(frozen=True, slots=True)
+class Reconciled:
+    """Reconciliation read the upstream's order and found it disagrees with the procurement: apply it.
+
+    Beyond what a poll would do, an amount or currency that differs from the one recorded is an exception
+    ``amount_mismatch``, and an order refunded or canceled upstream after its delivery here is an exception
+    ``upstream_refunded`` (real upstreams send no callback for either).
+    """
+
+    report: UpstreamReport
+
+
+@dataclass(frozen=True, slots=True)
 class PollClaim:
     """A poller takes a due poll; the next one is pushed ``hold_seconds`` out until the answer comes."""
 
@@ -324,6 +338,7 @@ Event = (
     | SubmitRejected
     | SubmitUnavailable
     | UpstreamReport
+    | Reconciled
     | PollClaim
     | PollFailed
     | GiveUp

@@ -536,6 +536,25 @@ class ProcurementStore:
             spent[currency or ""] = spent.get(currency or "", Decimal(0)) + Decimal(amount)
         return spent
 
+    def reconcile_candidates(
+        self, since: datetime, upstream: str | None, include_settled: bool, limit: int
+    ) -> list[Procurement]:
+        """Procurements created since ``since`` that have an upstream order to compare: the unsettled ones
+        (queued, submitted, exception), and with ``include_settled`` the delivered, canceled and resolved
+        ones too."""
+        states = [State.QUEUED, State.SUBMITTED, State.EXCEPTION]
+        if include_settled:
+            states += [State.DELIVERED, State.CANCELED, State.RESOLVED]
+        conditions = [
+            procurements.c.created_at >= since,
+            procurements.c.upstream_order_id.is_not(None),
+            procurements.c.state.in_([state.value for state in states]),
+        ]
+        if upstream is not None:
+            conditions.append(procurements.c.upstream == upstream)
+        statement = select(procurements).where(*conditions).order_by(procurements.c.id).limit(limit)
+        return [to_procurement(row) for row in self.connection.execute(statement).mappings()]
+
     def stuck_without_alert(self, cutoff: datetime, limit: int = 500) -> list[Procurement]:
         """Submitted procurements waiting for delivery since before ``cutoff`` with no ``order_stuck`` alert
         raised since they were submitted."""

@@ -35,6 +35,7 @@ from procurd.http.errors import (
 from procurd.http.json_limits import json_problem, text_problem
 from procurd.procurement import cancel
 from procurd.procurement.service import DEFAULT_BULK_RETRY, MAX_BULK_RETRY
+from procurd.reconcile import runs_with_findings as _runs_with_findings
 from procurd.runtime import Runtime
 from procurd.status import refresh_metrics, status_report
 
@@ -294,6 +295,13 @@ async def list_alerts(request: web.Request) -> web.Response:
     return json_response({"ok": True, "items": items, "total": total, "page": page, "page_size": page_size})
 
 
+async def list_reconciliations(request: web.Request) -> web.Response:
+    """The last reconciliation passes (``limit``, 20 by default) with their findings."""
+    limit = _query_int(request, "limit", 20, 1, MAX_PAGE_SIZE)
+    runs = await request.app[RUNTIME].database.read(lambda tx: _runs_with_findings(tx, limit))
+    return json_response({"ok": True, "runs": runs})
+
+
 async def get_status(request: web.Request) -> web.Response:
     return json_response(await status_report(request.app[RUNTIME]))
 
@@ -360,6 +368,7 @@ def make_admin_app(runtime: Runtime) -> web.Application:
     router.add_post("/api/v1/exceptions/{id}/resolve", resolve_exception)
     router.add_get("/api/v1/status", get_status)
     router.add_get("/api/v1/alerts", list_alerts)
+    router.add_get("/api/v1/reconcile", list_reconciliations)
     router.add_get("/metrics", metrics_handler(runtime))
     router.add_get(HEALTH_PATH, healthz)
     return app

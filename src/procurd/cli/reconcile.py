@@ -1,0 +1,86 @@
+"""``procurd reconcile``: one reconciliation pass now, with its findings."""
+
+from __future__ import annotations
+
+import click
+
+from procurd.cli.base import CliState, common_options, main, pass_state
+from procurd.cli.orders import emit_json, json_option, open_runtime, run_command
+from procurd.config import Settings
+from procurd.output import Column, count, echo, print_table
+
+
+@main.command("reconcile")
+@click.option("--upstream", metavar="NAME", help="Only this upstream's orders.")
+@click.option(
+    "--window",
+    "window_seconds",
+    type=click.FloatRange(min=0, min_open=True),
+    metavar="SECONDS",
+    help="How far back to look (default: [reconcile] window_seconds).",
+)
+@click.option("--no-repair", is_flag=True, help="Only report what disagrees; change nothing.")
+@json_option
+@common_options
+@pass_state
+def reconcile_command(
+    state: CliState, upstream: str | None, window_seconds: float | None, no_repair: bool, as_json: bool
+) -> None:
+    """Compare every procurement in the window with the upstream's order (status, amount, currency); apply
+    what the upstream says through the normal state path unless --no-repair."""
+    settings = state.settings()
+    state.upstreams(upstream)  # a name that is not configured is a usage error
+    window = window_seconds or settings.reconcile.window_seconds
+    repair = settings.reconcile.repair and not no_repair
+    run_command(_reconcile(settings, upstream, window, repair, as_json), as_json)
+
+
+async def _reconcile(
+    settings: Settings, upstream: str | None, window: float, repair: bool, as_json: bool
+) -> None:
+    from procurd.reconcile import finding_view, reconcile
+
+    async with open_runtime(settings) as runtime:
+        report = await reconcile(
+            runtime.service,
+            runtime.clients,
+            runtime.alerts,
+            upstream=upstream,
+            window_seconds=window,
+            repair=repair,
+            trigger="manual",
+        )
+    findings = [finding_view(finding) for finding in report.findings]
+    if as_json:
+        emit_json(
+            {
+                "ok": True,
+                "run_id": report.run_id,
+                "checked": report.checked,
+                "mismatches": report.mismatches,
+                "repaired": report.repaired,
+                "errors": report.errors,
+                "findings": findings,
+            }
+        )
+        return
+    echo(
+        f"reconciliation {report.run_id}: {count(report.checked, 'order')} checked, "
+        f"{count(report.mismatches, 'mismatch')}, {report.repaired} repaired, "
+        f"{count(report.errors, 'upstream error')}" + ("" if repair else " (repair off)")
+    )
+    if findings:
+        rows = [
+            [
+                f["order_no"],
+                f["downstream_order_no"],
+                f["field"],
+                f["procurd"],
+                f["upstream_value"],
+                f["repair"],
+            ]
+            for f in findings
+        ]
+        columns = [Column("order"), Column("number"), Column("field"), Column("procurd"), Column("upstream"),
+                   Column("repair")]  # fmt: skip
+        print_table(columns, rows)
