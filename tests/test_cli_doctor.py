@@ -6,7 +6,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from procurd.cli.doctor import DOCTOR_CHECKS, check_configuration, check_database, check_upstreams
+from procurd.cli.doctor import (
+    DOCTOR_CHECKS,
+    check_alert_urls,
+    check_configuration,
+    check_database,
+    check_upstreams,
+)
 from procurd.sandbox import Sandbox, SandboxConfig
 from support import free_port, run_procurd
 
@@ -49,7 +55,7 @@ async def doctor(config: Path) -> tuple[int, list[str], str]:
 
 def test_the_checks_are_a_list_to_extend() -> None:
     """The checks doctor runs are one list of functions, in order (another check is appended there)."""
-    assert [check_configuration, check_database, check_upstreams] == DOCTOR_CHECKS
+    assert [check_configuration, check_database, check_upstreams, check_alert_urls] == DOCTOR_CHECKS
 
 
 async def test_a_ready_installation_passes(tmp_path: Path, database_url: str) -> None:
@@ -66,7 +72,8 @@ async def test_a_ready_installation_passes(tmp_path: Path, database_url: str) ->
     assert checks[2].startswith("✔ upstream main: authenticated at doctor site")
     assert checks[3] == "✔ upstream main balance: 1000.00 CNY"
     assert checks[4].startswith("✔ upstream main clock: this machine is ")
-    assert lines[-1] == "all 5 checks passed"
+    assert checks[5].startswith("✔ alerts: no [alerts] urls")
+    assert lines[-1] == "all 6 checks passed"
     assert err == ""
 
 
@@ -79,7 +86,7 @@ async def test_a_wrong_secret_fails_with_what_to_check(tmp_path: Path, database_
     [failure] = [index for index, line in enumerate(lines) if line.startswith("✗")]
     assert lines[failure] == "✗ upstream main: authentication failed: invalid_signature"
     assert lines[failure + 1].startswith("    → check api_secret of main")
-    assert lines[-1] == "1 check of 3 failed"
+    assert lines[-1] == "1 check of 4 failed"
     assert "wrong-secret-value" not in "\n".join(lines) + err
 
 
