@@ -186,9 +186,17 @@ async def send(urls: Sequence[str], title: str, body: str, error: bool = False) 
 
 
 async def _send_one(url: str, title: str, body: str, error: bool) -> SendResult:
+    shown = shown_url(url)
+    try:
+        return await _notify(url, shown, title, body, error)
+    except Exception as exc:  # noqa: BLE001 - the notifier library failing is this URL failing, not procurd
+        log.warning("alert.notifier_failed", url=shown, error=type(exc).__name__)
+        return SendResult(shown, False, f"the notifier failed: {type(exc).__name__}")
+
+
+async def _notify(url: str, shown: str, title: str, body: str, error: bool) -> SendResult:
     import apprise
 
-    shown = shown_url(url)
     notifier = apprise.Apprise()
     if not notifier.add(url):
         return SendResult(shown, False, "not a notification URL Apprise knows")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import signal
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import structlog
 from aiohttp import web
@@ -169,6 +169,12 @@ class Daemon:
                 f"catalog-sync:{name}", self._sync_job(name), self.settings.catalog.sync_interval_seconds, now
             )
             self._schedule(f"ping:{name}", self._ping_job(name), upstream.ping_interval_seconds, now)
+        checks_every = min(CHECKS_INTERVAL_SECONDS, self.settings.alerts.stuck_after_seconds / 4)
+        self._schedule("checks", self._checks_job, checks_every, now + timedelta(seconds=checks_every))
+        reconcile_every = self.settings.reconcile.interval_seconds
+        self._schedule(
+            "reconcile", self._reconcile_job, reconcile_every, now + timedelta(seconds=reconcile_every)
+        )
         self.scheduler.add_listener(self._job_failed, EVENT_JOB_ERROR)
         self.scheduler.start()
 
@@ -205,6 +211,9 @@ class Daemon:
 
     @staticmethod
     def _job_failed(event: JobExecutionEvent) -> None:
+        if isinstance(event.exception, asyncio.CancelledError):
+            log.info("job.cut_short", job=event.job_id)  # the daemon stops; the job runs again next time
+            return
         log.error("job.failed", job=event.job_id, error=repr(event.exception), exc_info=event.exception)
 
     def _sync_job(self, upstream: str) -> Callable[[], Awaitable[None]]:

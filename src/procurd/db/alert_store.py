@@ -106,16 +106,11 @@ class AlertStore:
         return None if row is None or row["lease_owner"] != owner else to_alert(row)
 
     def _store(self, alert: Alert) -> None:
-        values = dict(_values(alert), b_key=alert.key)
+        values = {name: value for name, value in _values(alert).items() if name != "key"}
         self.connection.execute(
             update(alerts)
-            .where(alerts.c.key == bindparam("b_key"))
-            .values(
-                {name: bindparam(name) for name in _FIELDS if name != "key"},
-                lease_owner=None,
-                lease_expires_at=None,
-            ),
-            values,
+            .where(alerts.c.key == alert.key)
+            .values(**values, lease_owner=None, lease_expires_at=None)
         )
 
     def recent(self, page: int, page_size: int, kind: str | None = None) -> tuple[int, list[Alert]]:
