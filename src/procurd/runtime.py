@@ -3,13 +3,17 @@ the command line."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 import structlog
 
+from procurd.catalog.pricing import RepriceReport, reprice_upstream
+from procurd.catalog.sync import SyncOptions, SyncReport, run_sync
 from procurd.config import Settings
 from procurd.db.database import Database, open_database
 from procurd.db.errors import DatabaseError
@@ -69,6 +73,7 @@ class Runtime:
     metrics: Metrics
     instance: str = field(default_factory=instance_id)
     callbacks: CallbackCounts = field(default_factory=CallbackCounts)
+    catalog_tasks: dict[str, asyncio.Task[Any]] = field(default_factory=dict)
 
     @classmethod
     def build(
@@ -114,10 +119,63 @@ class Runtime:
             self.callbacks.restore(counts)
             raise
 
+    async def sync_catalog(
+        self, upstream: str, *, full: bool = False, allow_mass_removal: bool = False
+    ) -> SyncReport:
+        """One catalogue pass of ``upstream`` as configured (what the daemon's scheduled job runs)."""
+        report = await run_sync(
+            self.database,
+            self.client(upstream),
+            upstream,
+            options=SyncOptions.from_settings(self.settings, upstream),
+            full=full,
+            allow_mass_removal=allow_mass_removal,
+            holder=self.instance,
+        )
+        catalogue_alerts(report)
+        return report
+
+    def start_catalog_sync(
+        self, upstream: str, *, full: bool = False, allow_mass_removal: bool = False
+    ) -> bool:
+        """Start a pass of ``upstream`` now in the background; False when this process runs one already."""
+        name = f"catalog-sync:{upstream}"
+        running = self.catalog_tasks.get(name)
+        if running is not None and not running.done():
+            return False
+        self._catalog_task(
+            name, self.sync_catalog(upstream, full=full, allow_mass_removal=allow_mass_removal)
+        )
+        return True
+
+    def start_catalog_reprice(self) -> None:
+        """Reprice every upstream's mirror from the configured rules in the background (at start-up)."""
+        self._catalog_task("catalog-reprice", self.reprice_catalogue())
+
+    async def reprice_catalogue(self) -> list[RepriceReport]:
+        reports = []
+        for upstream in self.settings.upstreams:
+            reports.append(
+                await reprice_upstream(
+                    self.database, upstream.name, self.settings.pricing, client=self.client(upstream.name)
+                )
+            )
+        return reports
+
+    def _catalog_task(self, name: str, work: Any) -> None:
+        task = asyncio.create_task(work, name=name)
+        self.catalog_tasks[name] = task
+        task.add_done_callback(_log_catalog_task)
+
     async def cancel_upstream(self, upstream: str, order_id: int) -> None:
         await self.clients[upstream].cancel_order(order_id)
 
     async def close(self) -> None:
+        tasks = [task for task in self.catalog_tasks.values() if not task.done()]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
         await self.service.close()
         try:
             await self.save_callback_counts()
@@ -126,3 +184,17 @@ class Runtime:
         for client in self.clients.values():
             await client.close()
         await self.database.close()
+
+
+def _log_catalog_task(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("catalog.task_failed", task=task.get_name(), error=repr(task.exception()))
+
+
+def catalogue_alerts(report: SyncReport) -> None:
+    """Where the alerts a catalogue pass calls for (``mass_removal_blocked``, ``price_held``) leave the
+    catalogue: logged here; delivery hooks in here."""
+    for alert in report.alerts():
+        log.warning(
+            "catalog.alert", kind=alert.kind, key=alert.key, subject=alert.subject, message=alert.message
+        )
