@@ -334,24 +334,24 @@ def _renew(tx: Tx, lease: _Lease, now: datetime) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
-class _ListedSku:
-    id: int
-    position: int  # in the product's ``skus``
+class _Changes:
+    """What a sync needs of a listed product that differs from the mirror: its decoded payload, its digest,
+    and each SKU's digest (None where the SKU's row is unchanged)."""
+
     digest: bytes
-    differs: bool
+    payload: dict[str, Any]
+    sku_digests: tuple[bytes | None, ...]
 
 
 @dataclass(frozen=True, slots=True)
 class _ListedProduct:
-    """A listed product, digested; its decoded payload is kept only when something of it differs from the
-    mirror (pages wait for the writer in this form)."""
+    """A listed product, digested as a whole; only one that differs from the mirror keeps its payload
+    (pages wait for the writer in this form)."""
 
     id: int
     category_id: int | None
-    digest: bytes
-    differs: bool
-    skus: tuple[_ListedSku, ...]
-    payload: dict[str, Any] | None
+    sku_ids: tuple[int, ...]
+    changes: _Changes | None = None
     problem: str | None = None
 
     @classmethod
@@ -362,24 +362,22 @@ class _ListedProduct:
         category = payload.get("category_id")
         category_id = category if type(category) is int else None
         sku_payloads = payload.get("skus") or ()
-        skus = []
+        sku_ids = tuple(sku["id"] for sku in sku_payloads)
         try:
             digest = product_digest(payload)
-            for position, sku in enumerate(sku_payloads):
-                sku_id: int = sku["id"]
-                digested = sku_digest(sku, identity)
-                skus.append(
-                    _ListedSku(sku_id, position, digested, snapshot["sku"].needs_write(sku_id, digested))
+            if not snapshot["product"].needs_write(identity, digest):
+                return cls(identity, category_id, sku_ids)
+            skus = snapshot["sku"]
+            sku_digests = tuple(
+                digested if skus.needs_write(sku_id, digested) else None
+                for sku_id, digested in zip(
+                    sku_ids, (sku_digest(sku, identity) for sku in sku_payloads), strict=True
                 )
-        except TypeError as exc:
-            ids = tuple(
-                _ListedSku(sku["id"], position, b"", False) for position, sku in enumerate(sku_payloads)
             )
+        except TypeError as exc:
             problem = f"product {identity} cannot be stored as JSON ({exc}): not mirrored"
-            return cls(identity, category_id, b"", False, ids, None, problem)
-        differs = snapshot["product"].needs_write(identity, digest)
-        keep = differs or any(sku.differs for sku in skus)
-        return cls(identity, category_id, digest, differs, tuple(skus), payload if keep else None)
+            return cls(identity, category_id, sku_ids, problem=problem)
+        return cls(identity, category_id, sku_ids, _Changes(digest, payload, sku_digests))
 
 
 @dataclass(frozen=True, slots=True)
@@ -389,7 +387,7 @@ class _FetchedPage:
 
     @property
     def rows(self) -> int:
-        return sum(1 + len(listed.skus) for listed in self.products)
+        return sum(1 + len(listed.sku_ids) for listed in self.products)
 
 
 class _Done:
@@ -825,22 +823,22 @@ class _SyncPass:
                     violation = self._rules.product_violation(listed.id, listed.category_id)
                     if violation is not None:
                         self._violation(violation)
-                fresh_skus = [sku for sku in listed.skus if self._first_listing("sku", sku.id, new_ids)]
-                if listed.problem is not None or listed.payload is None:
+                fresh_skus = [
+                    position
+                    for position, sku_id in enumerate(listed.sku_ids)
+                    if self._first_listing("sku", sku_id, new_ids)
+                ]
+                changes = listed.changes
+                if changes is None:
                     if listed.problem is not None:
-                        self._violation(listed.problem)
-                        self._not_mirrored("product", [listed.id], new_ids)
-                        self._not_mirrored("sku", [sku.id for sku in fresh_skus], new_ids)
+                        self._unusable(listed, listed.problem, fresh_skus, new_ids)
                     continue
-                if listed.differs:
-                    try:
-                        products.append(product_record(listed.payload, listed.digest))
-                    except IncompleteRecord as exc:
-                        self._violation(str(exc))
-                        self._not_mirrored("product", [listed.id], new_ids)
-                        self._not_mirrored("sku", [sku.id for sku in fresh_skus], new_ids)
-                        continue
-                skus.extend(self._changed_skus(listed, fresh_skus, new_ids))
+                try:
+                    products.append(product_record(changes.payload, changes.digest))
+                except IncompleteRecord as exc:
+                    self._unusable(listed, str(exc), fresh_skus, new_ids)
+                    continue
+                skus.extend(self._changed_skus(listed, changes, fresh_skus, new_ids))
         await self._write(
             [
                 diff_listed("product", products, self._snapshot["product"]),
@@ -850,6 +848,13 @@ class _SyncPass:
         self._totals.pages += len(pages)
         if self._progress is not None:
             self._progress(self._totals.pages, self._listing.pages_total)
+
+    def _unusable(
+        self, listed: _ListedProduct, problem: str, fresh_skus: Sequence[int], new_ids: dict[Entity, set[int]]
+    ) -> None:
+        self._violation(problem)
+        self._not_mirrored("product", [listed.id], new_ids)
+        self._not_mirrored("sku", [listed.sku_ids[position] for position in fresh_skus], new_ids)
 
     def _first_listing(self, entity: Entity, identity: int, new_ids: dict[Entity, set[int]]) -> bool:
         """Note that ``identity`` is listed; False when this pass already saw it (a shifted listing)."""
@@ -871,18 +876,23 @@ class _SyncPass:
                 self._listing.unmirrored[entity].add(identity)
 
     def _changed_skus(
-        self, listed: _ListedProduct, skus: Sequence[_ListedSku], new_ids: dict[Entity, set[int]]
+        self,
+        listed: _ListedProduct,
+        changes: _Changes,
+        fresh_skus: Sequence[int],
+        new_ids: dict[Entity, set[int]],
     ) -> list[Record]:
-        assert listed.payload is not None
-        payloads = listed.payload["skus"]
+        payloads = changes.payload["skus"]
         records = []
-        for sku in skus:
-            if sku.differs:
-                try:
-                    records.append(sku_record(payloads[sku.position], listed.id, sku.digest))
-                except IncompleteRecord as exc:
-                    self._violation(str(exc))
-                    self._not_mirrored("sku", [sku.id], new_ids)
+        for position in fresh_skus:
+            digest = changes.sku_digests[position]
+            if digest is None:
+                continue
+            try:
+                records.append(sku_record(payloads[position], listed.id, digest))
+            except IncompleteRecord as exc:
+                self._violation(str(exc))
+                self._not_mirrored("sku", [listed.sku_ids[position]], new_ids)
         return records
 
     async def _write(self, plans: Sequence[Plan]) -> None:

@@ -313,13 +313,14 @@ def digest_of(payload: Any, *implied: object) -> bytes:
     where it was listed (a SKU's product). Raises TypeError for values JSON cannot hold."""
     text = orjson.dumps(payload, default=_exact_default, option=orjson.OPT_SORT_KEYS)
     if implied:
-        text += "".join(f"\n{value}" for value in implied).encode()
+        text += ("\n" + "\n".join(map(str, implied))).encode()
     return hashlib.blake2b(text, digest_size=_DIGEST_BYTES).digest()
 
 
 def product_digest(payload: Mapping[str, Any]) -> bytes:
-    """The digest of a product's own fields (its SKUs are digested one by one)."""
-    return digest_of({key: value for key, value in payload.items() if key != "skus"})
+    """The digest of a product as listed, its SKUs included: when it matches the mirror's, neither the
+    product nor any of its SKUs needs a closer look."""
+    return digest_of(payload)
 
 
 def sku_digest(payload: Mapping[str, Any], product_id: int) -> bytes:

@@ -55,6 +55,7 @@ MIRROR_TABLES: dict[Entity, Table] = {
 }
 SNAPSHOT_PARTITION_ROWS = 2000
 IN_CHUNK = 500  # ids per IN (...) list
+SQLITE_MAX_VARIABLES = 8000  # bound values per multi-row INSERT (SQLite allows 32766)
 INTERRUPTED_ERROR = "interrupted: the process running this sync stopped before it finished"
 COMPLETE_STATUSES = ("ok", "suspicious")  # passes whose listing was complete
 
@@ -118,12 +119,18 @@ def _exact_default(value: Any) -> Any:
 
 
 class _Bulk:
-    """A Core statement compiled once per dialect into the driver's SQL, run as ``executemany`` on tuples
-    whose values are in the order of the statement's bind names ``p0, p1, ...``."""
+    """A Core statement compiled once per dialect into the driver's SQL, run on tuples whose values are in
+    the order of the statement's bind names ``p0, p1, ...``.
+
+    On SQLite an INSERT runs as multi-row ``VALUES`` statements: the driver releases the GIL for every
+    statement step, and one step per row makes a writer thread wait for the event loop at every row.
+    Elsewhere (and for other statements) it is one ``executemany``.
+    """
 
     def __init__(self, build: Callable[[], ClauseElement]) -> None:
         self._build = build
         self._compiled: dict[str, tuple[str, tuple[int, ...] | None]] = {}
+        self._multi_row: dict[int, str] = {}
 
     def _for(self, dialect: Dialect) -> tuple[str, tuple[int, ...] | None]:
         known = self._compiled.get(dialect.name)
@@ -141,7 +148,22 @@ class _Bulk:
         sql, order = self._for(connection.dialect)
         if order is not None:
             rows = [tuple(row[index] for index in order) for row in rows]
-        connection.exec_driver_sql(sql, list(rows))
+        if connection.dialect.name != "sqlite" or not sql.startswith("INSERT"):
+            connection.exec_driver_sql(sql, list(rows))
+            return
+        per_statement = max(1, SQLITE_MAX_VARIABLES // len(rows[0]))
+        for start in range(0, len(rows), per_statement):
+            chunk = rows[start : start + per_statement]
+            values = [value for row in chunk for value in row]
+            connection.exec_driver_sql(self._multi_row_sql(sql, len(chunk)), tuple(values))
+
+    def _multi_row_sql(self, sql: str, count: int) -> str:
+        known = self._multi_row.get(count)
+        if known is None:
+            head, _, group = sql.partition(" VALUES ")
+            known = f"{head} VALUES {', '.join([group] * count)}"
+            self._multi_row[count] = known
+        return known
 
 
 def _binds(count: int, start: int = 0) -> list[Any]:

@@ -19,6 +19,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    text,
 )
 
 from procurd.db.types import JsonDocument, Money, UtcDateTime
@@ -110,7 +111,14 @@ mirror_skus = Table(
     Column("price_held_at", UtcDateTime(), nullable=True),
     Column("held_cost", Money(), nullable=True),
     Index("ix_mirror_skus_product", "upstream", "product_id"),
-    Index("ix_mirror_skus_held", "upstream", "price_held_at"),
+    # Only held SKUs are indexed: the index costs nothing on the rows a sync inserts.
+    Index(
+        "ix_mirror_skus_held",
+        "upstream",
+        "price_held_at",
+        sqlite_where=text("price_held_at IS NOT NULL"),
+        postgresql_where=text("price_held_at IS NOT NULL"),
+    ),
 )
 
 mirror_changes = Table(

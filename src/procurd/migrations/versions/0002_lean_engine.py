@@ -77,7 +77,13 @@ def _upgrade_catalogue() -> None:
         batch_op.add_column(sa.Column("sell_currency", sa.String(length=16), nullable=True))
         batch_op.add_column(sa.Column("price_held_at", sa.DateTime(timezone=True), nullable=True))
         batch_op.add_column(sa.Column("held_cost", sa.String(length=40), nullable=True))
-        batch_op.create_index("ix_mirror_skus_held", ["upstream", "price_held_at"], unique=False)
+        batch_op.create_index(
+            "ix_mirror_skus_held",
+            ["upstream", "price_held_at"],
+            unique=False,
+            sqlite_where=sa.text("price_held_at IS NOT NULL"),
+            postgresql_where=sa.text("price_held_at IS NOT NULL"),
+        )
     with op.batch_alter_table("sync_runs") as batch_op:
         batch_op.add_column(sa.Column("kind", sa.String(length=16), nullable=False, server_default="full"))
         batch_op.add_column(sa.Column("updated_after", sa.DateTime(timezone=True), nullable=True))
