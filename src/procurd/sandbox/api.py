@@ -8,6 +8,7 @@ import re
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from decimal import Decimal
 from email.utils import formatdate
 from typing import TYPE_CHECKING, Any
@@ -101,6 +102,19 @@ def _query_int(request: web.Request, name: str, default: int) -> int:
         return int(raw)
     except ValueError:
         raise bad_request(f"{name} must be an integer") from None
+
+
+def _query_time(request: web.Request, name: str) -> datetime | None:
+    raw = request.query.get(name)
+    if not raw:
+        return None
+    try:
+        moment = datetime.fromisoformat(raw)
+    except ValueError:
+        raise bad_request(f"{name} must be an RFC 3339 time") from None
+    if moment.tzinfo is None:
+        raise bad_request(f"{name} must carry its offset (Z or +hh:mm)")
+    return moment
 
 
 class SignedApi:
@@ -273,7 +287,11 @@ class SignedApi:
         if page_size < 1:
             page_size = DEFAULT_PAGE_SIZE
         page_size = min(page_size, self.config.page_size_max)
-        listed = self.state.active_products()
+        since = _query_time(call.request, "updated_after")
+        if since is not None and self.config.honour_updated_after:
+            listed = self.state.updated_since(since)
+        else:
+            listed = self.state.active_products()
         start = (page - 1) * page_size
         items = b",".join(product.listing_json() for product in listed[start : start + page_size])
         tail = f'],"total":{len(listed)},"page":{page},"page_size":{page_size}}}'.encode()

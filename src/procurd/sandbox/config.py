@@ -39,3 +39,4 @@ class SandboxConfig:
     member_level: bool = True  # the API user has a member level (ping answers it; else null)
     max_body_bytes: int = 10 * 1024 * 1024
     inactive_products: int = 0  # inactive products generated on top of ``products``
+    honour_updated_after: bool = True  # GET /products?updated_after= lists only products updated since

@@ -50,6 +50,7 @@ CONFIG_KEYS: dict[str, type] = {
     "allow_private_callbacks": bool,
     "callback_timeout_seconds": float,
     "clock_offset_seconds": float,
+    "honour_updated_after": bool,
     "page_size_max": int,
     "site_name": str,
 }

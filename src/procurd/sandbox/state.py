@@ -8,6 +8,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any, TypeGuard
 from urllib.parse import urlsplit
@@ -280,6 +281,14 @@ class SandboxState:
             )
         return self._listing
 
+    def updated_since(self, moment: datetime) -> list[Product]:
+        """What GET /products?updated_after= lists: active products updated at or after ``moment``."""
+        return [
+            product
+            for product in self.active_products()
+            if datetime.fromisoformat(product.updated_at) >= moment
+        ]
+
     def visible_product(self, product_id: int) -> Product | None:
         """The product unless it does not exist or was removed."""
         if product_id in self.removed_products:
@@ -323,7 +332,7 @@ class SandboxState:
         if product_id not in self.products:
             raise KeyError(product_id)
         self.removed_products.discard(product_id)
-        self._listing = None
+        self._product_changed(self.products[product_id])
 
     def set_product_category(self, product_id: int, category_id: int) -> None:
         self.products[product_id].category_id = category_id
