@@ -55,7 +55,7 @@ MIRROR_TABLES: dict[Entity, Table] = {
 }
 SNAPSHOT_PARTITION_ROWS = 2000
 IN_CHUNK = 500  # ids per IN (...) list
-SQLITE_MAX_VARIABLES = 8000  # bound values per multi-row INSERT (SQLite allows 32766)
+SQLITE_VARIABLES_PER_STATEMENT = 2000  # bound values per multi-row INSERT (SQLite allows 32766)
 INTERRUPTED_ERROR = "interrupted: the process running this sync stopped before it finished"
 COMPLETE_STATUSES = ("ok", "suspicious")  # passes whose listing was complete
 
@@ -151,11 +151,17 @@ class _Bulk:
         if connection.dialect.name != "sqlite" or not sql.startswith("INSERT"):
             connection.exec_driver_sql(sql, list(rows))
             return
-        per_statement = max(1, SQLITE_MAX_VARIABLES // len(rows[0]))
-        for start in range(0, len(rows), per_statement):
-            chunk = rows[start : start + per_statement]
-            values = [value for row in chunk for value in row]
-            connection.exec_driver_sql(self._multi_row_sql(sql, len(chunk)), tuple(values))
+        # Whole groups only: one multi-row statement (and the single-row one for the rest) per table, so the
+        # driver's statement cache never fills with statements of every length.
+        per_statement = max(1, SQLITE_VARIABLES_PER_STATEMENT // len(rows[0]))
+        whole = len(rows) - len(rows) % per_statement
+        if whole:
+            grouped = self._multi_row_sql(sql, per_statement)
+            for start in range(0, whole, per_statement):
+                chunk = rows[start : start + per_statement]
+                connection.exec_driver_sql(grouped, tuple(value for row in chunk for value in row))
+        if whole < len(rows):
+            connection.exec_driver_sql(sql, list(rows[whole:]))
 
     def _multi_row_sql(self, sql: str, count: int) -> str:
         known = self._multi_row.get(count)
