@@ -817,12 +817,12 @@ class _SyncPass:
         skus: list[Record] = []
         for page in pages:
             for listed in page.products:
+                if listed.changes is None and listed.problem is None:
+                    self._unchanged(listed)
+                    continue
                 if not self._first_listing("product", listed.id, new_ids):
                     continue  # seen on an earlier page: the listing shifted under us
-                if listed.category_id is not None:
-                    violation = self._rules.product_violation(listed.id, listed.category_id)
-                    if violation is not None:
-                        self._violation(violation)
+                self._check_category(listed)
                 fresh_skus = [
                     position
                     for position, sku_id in enumerate(listed.sku_ids)
@@ -848,6 +848,22 @@ class _SyncPass:
         self._totals.pages += len(pages)
         if self._progress is not None:
             self._progress(self._totals.pages, self._listing.pages_total)
+
+    def _unchanged(self, listed: _ListedProduct) -> None:
+        """A product the mirror holds as listed, SKUs included: only noted as listed (and checked)."""
+        if not self._snapshot["product"].mark_listed(listed.id):
+            return  # seen on an earlier page: the listing shifted under us
+        counts = self._listing.counts
+        counts["product"] += 1
+        skus = self._snapshot["sku"]
+        counts["sku"] += sum(skus.mark_listed(sku_id) for sku_id in listed.sku_ids)
+        self._check_category(listed)
+
+    def _check_category(self, listed: _ListedProduct) -> None:
+        if listed.category_id is not None:
+            violation = self._rules.product_violation(listed.id, listed.category_id)
+            if violation is not None:
+                self._violation(violation)
 
     def _unusable(
         self, listed: _ListedProduct, problem: str, fresh_skus: Sequence[int], new_ids: dict[Entity, set[int]]

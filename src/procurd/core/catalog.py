@@ -236,6 +236,16 @@ class Snapshot:
     def __init__(self) -> None:
         self._entries: dict[int, bytes] = {}
 
+    @classmethod
+    def from_rows(cls, rows: Iterable[tuple[int, str, object]]) -> Snapshot:
+        """A snapshot of mirrored rows given as (id, hex digest, removed)."""
+        snapshot = cls()
+        snapshot._entries = {
+            identity: bytes.fromhex(content_hash + ("01" if removed else "00"))
+            for identity, content_hash, removed in rows
+        }
+        return snapshot
+
     def load(self, identity: int, digest: bytes, removed: bool) -> None:
         """Add a mirrored row (as the database holds it at the start of a pass)."""
         self._entries[identity] = digest + (b"\x01" if removed else b"\x00")

@@ -53,7 +53,6 @@ MIRROR_TABLES: dict[Entity, Table] = {
     "product": mirror_products,
     "sku": mirror_skus,
 }
-SNAPSHOT_PARTITION_ROWS = 2000
 IN_CHUNK = 500  # ids per IN (...) list
 SQLITE_VARIABLES_PER_STATEMENT = 2000  # bound values per multi-row INSERT (SQLite allows 32766)
 INTERRUPTED_ERROR = "interrupted: the process running this sync stopped before it finished"
@@ -116,6 +115,20 @@ def _exact_default(value: Any) -> Any:
     if isinstance(value, Decimal):
         return str(value)
     raise TypeError(f"{type(value).__name__} is not JSON")
+
+
+class _DriverSql:
+    """A Core statement compiled once per dialect into the driver's SQL (one positional parameter)."""
+
+    def __init__(self, statement: ClauseElement) -> None:
+        self._statement = statement
+        self._compiled: dict[str, str] = {}
+
+    def sql(self, dialect: Dialect) -> str:
+        known = self._compiled.get(dialect.name)
+        if known is None:
+            known = self._compiled[dialect.name] = str(self._statement.compile(dialect=dialect))
+        return known
 
 
 class _Bulk:
@@ -244,6 +257,14 @@ class _TableWrites:
 
 
 _WRITES = {entity: _TableWrites.of(entity, table) for entity, table in MIRROR_TABLES.items()}
+_SNAPSHOT_SQL = {
+    table.name: _DriverSql(
+        select(table.c.id, table.c.content_hash, table.c.removed_at.is_not(None)).where(
+            table.c.upstream == bindparam("upstream")
+        )
+    )
+    for table in MIRROR_TABLES.values()
+}
 _CHANGE_COLUMNS = (
     "upstream",
     "changed_at",
@@ -305,14 +326,9 @@ class MirrorStore:
         return {entity: self._table_snapshot(table, upstream) for entity, table in MIRROR_TABLES.items()}
 
     def _table_snapshot(self, table: Table, upstream: str) -> Snapshot:
-        statement = select(table.c.id, table.c.content_hash, table.c.removed_at.is_not(None)).where(
-            table.c.upstream == upstream
-        )
-        snapshot = Snapshot()
-        result = self.connection.execution_options(yield_per=SNAPSHOT_PARTITION_ROWS).execute(statement)
-        for identity, content_hash, removed in result:
-            snapshot.load(identity, bytes.fromhex(content_hash), bool(removed))
-        return snapshot
+        # Plain driver rows: a snapshot reads every row of the upstream, tens of thousands of them.
+        sql = _SNAPSHOT_SQL[table.name].sql(self.connection.dialect)
+        return Snapshot.from_rows(self.connection.exec_driver_sql(sql, (upstream,)))
 
     def known_rows(self, upstream: str, entity: Entity, ids: Collection[int]) -> KnownRows:
         """Tracked values (and a SKU's product) of the rows ``ids`` as stored now."""
