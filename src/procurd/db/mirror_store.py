@@ -8,6 +8,7 @@ no per-row SQLAlchemy processing runs. Nothing is read or written one row at a t
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -54,7 +55,7 @@ MIRROR_TABLES: dict[Entity, Table] = {
     "sku": mirror_skus,
 }
 IN_CHUNK = 500  # ids per IN (...) list
-SQLITE_VARIABLES_PER_STATEMENT = 2000  # bound values per multi-row INSERT (SQLite allows 32766)
+VARIABLES_PER_STATEMENT = 2000  # bound values per multi-row INSERT (SQLite and PostgreSQL allow 32766)
 INTERRUPTED_ERROR = "interrupted: the process running this sync stopped before it finished"
 COMPLETE_STATUSES = ("ok", "suspicious")  # passes whose listing was complete
 
@@ -135,15 +136,15 @@ class _Bulk:
     """A Core statement compiled once per dialect into the driver's SQL, run on tuples whose values are in
     the order of the statement's bind names ``p0, p1, ...``.
 
-    On SQLite an INSERT runs as multi-row ``VALUES`` statements: the driver releases the GIL for every
-    statement step, and one step per row makes a writer thread wait for the event loop at every row.
-    Elsewhere (and for other statements) it is one ``executemany``.
+    An INSERT runs as multi-row ``VALUES`` statements: on SQLite the driver releases the GIL for every
+    statement step, and one step per row makes the writer thread wait for the event loop at every row; on
+    PostgreSQL it saves the server a statement per row. Other statements are one ``executemany``.
     """
 
     def __init__(self, build: Callable[[], ClauseElement]) -> None:
         self._build = build
         self._compiled: dict[str, tuple[str, tuple[int, ...] | None]] = {}
-        self._multi_row: dict[int, str] = {}
+        self._multi_row: dict[tuple[str, int], str] = {}
 
     def _for(self, dialect: Dialect) -> tuple[str, tuple[int, ...] | None]:
         known = self._compiled.get(dialect.name)
@@ -158,31 +159,47 @@ class _Bulk:
     def run(self, connection: Connection, rows: Sequence[tuple[Any, ...]]) -> None:
         if not rows:
             return
-        sql, order = self._for(connection.dialect)
+        dialect = connection.dialect
+        sql, order = self._for(dialect)
         if order is not None:
             rows = [tuple(row[index] for index in order) for row in rows]
-        if connection.dialect.name != "sqlite" or not sql.startswith("INSERT"):
+        if not sql.startswith("INSERT"):
             connection.exec_driver_sql(sql, list(rows))
             return
         # Whole groups only: one multi-row statement (and the single-row one for the rest) per table, so the
-        # driver's statement cache never fills with statements of every length.
-        per_statement = max(1, SQLITE_VARIABLES_PER_STATEMENT // len(rows[0]))
+        # drivers' statement caches never fill with statements of every length.
+        width = len(rows[0])
+        per_statement = max(1, VARIABLES_PER_STATEMENT // width)
         whole = len(rows) - len(rows) % per_statement
         if whole:
-            grouped = self._multi_row_sql(sql, per_statement)
+            grouped = self._multi_row_sql(dialect.name, sql, per_statement, width)
             for start in range(0, whole, per_statement):
                 chunk = rows[start : start + per_statement]
                 connection.exec_driver_sql(grouped, tuple(value for row in chunk for value in row))
         if whole < len(rows):
             connection.exec_driver_sql(sql, list(rows[whole:]))
 
-    def _multi_row_sql(self, sql: str, count: int) -> str:
-        known = self._multi_row.get(count)
+    def _multi_row_sql(self, dialect: str, sql: str, count: int, width: int) -> str:
+        known = self._multi_row.get((dialect, count))
         if known is None:
             head, _, group = sql.partition(" VALUES ")
-            known = f"{head} VALUES {', '.join([group] * count)}"
-            self._multi_row[count] = known
+            if "$1" in group:  # numbered placeholders ($1, $2 ...): each group takes the next numbers
+                groups = [_renumbered(group, row * width) for row in range(count)]
+            else:
+                groups = [group] * count
+            known = f"{head} VALUES {', '.join(groups)}"
+            self._multi_row[(dialect, count)] = known
         return known
+
+
+_NUMBERED = re.compile(r"\$(\d+)")
+
+
+def _renumbered(group: str, shift: int) -> str:
+    def renumber(found: re.Match[str]) -> str:
+        return f"${int(found[1]) + shift}"
+
+    return _NUMBERED.sub(renumber, group)
 
 
 def _binds(count: int, start: int = 0) -> list[Any]:
