@@ -100,6 +100,11 @@ class PricingRule:
     rounding: Rounding = field(default_factory=lambda: Rounding(CENT))
     currency: str = ""
     exclude: bool = False
+    multiplier: Decimal = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        factor = _EXACT.add(1, _EXACT.divide(self.markup_percent, _HUNDRED))
+        object.__setattr__(self, "multiplier", _EXACT.multiply(self.exchange_rate, factor))
 
     @property
     def label(self) -> str:

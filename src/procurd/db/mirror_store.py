@@ -13,6 +13,7 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
+from itertools import chain
 from typing import Any
 
 import orjson
@@ -55,6 +56,7 @@ MIRROR_TABLES: dict[Entity, Table] = {
     "sku": mirror_skus,
 }
 IN_CHUNK = 500  # ids per IN (...) list
+ROWS_PER_FETCH = 2000
 VARIABLES_PER_STATEMENT = 2000  # bound values per multi-row INSERT (SQLite and PostgreSQL allow 32766)
 INTERRUPTED_ERROR = "interrupted: the process running this sync stopped before it finished"
 COMPLETE_STATUSES = ("ok", "suspicious")  # passes whose listing was complete
@@ -345,7 +347,8 @@ class MirrorStore:
     def _table_snapshot(self, table: Table, upstream: str) -> Snapshot:
         # Plain driver rows: a snapshot reads every row of the upstream, tens of thousands of them.
         sql = _SNAPSHOT_SQL[table.name].sql(self.connection.dialect)
-        return Snapshot.from_rows(self.connection.exec_driver_sql(sql, (upstream,)))
+        result = self.connection.exec_driver_sql(sql, (upstream,))
+        return Snapshot.from_rows(chain.from_iterable(result.partitions(ROWS_PER_FETCH)))
 
     def known_rows(self, upstream: str, entity: Entity, ids: Collection[int]) -> KnownRows:
         """Tracked values (and a SKU's product) of the rows ``ids`` as stored now."""
@@ -409,7 +412,7 @@ class MirrorStore:
         categories: dict[int, int] = {}
         skus: list[SkuFacts] = []
         for condition in self._product_conditions(product_ids):
-            product_rows = self.connection.execute(
+            product_rows = self._driver_rows(
                 select(
                     mirror_products.c.id,
                     mirror_products.c.category_id,
@@ -423,7 +426,7 @@ class MirrorStore:
             for identity, category_id, price, currency in product_rows:
                 products[identity] = ProductFacts(identity, price, currency)
                 categories[identity] = category_id
-            sku_rows = self.connection.execute(
+            sku_rows = self._driver_rows(
                 select(
                     mirror_skus.c.id,
                     mirror_skus.c.product_id,
@@ -451,6 +454,16 @@ class MirrorStore:
                     )
                 )
         return skus, products
+
+    def _driver_rows(self, statement: Any) -> Iterable[Any]:
+        """Rows as the driver returns them (plain tuples: repricing reads every SKU of an upstream)."""
+        compiled = statement.compile(
+            dialect=self.connection.dialect, compile_kwargs={"render_postcompile": True}
+        )
+        values = compiled.params
+        parameters = tuple(values[name] for name in compiled.positiontup or ())
+        result = self.connection.exec_driver_sql(str(compiled), parameters)
+        return chain.from_iterable(result.partitions(ROWS_PER_FETCH))
 
     @staticmethod
     def _product_conditions(product_ids: Collection[int] | None) -> Iterator[Callable[[Any], Any]]:
