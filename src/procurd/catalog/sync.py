@@ -491,8 +491,9 @@ class _SyncPass:
         self._removals_blocked = 0
         self._blocked_reason: str | None = None
         self._new_holds: tuple[NewHold, ...] = ()
-        # Pages fetched but not yet stored: bounded, so memory does not grow when fetching outpaces writing.
-        self._window = asyncio.Semaphore(max(2, options.concurrency))
+        # Pages being fetched or waiting to be stored: bounded, so memory does not grow when fetching outpaces
+        # writing, yet wide enough that fetching goes on while the writer stores a batch.
+        self._window = asyncio.Semaphore(max(2, 2 * options.concurrency))
 
     @property
     def _page_size(self) -> int:
