@@ -59,8 +59,8 @@ async def sync(runtime: Runtime) -> SyncReport:
     return report
 
 
-def expected(cost: str) -> str:
-    return str((Decimal(cost) * MARKUP).quantize(Decimal("0.01"), rounding=ROUND_CEILING))
+def expected(cost: str, markup: Decimal = MARKUP) -> str:
+    return str((Decimal(cost) * markup).quantize(Decimal("0.01"), rounding=ROUND_CEILING))
 
 
 async def rows(database: Database, table: Any) -> dict[int, dict[str, Any]]:
@@ -181,6 +181,32 @@ async def test_held_sku_keeps_its_price_through_later_passes_and_repricing(
     row = (await rows(runtime.database, mirror_skus))[sku.id]
     assert row["sell_price"] == held_price
     assert [hold["sku_id"] for hold in await holds(runtime.database)] == [sku.id]
+
+
+async def test_changed_rules_are_applied_at_start_up(database_url: str, sandbox: Sandbox) -> None:
+    """A runtime started with other rules (a daemon after a configuration change) reprices the mirror in
+    the background without fetching, and logs each change."""
+    first = Runtime.build(settings(database_url, sandbox))
+    try:
+        await sync(first)
+    finally:
+        await first.close()
+    requests = sandbox.request_counts["products"]
+    later = Runtime.build(settings(database_url, sandbox, rules=[{"markup_percent": "50"}]))
+    try:
+        later.start_catalog_reprice()
+
+        async def repriced() -> bool:
+            skus = await rows(later.database, mirror_skus)
+            return all(
+                row["sell_price"] == expected(row["price_amount"], Decimal("1.5")) for row in skus.values()
+            )
+
+        await wait_until(repriced)
+        assert sandbox.request_counts["products"] == requests
+        assert len(await price_changes(later.database)) > 0
+    finally:
+        await later.close()
 
 
 async def test_start_of_a_pass_through_the_admin_api(runtime: Runtime, sandbox: Sandbox) -> None:
