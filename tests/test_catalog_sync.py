@@ -218,6 +218,23 @@ async def test_first_sync_mirrors_exactly_what_the_sandbox_lists(
     assert category_row["is_active"] is True
 
 
+async def test_first_pass_logs_no_additions_and_later_ones_do(
+    database: Database, sandbox: Sandbox, client: UpstreamClient
+) -> None:
+    """The first pass of an upstream writes no change rows (a storefront loads the tables); a product added
+    afterwards is logged as added, with its SKU."""
+    first = await sync(database, client)
+    assert first.added == first.rows_written > 0
+    assert await count(database, mirror_changes) == 0
+    added = sandbox.state.add_product(title="New")
+    report = await sync(database, client)
+    sku_id = sandbox.state.product(added).skus[0].id
+    assert await changes(database, report.run_id) == [
+        ("product", added, "added", None, None, None),
+        ("sku", sku_id, "added", None, None, None),
+    ]
+
+
 async def test_fields_beyond_the_seed_are_kept_in_extra(
     database: Database, sandbox: Sandbox, client: UpstreamClient
 ) -> None:
