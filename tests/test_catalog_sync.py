@@ -235,6 +235,25 @@ async def test_first_pass_logs_no_additions_and_later_ones_do(
     ]
 
 
+async def test_unusable_sku_is_reported_on_every_pass_and_never_removed(
+    database: Database, sandbox: Sandbox, client: UpstreamClient
+) -> None:
+    """A SKU whose field does not fit its column is left out and reported by every pass, while its
+    product and the other SKUs are mirrored; an unchanged second pass writes nothing."""
+    product = sandbox.state.product(11)
+    broken = product.skus[0]
+    broken.sku_code = 12345  # type: ignore[assignment]
+    problem = f"sku {broken.id} has a sku_code that is not text of up to 255: not mirrored"
+    first = await sync(database, client)
+    second = await sync(database, client)
+    for report in (first, second):
+        assert report.status == "ok"
+        assert problem in report.violations
+    assert second.rows_written == 0
+    assert await rows(database, mirror_skus, id=broken.id) == []
+    assert (await one(database, mirror_products, 11))["removed_at"] is None
+
+
 async def test_fields_beyond_the_seed_are_kept_in_extra(
     database: Database, sandbox: Sandbox, client: UpstreamClient
 ) -> None:

@@ -365,9 +365,11 @@ class _ListedProduct:
         sku_ids = tuple(sku["id"] for sku in sku_payloads)
         try:
             digest = product_digest(payload)
-            if not snapshot["product"].needs_write(identity, digest):
-                return cls(identity, category_id, sku_ids)
             skus = snapshot["sku"]
+            # A SKU the mirror lacks (one it could not store) sends the product down the long way, so the
+            # reason is reported again on every pass.
+            if not snapshot["product"].needs_write(identity, digest) and all(map(skus.live, sku_ids)):
+                return cls(identity, category_id, sku_ids)
             sku_digests = tuple(
                 digested if skus.needs_write(sku_id, digested) else None
                 for sku_id, digested in zip(
@@ -678,7 +680,7 @@ class _SyncPass:
             return_exceptions=True,
         )
         self._snapshot = _outcome(snapshot)
-        self._live_products = self._snapshot["product"].live()
+        self._live_products = self._snapshot["product"].live_count()
         first_page = _outcome(first)
         ignored = self._plan.kind == "incremental" and self._upstream_ignores_filter(first_page, first=True)
         if ignored and self._options.incremental == "auto":

@@ -267,6 +267,11 @@ class Snapshot:
         entry = self._entries.get(identity)
         return entry is not None and bool(entry[_DIGEST_BYTES] & _REMOVED)
 
+    def live(self, identity: int) -> bool:
+        """Whether the mirror holds this id and does not mark it removed."""
+        entry = self._entries.get(identity)
+        return entry is not None and not entry[_DIGEST_BYTES] & _REMOVED
+
     def listed(self, identity: int) -> bool:
         """Whether the upstream listed this id during the current pass."""
         entry = self._entries.get(identity)
@@ -299,7 +304,7 @@ class Snapshot:
         entry = self._entries[identity]
         self._entries[identity] = entry[:_DIGEST_BYTES] + bytes((entry[_DIGEST_BYTES] | _REMOVED,))
 
-    def live(self) -> int:
+    def live_count(self) -> int:
         """Rows not marked removed."""
         return sum(1 for entry in self._entries.values() if not entry[_DIGEST_BYTES] & _REMOVED)
 
