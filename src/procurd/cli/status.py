@@ -54,7 +54,8 @@ def _health_row(upstream: dict[str, Any]) -> list[Any]:
     if sync["at"] is None:
         sync_text = "never"
     else:
-        sync_text = f"{sync['status']} at {sync['at']}: {sync['products']} products, {sync['skus']} SKUs"
+        counts = f"{sync['products']} products, {sync['skus']} SKUs"
+        sync_text = f"{sync['status']} ({sync['kind']}) at {sync['at']}: {counts}"
         if sync.get("error"):
             sync_text += f" ({sync['error']})"
     balance = " ".join(str(part) for part in (ping["balance"], ping["currency"]) if part is not None)
