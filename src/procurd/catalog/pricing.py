@@ -8,7 +8,7 @@ instances, or a pass and a release, never write prices computed from costs that 
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -179,15 +179,22 @@ async def release_hold(
     now = utcnow()
 
     def release(tx: Tx) -> ReleasedHold | None:
-        product_id = tx.mirror.release_hold(upstream, sku_id)
+        product_id = tx.mirror.product_of_sku(upstream, sku_id)
         if product_id is None:
             return None
-        repricing = reprice_products(tx, upstream, pricing, [product_id], now=now)
+        # The product's rows are locked first, in the order every repricing locks them.
+        skus, products = tx.mirror.pricing_facts(upstream, [product_id])
+        held = next((sku for sku in skus if sku.id == sku_id and sku.held), None)
+        if held is None:
+            return None
+        tx.mirror.release_hold(upstream, sku_id)
+        skus = [replace(sku, held=False) if sku.id == sku_id else sku for sku in skus]
+        repricing = reprice(upstream, skus, products, pricing)
+        tx.mirror.write_prices(upstream, repricing, run_id=None, now=now)
         price = next((sku for sku in repricing.skus if sku.id == sku_id), None)
         if price is not None:
             return ReleasedHold(upstream, sku_id, price.sell_price, price.sell_currency)
-        kept = tx.mirror.sku_price(upstream, sku_id)
-        return ReleasedHold(upstream, sku_id, *kept)
+        return ReleasedHold(upstream, sku_id, held.sell_price, held.sell_currency)
 
     released = await database.write(release)
     if released is not None:

@@ -517,19 +517,20 @@ class MirrorStore:
         if log:
             self.log_changes(upstream, repricing.changes, run_id=run_id, now=now)
 
-    def release_hold(self, upstream: str, sku_id: int) -> int | None:
-        """Clear the hold of a SKU; its product's id, or None when the SKU is not held."""
-        row = self.connection.execute(
+    def product_of_sku(self, upstream: str, sku_id: int) -> int | None:
+        statement = select(mirror_skus.c.product_id).where(
+            mirror_skus.c.upstream == upstream, mirror_skus.c.id == sku_id
+        )
+        value = self.connection.execute(statement).scalar()
+        return None if value is None else int(value)
+
+    def release_hold(self, upstream: str, sku_id: int) -> None:
+        """Clear the hold of a SKU (lock it first with :meth:`pricing_facts`)."""
+        self.connection.execute(
             update(mirror_skus)
-            .where(
-                mirror_skus.c.upstream == upstream,
-                mirror_skus.c.id == sku_id,
-                mirror_skus.c.price_held_at.is_not(None),
-            )
+            .where(mirror_skus.c.upstream == upstream, mirror_skus.c.id == sku_id)
             .values(price_held_at=None, held_cost=None)
-            .returning(mirror_skus.c.product_id)
-        ).first()
-        return None if row is None else int(row[0])
+        )
 
     def holds(self, upstream: str | None = None) -> list[RowMapping]:
         """Held SKUs (of one upstream, or of all), oldest hold first."""
@@ -565,15 +566,6 @@ class MirrorStore:
     def product_ids(self, upstream: str) -> list[int]:
         statement = select(mirror_products.c.id).where(mirror_products.c.upstream == upstream)
         return list(self.connection.execute(statement).scalars())
-
-    def sku_price(self, upstream: str, sku_id: int) -> tuple[str | None, str | None]:
-        """A SKU's selling price and currency as stored."""
-        row = self.connection.execute(
-            select(mirror_skus.c.sell_price, mirror_skus.c.sell_currency).where(
-                mirror_skus.c.upstream == upstream, mirror_skus.c.id == sku_id
-            )
-        ).one()
-        return row[0], row[1]
 
     def category_ids(self, upstream: str) -> set[int]:
         """Ids of ``upstream``'s categories the upstream still lists."""
