@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -252,6 +252,19 @@ async def test_unusable_sku_is_reported_on_every_pass_and_never_removed(
     assert second.rows_written == 0
     assert await rows(database, mirror_skus, id=broken.id) == []
     assert (await one(database, mirror_products, 11))["removed_at"] is None
+
+
+async def test_unusable_category_is_reported_and_not_removed(
+    database: Database, sandbox: Sandbox, client: UpstreamClient
+) -> None:
+    """A category whose field does not fit its column is reported by the pass and stays as mirrored
+    before: listed, it is not removed."""
+    await sync(database, client)
+    sandbox.state.categories[3].sort_order = "first"  # type: ignore[assignment]
+    report = await sync(database, client, full=True)
+    assert "category 3 has a sort_order that is not an integer: not mirrored" in report.violations
+    assert (report.status, report.removed) == ("ok", 0)
+    assert (await one(database, mirror_categories, 3))["removed_at"] is None
 
 
 async def test_fields_beyond_the_seed_are_kept_in_extra(
@@ -554,7 +567,9 @@ async def test_losing_the_lease_fails_the_sync_before_it_writes(
     await eventually(lease_taken)
     await database.write(
         lambda tx: tx.connection.execute(
-            update(leases_table).where(leases_table.c.name == LEASE).values(holder="thief:1")
+            update(leases_table)
+            .where(leases_table.c.name == LEASE)
+            .values(holder="thief:1", expires_at=utcnow() + timedelta(seconds=60))
         )
     )
 

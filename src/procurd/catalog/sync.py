@@ -727,17 +727,21 @@ class _SyncPass:
 
     async def _sync_categories(self, categories: Sequence[dict[str, Any]]) -> None:
         records: dict[int, Record] = {}
+        listed: set[int] = set()
         for payload in categories:
             identity = payload["id"]
-            if identity in records:
+            if identity in listed:
                 continue
+            # Listed counts whether or not it can be stored: an unusable category is never removed for it.
+            listed.add(identity)
+            self._snapshot["category"].mark_listed(identity)
             try:
                 records[identity] = category_record(payload, digest_of(payload))
-            except (IncompleteRecord, TypeError) as exc:
-                self._violation(f"category {identity}: {exc}")
-        for identity in records:
-            self._snapshot["category"].mark_listed(identity)
-        self._listing.counts["category"] = len(records)
+            except IncompleteRecord as exc:
+                self._violation(str(exc))
+            except TypeError as exc:
+                self._violation(f"category {identity} cannot be stored as JSON ({exc}): not mirrored")
+        self._listing.counts["category"] = len(listed)
         self._rules = CategoryRules.from_records(records.values())
         for violation in self._rules.category_violations():
             self._violation(violation)
