@@ -1,13 +1,14 @@
 """Benchmark of ``procurd catalog sync`` against the sandbox upstream.
 
 The sandbox (10,000 products x 3 SKUs by default, rate limit off) runs in a child process so it does not
-share this process's event loop or CPU. In this process, in order: one untimed warm-up fetch, a timed
-fetch-only pass (every page fetched and parsed by the same client with the same concurrency, nothing
-stored), the first sync into an empty database, an immediate second sync, and a second fetch-only pass.
-Prints the figures and checks them against the targets; exits 1 when a target is missed.
+share this process's event loop. In this process, in order: one untimed warm-up fetch, a timed fetch-only
+pass, the first sync into an empty database, an immediate (unchanged) second sync, and a second fetch-only
+pass. The fetch-only baseline is the same pages fetched and JSON-decoded by the same client with the same
+concurrency (what a sync does before it compares anything), nothing stored; the ratios use the faster of its
+two runs. Prints measured figures, ratios and the aims beside them; it does not pass or fail.
 
     python benchmarks/catalog_sync.py [--products 10000] [--database-url postgresql+asyncpg://...]
-                                      [--upstream-latency-ms 0]
+                                      [--upstream-latency-ms 0] [--with-pricing]
 
 Peak RSS is ``ru_maxrss`` of this process only: the sandbox and the schema migration (what
 ``procurd db upgrade`` does before the daemon starts) run in child processes and are not counted.
@@ -20,6 +21,7 @@ import asyncio
 import math
 import multiprocessing
 import multiprocessing.connection
+import os
 import resource
 import sys
 import tempfile
@@ -32,9 +34,9 @@ from typing import Any, TypeVar
 API_KEY = "bench-key"
 API_SECRET = "bench-secret-0123456789"
 UPSTREAM = "bench"
-TARGET_RATIO = 1.2
-TARGET_SECOND_FRACTION = 1 / 3
-TARGET_RSS_MB = 100.0
+AIM_FIRST_RATIO = 1.5
+AIM_SECOND_RATIO = 1.2
+AIM_RSS_MB = 90.0
 
 T = TypeVar("T")
 
@@ -73,16 +75,15 @@ def _serve_sandbox(
 
 def _migrate(database_url: str) -> None:
     """Child process: create the schema, as ``procurd db upgrade`` would before the daemon starts."""
-    from procurd.db.engine import create_engine
-
     from procurd.db import migrate
+    from procurd.db.database import open_database
 
     async def upgrade() -> None:
-        engine = create_engine(database_url)
+        database = open_database(database_url)
         try:
-            await migrate.upgrade(engine)
+            await migrate.upgrade(database)
         finally:
-            await engine.dispose()
+            await database.close()
 
     asyncio.run(upgrade())
 
@@ -107,37 +108,46 @@ class Figures:
     sync: Phase
     second_sync: Phase
     first_rows: int
+    first_changes: int
     second_rows: int
     products: int
     skus: int
     pages: int
+    rss_before_mb: float
     peak_rss_mb: float
+    priced: bool
 
 
 async def fetch_only(client: Any, page_size: int, concurrency: int) -> int:
-    """Fetch and parse every page exactly as a sync does, storing nothing; returns the products seen."""
+    """Fetch and decode every page as a sync does, storing nothing; returns the products seen."""
     from procurd.upstream.ratelimit import Priority
 
-    await client.categories(priority=Priority.CATALOG)
-    first = await client.products(1, page_size, priority=Priority.CATALOG)
+    await client.catalog_categories(priority=Priority.CATALOG)
+    first = await client.catalog_page(1, page_size, priority=Priority.CATALOG)
     answered = first.page_size
     numbers = iter(range(2, max(1, math.ceil(first.total / answered)) + 1))
     seen = [len(first.items)]
 
     async def worker() -> None:
         for number in numbers:
-            page = await client.products(number, answered, priority=Priority.CATALOG)
+            page = await client.catalog_page(number, answered, priority=Priority.CATALOG)
             seen.append(len(page.items))
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     return sum(seen)
 
 
-async def measure(base_url: str, database_url: str, page_size: int, concurrency: int) -> Figures:
-    from procurd.db.engine import create_engine
+def _rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
-    from procurd.catalog.sync import run_sync
-    from procurd.config import UpstreamSettings
+
+async def measure(
+    base_url: str, database_url: str, page_size: int, concurrency: int, with_pricing: bool
+) -> Figures:
+    from procurd.catalog.sync import SyncOptions, run_sync
+    from procurd.config import PricingSettings, UpstreamSettings
+    from procurd.db.database import open_database
+    from procurd.db.schema import mirror_changes
     from procurd.logs import configure_logging
     from procurd.upstream import UpstreamClient
 
@@ -150,21 +160,24 @@ async def measure(base_url: str, database_url: str, page_size: int, concurrency:
         max_requests_per_second=1_000_000,
         timeout_seconds=60,
     )
-    engine = create_engine(database_url)
+    rules = [{"markup_percent": "20", "rounding": "x.99"}] if with_pricing else []
+    options = SyncOptions(
+        page_size=page_size,
+        concurrency=concurrency,
+        pricing=PricingSettings(hold_on_cost_increase_percent="10", rules=rules),
+    )
+    database = open_database(database_url)
     try:
         async with UpstreamClient(settings) as client:
             await fetch_only(client, page_size, concurrency)  # warm-up: connections, sandbox caches
-
+            rss_before = _rss_mb()
             _, fetch = await timed(fetch_only(client, page_size, concurrency))
-            first, sync = await timed(
-                run_sync(engine, client, UPSTREAM, page_size=page_size, concurrency=concurrency)
-            )
-            second, second_sync = await timed(
-                run_sync(engine, client, UPSTREAM, page_size=page_size, concurrency=concurrency)
-            )
+            first, sync = await timed(run_sync(database, client, UPSTREAM, options=options))
+            second, second_sync = await timed(run_sync(database, client, UPSTREAM, options=options))
             _, fetch_again = await timed(fetch_only(client, page_size, concurrency))
+        changes = await database.read(lambda tx: tx.connection.execute(mirror_changes.select()).all())
     finally:
-        await engine.dispose()
+        await database.close()
     for report in (first, second):
         if report.status != "ok":
             raise SystemExit(f"sync {report.run_id} {report.status}: {report.error}")
@@ -173,41 +186,53 @@ async def measure(base_url: str, database_url: str, page_size: int, concurrency:
         sync=sync,
         second_sync=second_sync,
         first_rows=first.rows_written,
+        first_changes=len(changes),
         second_rows=second.rows_written,
         products=first.products,
         skus=first.skus,
         pages=first.pages,
-        peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        rss_before_mb=rss_before,
+        peak_rss_mb=_rss_mb(),
+        priced=with_pricing,
     )
 
 
-def report(figures: Figures) -> bool:
+def report(figures: Figures, database: str) -> None:
     fetch = min(figures.fetch, key=lambda phase: phase.seconds)
-    ratio = figures.sync.seconds / fetch.seconds
-    fraction = figures.second_sync.seconds / figures.sync.seconds
+    rows = figures.products + figures.skus
     runs = ", ".join(f"{phase.seconds:.3f}" for phase in figures.fetch)
+
+    def per_row(phase: Phase) -> str:
+        return f"{phase.cpu_seconds / rows * 1e6:.0f} us CPU/row"
+
+    load = ", ".join(f"{value:.2f}" for value in os.getloadavg())
+    print(f"database            {database}{' (with a pricing rule)' if figures.priced else ''}")
+    print(f"load average        {load} (at the end)")
     print(f"catalogue           {figures.products} products, {figures.skus} SKUs, {figures.pages} pages")
-    print(f"fetch-only seconds  {fetch.seconds:.3f}  (CPU {fetch.cpu_seconds:.3f}; runs: {runs})")
     print(
-        f"sync seconds        {figures.sync.seconds:.3f}  (CPU {figures.sync.cpu_seconds:.3f}; "
-        f"rows written {figures.first_rows})"
+        f"fetch-only          {fetch.seconds:.3f} s  (CPU {fetch.cpu_seconds:.3f} s, {per_row(fetch)}; "
+        f"runs {runs})  baseline"
     )
-    print(f"sync / fetch-only   {ratio:.2f}  (target <= {TARGET_RATIO})")
     print(
-        f"second sync seconds {figures.second_sync.seconds:.3f}  (CPU {figures.second_sync.cpu_seconds:.3f}; "
-        f"{fraction:.2f} of the first)"
+        f"first sync          {figures.sync.seconds:.3f} s  (CPU {figures.sync.cpu_seconds:.3f} s, "
+        f"{per_row(figures.sync)}; {figures.first_rows} rows, {figures.first_changes} change rows)"
     )
-    print(f"second sync rows    {figures.second_rows}  (target 0)")
-    print(f"peak RSS MB         {figures.peak_rss_mb:.1f}  (target < {TARGET_RSS_MB:.0f})")
-    checks = {
-        "sync <= 1.2 x fetch-only": ratio <= TARGET_RATIO,
-        "second sync writes 0 rows": figures.second_rows == 0,
-        "second sync < 1/3 of the first": fraction < TARGET_SECOND_FRACTION,
-        "peak RSS < 100 MB": figures.peak_rss_mb < TARGET_RSS_MB,
-    }
-    for name, passed in checks.items():
-        print(f"{'PASS' if passed else 'MISS'}  {name}")
-    return all(checks.values())
+    print(
+        f"  / fetch-only      {figures.sync.seconds / fetch.seconds:.2f}  (aim <= {AIM_FIRST_RATIO}; "
+        f"extra CPU {(figures.sync.cpu_seconds - fetch.cpu_seconds) / rows * 1e6:.0f} us/row)"
+    )
+    second = figures.second_sync
+    print(
+        f"unchanged re-sync   {second.seconds:.3f} s  (CPU {second.cpu_seconds:.3f} s, "
+        f"{per_row(second)}; {figures.second_rows} rows written, aim 0)"
+    )
+    print(
+        f"  / fetch-only      {figures.second_sync.seconds / fetch.seconds:.2f}  (aim <= {AIM_SECOND_RATIO})"
+    )
+    print(
+        f"peak RSS            {figures.peak_rss_mb:.1f} MB  (aim <= {AIM_RSS_MB:.0f}; "
+        f"{figures.rss_before_mb:.1f} MB after imports and the warm-up fetch)"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -217,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--page-size", type=int, default=50)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--database-url", default=None, help="default: SQLite in a temporary directory")
+    parser.add_argument("--with-pricing", action="store_true", help="price every SKU with one rule")
     parser.add_argument(
         "--upstream-latency-ms",
         type=float,
@@ -245,14 +271,17 @@ def main(argv: list[str] | None = None) -> int:
             migration.join()
             if migration.exitcode != 0:
                 raise SystemExit("the schema migration failed")
-            figures = asyncio.run(measure(base_url, database_url, args.page_size, args.concurrency))
+            figures = asyncio.run(
+                measure(base_url, database_url, args.page_size, args.concurrency, args.with_pricing)
+            )
     finally:
         stop.set()
         child.join(30)
         if child.is_alive():
             child.terminate()
             child.join()
-    return 0 if report(figures) else 1
+    report(figures, "PostgreSQL" if args.database_url else "SQLite")
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
-"""The pure catalogue diff: records from upstream payloads, what to write, and the change log."""
+"""The pure catalogue diff: records from upstream payloads, what to write, the change log, and the choice
+of pass."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta, timezone
 from decimal import Decimal
 from typing import Any
 
@@ -10,25 +12,35 @@ import pytest
 from procurd.core.catalog import (
     CATEGORY_FIELDS,
     ENTITIES,
+    INCREMENTAL_OVERLAP,
     PRODUCT_FIELDS,
     ROW_FIELDS,
     SKU_FIELDS,
     CategoryRules,
     Change,
-    Existing,
+    IncompleteRecord,
+    PassHistory,
+    Record,
+    Snapshot,
     apply_plan,
     category_record,
-    content_digest,
+    choose_pass,
     diff_listed,
     diff_unlisted,
-    existing_from_row,
-    mark_listed,
+    digest_of,
+    log_changes,
+    older_than_asked,
     product_records,
+    removal_guard,
+    rfc3339,
+    sku_record,
+    total_suggests_full_listing,
     value_text,
 )
 from procurd.db.schema import mirror_categories, mirror_products, mirror_skus
 
 BOOKKEEPING = {"upstream", "id", "synced_at", "removed_at", "extra", "content_hash"}
+SELLING = {"sell_price", "sell_currency", "price_held_at", "held_cost"}
 
 
 def product_payload(product_id: int = 1, **changes: Any) -> dict[str, Any]:
@@ -68,14 +80,21 @@ def sku_payload(sku_id: int, **changes: Any) -> dict[str, Any]:
     return payload
 
 
-def snapshot_of(*records: Any, removed: bool = False) -> dict[int, Existing]:
-    return {record.id: Existing(record.content_hash, removed, record.tracked) for record in records}
+def snapshot_of(*records: Record, removed: bool = False) -> Snapshot:
+    snapshot = Snapshot()
+    for record in records:
+        snapshot.load(record.id, record.digest, removed)
+    return snapshot
+
+
+# Tracked values of a SKU as the mirror stores them (price_amount ... is_active).
+STORED_SKU = ("9.90", None, None, "in_stock", 50, True)
 
 
 def test_row_fields_match_the_schema_columns() -> None:
     """Every seed field has a mirror column of the same name and every data column is filled by a record."""
     for entity, table in zip(ENTITIES, (mirror_categories, mirror_products, mirror_skus), strict=True):
-        assert set(ROW_FIELDS[entity]) == {column.name for column in table.c} - BOOKKEEPING
+        assert set(ROW_FIELDS[entity]) == {column.name for column in table.c} - BOOKKEEPING - SELLING
     assert set(CATEGORY_FIELDS) <= set(ROW_FIELDS["category"])
     assert set(PRODUCT_FIELDS) <= set(ROW_FIELDS["product"])
     assert set(SKU_FIELDS) <= set(ROW_FIELDS["sku"])
@@ -122,10 +141,39 @@ def test_category_defaults_fill_missing_optional_fields() -> None:
 
 
 def test_digest_ignores_key_order_but_not_values() -> None:
-    """The content digest depends on what was sent, not on the order of the keys."""
-    assert content_digest({"a": 1, "b": "x"}) == content_digest({"b": "x", "a": 1})
-    assert content_digest({"a": 1}) != content_digest({"a": 2})
-    assert len(content_digest({})) == 32
+    """The content digest depends on what was sent (and where), not on the order of the keys."""
+    assert digest_of({"a": 1, "b": {"y": 1, "x": 2}}) == digest_of({"b": {"x": 2, "y": 1}, "a": 1})
+    assert digest_of({"a": 1}) != digest_of({"a": 2})
+    assert digest_of({"a": 1}, 7) != digest_of({"a": 1}, 8)
+    assert digest_of({"a": Decimal("1.10")}) == digest_of({"a": "1.10"})
+    assert len(digest_of({})) == 16
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "reason"),
+    [
+        ("stock_quantity", "5", "has a stock_quantity that is not an integer"),
+        ("stock_quantity", True, "has a stock_quantity that is not an integer"),
+        ("stock_quantity", 2**63, "has a stock_quantity that is not an integer"),
+        ("is_active", 1, "has an is_active that is not true or false"),
+        ("price_amount", "9,90", "has a price_amount that is not a decimal amount"),
+        ("price_amount", 9.9, "has a price_amount that is not a decimal amount"),
+        ("price_amount", "1" * 41, "has a price_amount that is not a decimal amount"),
+        ("stock_status", "s" * 17, "has a stock_status that is not text of up to 16"),
+        ("sku_code", 12, "has a sku_code that is not text of up to 255"),
+    ],
+)
+def test_values_a_column_cannot_hold_make_the_record_unusable(field: str, value: Any, reason: str) -> None:
+    """A SKU whose field does not fit its column is not mirrored, with the field named."""
+    with pytest.raises(IncompleteRecord) as raised:
+        sku_record(sku_payload(5, **{field: value}), 1)
+    assert str(raised.value) == f"sku 5 {reason}: not mirrored"
+
+
+def test_integer_and_exact_decimal_amounts_become_text() -> None:
+    """An amount sent as an integer or read as an exact Decimal is stored as its plain decimal text."""
+    assert sku_record(sku_payload(5, price_amount=10), 1).values["price_amount"] == "10"
+    assert sku_record(sku_payload(5, price_amount=Decimal("1E+2")), 1).values["price_amount"] == "100"
 
 
 def test_product_without_a_price_is_reported_not_mirrored() -> None:
@@ -153,10 +201,17 @@ def test_sku_without_stock_is_reported_and_skipped() -> None:
 def test_new_records_are_inserted_with_added_entries() -> None:
     """Against an empty snapshot every record is an insert logged as added."""
     listed = product_records(product_payload(1))
-    plan = diff_listed("sku", listed.skus, {})
+    plan = diff_listed("sku", listed.skus, Snapshot())
     assert [record.id for record in plan.inserts] == [11, 12]
-    assert plan.changes == [Change("sku", 11, "added"), Change("sku", 12, "added")]
+    assert log_changes(plan, {}) == [Change("sku", 11, "added"), Change("sku", 12, "added")]
     assert plan.rows == 2
+    assert plan.added == 2
+
+
+def test_first_pass_additions_are_not_logged() -> None:
+    """Without additions logged (an upstream's first pass) new rows leave no change entries."""
+    plan = diff_listed("sku", product_records(product_payload(1)).skus, Snapshot())
+    assert log_changes(plan, {}, log_additions=False) == []
     assert plan.added == 2
 
 
@@ -184,7 +239,7 @@ def test_price_and_stock_changes_are_logged_field_by_field() -> None:
     ).skus[0]
     plan = diff_listed("sku", [after], snapshot_of(before))
     assert plan.updates == [after]
-    assert plan.changes == [
+    assert log_changes(plan, {11: STORED_SKU}) == [
         Change("sku", 11, "changed", "price_amount", "9.90", "8.50"),
         Change("sku", 11, "changed", "original_price", None, "9.90"),
         Change("sku", 11, "changed", "stock_status", "in_stock", "low_stock"),
@@ -200,7 +255,7 @@ def test_untracked_change_updates_without_log_entries() -> None:
     assert after is not None
     plan = diff_listed("product", [after], snapshot_of(before))
     assert plan.updates == [after]
-    assert plan.changes == []
+    assert log_changes(plan, {1: ("9.90", None, None, True)}) == []
 
 
 def test_activity_change_is_logged() -> None:
@@ -208,18 +263,18 @@ def test_activity_change_is_logged() -> None:
     before = product_records(product_payload(1)).skus[0]
     after = product_records(product_payload(1, skus=[sku_payload(11, is_active=False)])).skus[0]
     plan = diff_listed("sku", [after], snapshot_of(before))
-    assert plan.changes == [Change("sku", 11, "changed", "is_active", "true", "false")]
+    assert log_changes(plan, {11: STORED_SKU}) == [Change("sku", 11, "changed", "is_active", "true", "false")]
 
 
 def test_unlisted_rows_are_removed() -> None:
     """Rows a complete listing did not mark are removed with an is_active entry; removed rows stay so."""
     skus = product_records(product_payload(1)).skus
     snapshot = snapshot_of(*skus)
-    snapshot[99] = Existing("ab" * 16, True, ("1.00", None, None, "in_stock", "5", "false"))
-    assert mark_listed(snapshot, 11)
+    snapshot.load(99, b"\xab" * 16, True)
+    assert snapshot.mark_listed(11)
     plan = diff_unlisted("sku", snapshot)
     assert plan.removals == [12]
-    assert plan.changes == [Change("sku", 12, "removed", "is_active", "true", "false")]
+    assert log_changes(plan, {12: STORED_SKU}) == [Change("sku", 12, "removed", "is_active", "true", "false")]
     assert plan.removed == 1
 
 
@@ -227,20 +282,21 @@ def test_marking_an_id_twice_reports_the_repeat() -> None:
     """The first mark of a held id succeeds, a second one says it was already listed; unknown ids pass."""
     record = product_records(product_payload(1)).skus[0]
     snapshot = snapshot_of(record)
-    assert mark_listed(snapshot, 11)
-    assert not mark_listed(snapshot, 11)
-    assert snapshot[11].listed
-    assert snapshot[11].content_hash == record.content_hash
-    assert mark_listed(snapshot, 404)
+    assert snapshot.mark_listed(11)
+    assert not snapshot.mark_listed(11)
+    assert snapshot.listed(11)
+    assert snapshot.digest(11) == record.digest
+    assert not snapshot.needs_write(11, record.digest)
+    assert snapshot.mark_listed(404)
     assert 404 not in snapshot
 
 
 def test_written_records_count_as_listed() -> None:
     """After a plan is applied, its records are listed and so never removed by the same pass."""
     listed = product_records(product_payload(1))
-    snapshot: dict[int, Existing] = {}
+    snapshot = Snapshot()
     apply_plan(snapshot, diff_listed("sku", listed.skus, snapshot))
-    assert all(entry.listed for entry in snapshot.values())
+    assert all(snapshot.listed(identity) for identity in snapshot.ids())
     assert diff_unlisted("sku", snapshot).removals == []
 
 
@@ -249,15 +305,16 @@ def test_reappearing_rows_are_restored() -> None:
     before = product_records(product_payload(1)).skus[0]
     snapshot = snapshot_of(before)
     apply_plan(snapshot, diff_unlisted("sku", snapshot))
-    assert snapshot[11].removed
+    assert snapshot.removed(11)
     again = product_records(product_payload(1, skus=[sku_payload(11, price_amount="7.00")])).skus[0]
     plan = diff_listed("sku", [again], snapshot)
     assert plan.restores == [again]
-    assert plan.changes == [
+    removed_row = (*STORED_SKU[:-1], False)
+    assert log_changes(plan, {11: removed_row}) == [
         Change("sku", 11, "restored", "is_active", "false", "true"),
         Change("sku", 11, "changed", "price_amount", "9.90", "7.00"),
     ]
-    assert plan.added == 1
+    assert (plan.restored, plan.added) == (1, 0)
 
 
 def test_restore_with_identical_content_still_writes() -> None:
@@ -271,17 +328,15 @@ def test_restore_with_identical_content_still_writes() -> None:
 def test_apply_plan_makes_a_second_diff_empty() -> None:
     """After applying a plan to the snapshot, the same records diff to nothing."""
     listed = product_records(product_payload(1))
-    snapshot: dict[int, Existing] = {}
+    snapshot = Snapshot()
     apply_plan(snapshot, diff_listed("sku", listed.skus, snapshot))
     assert diff_listed("sku", listed.skus, snapshot).rows == 0
 
 
-def test_existing_from_row_matches_record_text() -> None:
-    """Stored tracked values read back compare equal to the same values from the upstream."""
+def test_stored_tracked_values_compare_as_text() -> None:
+    """Stored tracked values (numbers, booleans) log the same text as the upstream's values."""
     sku = product_records(product_payload(1)).skus[0]
-    stored = existing_from_row("sku", sku.content_hash, False, ["9.90", None, None, "in_stock", 50, True])
-    assert tuple(value_text(value) for value in stored.tracked) == sku.tracked
-    assert diff_listed("sku", [sku], {sku.id: stored}).rows == 0
+    assert tuple(value_text(value) for value in STORED_SKU) == sku.tracked
 
 
 @pytest.mark.parametrize(
@@ -321,3 +376,99 @@ def test_products_on_unknown_or_non_leaf_categories_are_violations() -> None:
     rules = _rules((1, 0), (2, 1))
     assert rules.product_violation(10, 1) == "product 10 is on category 1 (c1), which is not a leaf"
     assert rules.product_violation(11, 42) == "product 11 is on unknown category 42"
+
+
+NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
+DAY = timedelta(days=1)
+
+
+def _history(**ages: timedelta | None) -> PassHistory:
+    moments = {name: (None if age is None else NOW - age) for name, age in ages.items()}
+    return PassHistory(**moments)
+
+
+RECENT = _history(last_complete_at=timedelta(minutes=10), last_full_at=timedelta(hours=2))
+STALE_FULL = _history(last_complete_at=timedelta(minutes=10), last_full_at=DAY)
+IGNORED = _history(
+    last_complete_at=timedelta(minutes=10),
+    last_full_at=timedelta(hours=2),
+    ignored_updated_after_at=timedelta(hours=1),
+)
+IGNORED_LONG_AGO = _history(
+    last_complete_at=timedelta(minutes=10),
+    last_full_at=timedelta(hours=2),
+    ignored_updated_after_at=timedelta(days=2),
+)
+
+
+@pytest.mark.parametrize(
+    ("mode", "history", "force", "kind"),
+    [
+        ("auto", _history(), False, "full"),
+        ("auto", RECENT, False, "incremental"),
+        ("on", RECENT, False, "incremental"),
+        ("off", RECENT, False, "full"),
+        ("auto", RECENT, True, "full"),
+        ("auto", STALE_FULL, False, "full"),
+        ("auto", IGNORED, False, "full"),
+        ("on", IGNORED, False, "incremental"),
+        ("auto", IGNORED_LONG_AGO, False, "incremental"),
+    ],
+)
+def test_choice_of_pass(mode: Any, history: PassHistory, force: bool, kind: str) -> None:
+    """Full when asked, when off, without a complete full pass within the interval, or (auto) after the
+    upstream ignored updated_after within it; incremental otherwise."""
+    plan = choose_pass(history, NOW, mode=mode, full_interval=DAY, force_full=force)
+    assert plan.kind == kind
+    if kind == "incremental":
+        assert history.last_complete_at is not None
+        assert plan.updated_after == history.last_complete_at - INCREMENTAL_OVERLAP
+    else:
+        assert plan.updated_after is None
+
+
+def test_rfc3339_is_utc_whole_seconds() -> None:
+    """updated_after is sent in UTC, rounded down to the second."""
+    moment = datetime(2026, 11, 24, 4, 5, 9, 999_000, tzinfo=timezone(timedelta(hours=8)))
+    assert rfc3339(moment) == "2026-11-23T20:05:09Z"
+
+
+def test_products_older_than_asked_prove_the_filter_was_ignored() -> None:
+    """A product updated before updated_after (offsets respected) is proof; unreadable times prove nothing."""
+    since = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
+    fresh = {"id": 1, "updated_at": "2026-11-23T20:00:00+08:00"}
+    unreadable = {"id": 2, "updated_at": "yesterday"}
+    naive = {"id": 3, "updated_at": "2020-01-01T00:00:00"}
+    old = {"id": 4, "updated_at": "2026-11-23T19:59:59+08:00"}
+    assert older_than_asked([fresh, unreadable, naive], since) is None
+    assert older_than_asked([fresh, old], since) == 4
+
+
+def test_total_as_long_as_the_catalogue_suggests_an_unfiltered_answer() -> None:
+    """A total covering every mirrored product of a catalogue longer than one page looks unfiltered."""
+    assert total_suggests_full_listing(total=1000, live_products=1000, page_size=50)
+    assert not total_suggests_full_listing(total=12, live_products=1000, page_size=50)
+    assert not total_suggests_full_listing(total=30, live_products=30, page_size=50)
+
+
+@pytest.mark.parametrize(
+    ("removed", "live", "total", "allowed", "blocked"),
+    [
+        (0, 100, 100, False, False),
+        (20, 100, 80, False, False),
+        (21, 100, 79, False, True),
+        (21, 100, 79, True, False),
+        (1, 100, 0, False, True),
+        (0, 0, 0, False, False),
+    ],
+)
+def test_removal_guard(removed: int, live: int, total: int, allowed: bool, blocked: bool) -> None:
+    """More than the allowed share of live products, or any when nothing is listed, is blocked unless
+    mass removal is allowed."""
+    guard = removal_guard(
+        products_removed=removed, live_products=live, total_listed=total, max_fraction=0.2, allowed=allowed
+    )
+    assert guard.blocked == blocked
+    if blocked:
+        assert guard.reason is not None
+        assert "--allow-mass-removal" in guard.reason

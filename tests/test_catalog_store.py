@@ -5,20 +5,22 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import func, select, text
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from procurd.core.catalog import (
-    Existing,
+    PassHistory,
+    Plan,
+    Snapshot,
     apply_plan,
     category_record,
     diff_listed,
     diff_unlisted,
+    log_changes,
     product_records,
-    value_text,
 )
-from procurd.db import mirror_store
-from procurd.db.mirror_store import INTERRUPTED_ERROR, RunTotals
+from procurd.db.database import Database
+from procurd.db.mirror_store import INTERRUPTED_ERROR, RunOutcome, RunTotals
 from procurd.db.schema import mirror_changes, mirror_products, mirror_skus, sync_runs
+from procurd.db.stores import Tx
 from procurd.db.types import utcnow
 
 
@@ -55,39 +57,59 @@ def product_payload(product_id: int, price: str = "9.90", **changes: Any) -> dic
     return payload
 
 
-def _as_text(snapshot: dict[int, Existing]) -> dict[int, tuple[str, bool, tuple[str | None, ...]]]:
-    return {
-        identity: (entry.content_hash, entry.removed, tuple(value_text(value) for value in entry.tracked))
-        for identity, entry in snapshot.items()
-    }
+def _entries(snapshot: Snapshot) -> dict[int, tuple[bytes | None, bool]]:
+    return {identity: (snapshot.digest(identity), snapshot.removed(identity)) for identity in snapshot.ids()}
 
 
-async def _run(engine: AsyncEngine, upstream: str = "main") -> int:
-    return await mirror_store.start_run(engine, upstream, utcnow())
+async def _run(database: Database, upstream: str = "main") -> int:
+    now = utcnow()
+    return await database.write(lambda tx: tx.mirror.start_run(upstream, now))
+
+
+async def _snapshot(database: Database, upstream: str = "main") -> dict[str, Snapshot]:
+    return await database.read(lambda tx: dict(tx.mirror.load_snapshot(upstream)))
+
+
+async def _write(database: Database, run_id: int, *plans: Plan, upstream: str = "main") -> int:
+    """Write plans as a pass does: change-log entries from the rows they rewrite."""
+    now = utcnow()
+
+    def write(tx: Tx) -> int:
+        written = 0
+        for plan in plans:
+            known = tx.mirror.known_rows(upstream, plan.entity, plan.known_ids())
+            log_changes(plan, known.tracked)
+            written += tx.mirror.write_plan(upstream, plan, run_id=run_id, now=now)
+        return written
+
+    return await database.write(write)
 
 
 async def _write_products(
-    engine: AsyncEngine, run_id: int, *payloads: dict[str, Any], upstream: str = "main"
+    database: Database, run_id: int, *payloads: dict[str, Any], upstream: str = "main"
 ) -> int:
-    snapshot = await mirror_store.load_snapshot(engine, upstream)
+    snapshot = await _snapshot(database, upstream)
     listed = [product_records(payload) for payload in payloads]
     plans = [
         diff_listed("product", [item.record for item in listed if item.record], snapshot["product"]),
         diff_listed("sku", [sku for item in listed for sku in item.skus], snapshot["sku"]),
     ]
-    return await mirror_store.write_plans(engine, upstream, plans, run_id=run_id, now=utcnow())
+    return await _write(database, run_id, *plans, upstream=upstream)
 
 
-async def test_inserted_rows_hold_every_field_exactly(engine: AsyncEngine) -> None:
+async def _select(database: Database, statement: Any) -> list[dict[str, Any]]:
+    return await database.read(lambda tx: [dict(row) for row in tx.connection.execute(statement).mappings()])
+
+
+async def test_inserted_rows_hold_every_field_exactly(database: Database) -> None:
     """A written product and SKU read back field by field: amounts as text, JSON intact, extras kept."""
-    run_id = await _run(engine)
-    assert await _write_products(engine, run_id, product_payload(1, price="10.10")) == 2
-    async with engine.connect() as connection:
-        product = (await connection.execute(select(mirror_products))).mappings().one()
-        sku = (await connection.execute(select(mirror_skus))).mappings().one()
-        null_description = (
-            await connection.execute(text("SELECT description IS NULL FROM mirror_products"))
-        ).scalar_one()
+    run_id = await _run(database)
+    assert await _write_products(database, run_id, product_payload(1, price="10.10")) == 2
+    (product,) = await _select(database, select(mirror_products))
+    (sku,) = await _select(database, select(mirror_skus))
+    null_description = await database.read(
+        lambda tx: tx.connection.execute(text("SELECT description IS NULL FROM mirror_products")).scalar_one()
+    )
     assert product["upstream"] == "main"
     assert product["id"] == 1
     assert product["price_amount"] == "10.10"
@@ -105,63 +127,60 @@ async def test_inserted_rows_hold_every_field_exactly(engine: AsyncEngine) -> No
     assert sku["extra"] == {"warehouse": "north"}
 
 
-async def test_snapshot_reflects_what_was_written(engine: AsyncEngine) -> None:
+async def test_snapshot_reflects_what_was_written(database: Database) -> None:
     """The snapshot loaded back equals the in-memory snapshot the diff maintained."""
-    run_id = await _run(engine)
+    run_id = await _run(database)
     listed = product_records(product_payload(1))
     assert listed.record is not None
-    expected: dict[int, Existing] = {}
+    expected = Snapshot()
     plan = diff_listed("product", [listed.record], expected)
-    await mirror_store.write_plans(engine, "main", [plan], run_id=run_id, now=utcnow())
+    await _write(database, run_id, plan)
     apply_plan(expected, plan)
-    snapshot = await mirror_store.load_snapshot(engine, "main")
-    assert _as_text(snapshot["product"]) == _as_text(expected)
-    assert snapshot["sku"] == {}
-    assert snapshot["category"] == {}
+    snapshot = await _snapshot(database)
+    assert _entries(snapshot["product"]) == _entries(expected) == {1: (listed.record.digest, False)}
+    assert len(snapshot["sku"]) == len(snapshot["category"]) == 0
 
 
-async def test_snapshots_are_kept_apart_by_upstream(engine: AsyncEngine) -> None:
+async def test_snapshots_are_kept_apart_by_upstream(database: Database) -> None:
     """Two upstreams may use the same ids without seeing each other's rows."""
-    await _write_products(engine, await _run(engine, "one"), product_payload(1), upstream="one")
-    await _write_products(engine, await _run(engine, "two"), product_payload(1, price="1.00"), upstream="two")
-    one = await mirror_store.load_snapshot(engine, "one")
-    two = await mirror_store.load_snapshot(engine, "two")
-    assert one["product"][1].tracked[0] == "9.90"
-    assert two["product"][1].tracked[0] == "1.00"
+    await _write_products(database, await _run(database, "one"), product_payload(1), upstream="one")
+    await _write_products(
+        database, await _run(database, "two"), product_payload(1, price="1.00"), upstream="two"
+    )
+    one = await _snapshot(database, "one")
+    two = await _snapshot(database, "two")
+    assert one["product"].digest(1) != two["product"].digest(1)
+    known = await database.read(lambda tx: tx.mirror.known_rows("two", "product", [1]))
+    assert known.tracked == {1: ("1.00", "12.00", "9.90", True)}
 
 
-async def test_update_removal_and_restore_round_trip(engine: AsyncEngine) -> None:
+async def test_update_removal_and_restore_round_trip(database: Database) -> None:
     """Updates rewrite the row, removal marks it inactive with removed_at, a restore clears it again."""
-    run_id = await _run(engine)
-    await _write_products(engine, run_id, product_payload(1))
-    assert await _write_products(engine, run_id, product_payload(1, price="5.00")) == 2
+    run_id = await _run(database)
+    await _write_products(database, run_id, product_payload(1))
+    assert await _write_products(database, run_id, product_payload(1, price="5.00")) == 2
 
-    snapshot = await mirror_store.load_snapshot(engine, "main")
+    snapshot = await _snapshot(database)
     removal = diff_unlisted("product", snapshot["product"])
-    assert await mirror_store.write_plans(engine, "main", [removal], run_id=run_id, now=utcnow()) == 1
-    async with engine.connect() as connection:
-        row = (await connection.execute(select(mirror_products))).mappings().one()
+    assert await _write(database, run_id, removal) == 1
+    (row,) = await _select(database, select(mirror_products))
     assert row["price_amount"] == "5.00"
     assert row["is_active"] is False
     assert row["removed_at"] is not None
-    assert (await mirror_store.load_snapshot(engine, "main"))["product"][1].removed
+    assert (await _snapshot(database))["product"].removed(1)
 
-    await _write_products(engine, run_id, product_payload(1, price="5.00"))
-    async with engine.connect() as connection:
-        row = (await connection.execute(select(mirror_products))).mappings().one()
+    await _write_products(database, run_id, product_payload(1, price="5.00"))
+    (row,) = await _select(database, select(mirror_products))
     assert row["is_active"] is True
     assert row["removed_at"] is None
 
 
-async def test_changes_are_logged_in_order_with_the_run(engine: AsyncEngine) -> None:
+async def test_changes_are_logged_in_order_with_the_run(database: Database) -> None:
     """Every planned change becomes a mirror_changes row with increasing seq and the run's id."""
-    run_id = await _run(engine)
-    await _write_products(engine, run_id, product_payload(1))
-    await _write_products(engine, run_id, product_payload(1, price="5.00"))
-    async with engine.connect() as connection:
-        rows = (
-            (await connection.execute(select(mirror_changes).order_by(mirror_changes.c.seq))).mappings().all()
-        )
+    run_id = await _run(database)
+    await _write_products(database, run_id, product_payload(1))
+    await _write_products(database, run_id, product_payload(1, price="5.00"))
+    rows = await _select(database, select(mirror_changes).order_by(mirror_changes.c.seq))
     assert [
         (row["entity"], row["kind"], row["field"], row["old_value"], row["new_value"]) for row in rows
     ] == [
@@ -174,62 +193,81 @@ async def test_changes_are_logged_in_order_with_the_run(engine: AsyncEngine) -> 
     assert all(row["upstream"] == "main" for row in rows)
 
 
-async def test_empty_plans_touch_nothing(engine: AsyncEngine) -> None:
+async def test_empty_plans_touch_nothing(database: Database) -> None:
     """Writing plans without rows or changes writes nothing at all."""
-    run_id = await _run(engine)
-    plan = diff_listed("category", [], {})
-    assert await mirror_store.write_plans(engine, "main", [plan], run_id=run_id, now=utcnow()) == 0
-    async with engine.connect() as connection:
-        assert (await connection.execute(select(func.count()).select_from(mirror_changes))).scalar_one() == 0
-
-
-async def test_run_is_recorded_from_start_to_finish(engine: AsyncEngine) -> None:
-    """A run starts as running and is closed with its counters, violations and removals in one go."""
-    run_id = await _run(engine)
-    started = await mirror_store.last_run(engine, "main")
-    assert started is not None
-    assert started["status"] == "running"
-    category = category_record({"id": 5, "parent_id": 0, "slug": "c", "name": {}})
-    await mirror_store.write_plans(
-        engine, "main", [diff_listed("category", [category], {})], run_id=run_id, now=utcnow()
+    run_id = await _run(database)
+    plan = diff_listed("category", [], Snapshot())
+    assert await _write(database, run_id, plan) == 0
+    changes = await database.read(
+        lambda tx: tx.connection.execute(select(func.count()).select_from(mirror_changes)).scalar_one()
     )
-    snapshot = await mirror_store.load_snapshot(engine, "main")
+    assert changes == 0
+
+
+async def test_run_is_recorded_from_start_to_finish(database: Database) -> None:
+    """A run starts as running and is closed with its kind, counters, violations and error."""
+    run_id = await _run(database)
+    started = await database.read(lambda tx: tx.mirror.last_run("main"))
+    assert started is not None
+    assert (started["status"], started["kind"]) == ("running", "full")
+    category = category_record({"id": 5, "parent_id": 0, "slug": "c", "name": {}})
+    await _write(database, run_id, diff_listed("category", [category], Snapshot()))
+    snapshot = await _snapshot(database)
     removals = [diff_unlisted("category", snapshot["category"])]
+    assert await _write(database, run_id, *removals) == 1
     totals = RunTotals(pages=3, categories=0, products=7, skus=9, violations=["v"])
     totals.count(removals)
-    written = await mirror_store.finish_run(
-        engine,
-        run_id,
-        upstream="main",
-        status="ok",
-        finished_at=utcnow(),
-        totals=totals,
-        error=None,
-        plans=removals,
-    )
-    assert written == 1
-    finished = await mirror_store.last_run(engine, "main")
+    outcome = RunOutcome("ok", "incremental", utcnow(), totals, None, ignored_updated_after=True)
+    await database.write(lambda tx: tx.mirror.finish_run(run_id, outcome))
+    finished = await database.read(lambda tx: tx.mirror.last_run("main"))
     assert finished is not None
-    assert finished["status"] == "ok"
+    assert (finished["status"], finished["kind"], finished["ignored_updated_after"]) == (
+        "ok",
+        "incremental",
+        True,
+    )
     assert (finished["pages"], finished["products"], finished["skus"]) == (3, 7, 9)
-    assert (finished["removed"], finished["rows_written"]) == (1, 1)
+    assert (finished["removed"], finished["rows_written"], finished["restored"]) == (1, 1, 0)
     assert finished["violations"] == ["v"]
     assert finished["finished_at"] >= finished["started_at"]
 
 
-async def test_interrupted_runs_are_closed_as_failed(engine: AsyncEngine) -> None:
+async def test_pass_history_tells_the_last_complete_and_full_passes(database: Database) -> None:
+    """Only ok and suspicious passes count as complete; the last full one and the last that saw the
+    upstream ignore updated_after are told apart."""
+    assert await database.read(lambda tx: tx.mirror.pass_history("main")) == PassHistory()
+    runs = []
+    for status, kind, ignored in (
+        ("ok", "full", False),
+        ("suspicious", "incremental", True),
+        ("failed", "full", False),
+    ):
+        run_id = await _run(database)
+        outcome = RunOutcome(status, kind, utcnow(), RunTotals(), None, ignored_updated_after=ignored)
+        await database.write(lambda tx, run_id=run_id, outcome=outcome: tx.mirror.finish_run(run_id, outcome))
+        runs.append(await database.read(lambda tx: tx.mirror.last_run("main")))
+    history = await database.read(lambda tx: tx.mirror.pass_history("main"))
+    full, incremental, _ = runs
+    assert full is not None
+    assert incremental is not None
+    assert history.last_full_at == full["started_at"]
+    assert history.last_complete_at == incremental["started_at"]
+    assert history.ignored_updated_after_at == incremental["started_at"]
+
+
+async def test_interrupted_runs_are_closed_as_failed(database: Database) -> None:
     """Runs left running by a stopped process become failed; other upstreams' runs are untouched."""
-    await _run(engine, "main")
-    await _run(engine, "other")
-    assert await mirror_store.close_interrupted_runs(engine, "main", utcnow()) == 1
-    async with engine.connect() as connection:
-        rows = (await connection.execute(select(sync_runs).order_by(sync_runs.c.id))).mappings().all()
+    await _run(database, "main")
+    await _run(database, "other")
+    now = utcnow()
+    assert await database.write(lambda tx: tx.mirror.close_interrupted_runs("main", now)) == 1
+    rows = await _select(database, select(sync_runs).order_by(sync_runs.c.id))
     assert [(row["upstream"], row["status"], row["error"]) for row in rows] == [
         ("main", "failed", INTERRUPTED_ERROR),
         ("other", "running", None),
     ]
 
 
-async def test_last_run_of_an_unknown_upstream_is_none(engine: AsyncEngine) -> None:
+async def test_last_run_of_an_unknown_upstream_is_none(database: Database) -> None:
     """No runs, no last run."""
-    assert await mirror_store.last_run(engine, "nobody") is None
+    assert await database.read(lambda tx: tx.mirror.last_run("nobody")) is None

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import func, select
-from sqlalchemy.ext.asyncio import AsyncEngine
 
+from procurd.db.database import Database
 from procurd.db.schema import mirror_products, sync_runs
 from procurd.sandbox import Sandbox, SandboxConfig
 from support import run_procurd, screen_lines
@@ -73,16 +73,17 @@ async def test_ping_explains_a_wrong_secret(tmp_path: Path, database_url: str, s
 
 
 async def test_catalog_sync_mirrors_the_sandbox(
-    tmp_path: Path, database_url: str, sandbox: Sandbox, engine: AsyncEngine
+    tmp_path: Path, database_url: str, sandbox: Sandbox, database: Database
 ) -> None:
     """catalog sync mirrors every listed product and records an ok run."""
     config = str(write_config(tmp_path, database_url, sandbox))
     code, out, err = await procurd("--config", config, "catalog", "sync")
     assert code == 0, err
     assert "main: ok" in out
-    async with engine.connect() as conn:
-        products = await conn.scalar(select(func.count()).select_from(mirror_products))
-        runs = (await conn.execute(select(sync_runs.c.status))).scalars().all()
+    products = await database.read(
+        lambda tx: tx.connection.scalar(select(func.count()).select_from(mirror_products))
+    )
+    runs = await database.read(lambda tx: tx.connection.execute(select(sync_runs.c.status)).scalars().all())
     assert products == len(sandbox.state.active_products())
     assert runs == ["ok"]
 

@@ -17,7 +17,7 @@ async def test_upgrade_creates_every_table(database: Database) -> None:
     """After an upgrade the database holds every table of the schema at the head revision."""
     names = await database.read(lambda tx: set(inspect(tx.connection).get_table_names()))
     assert set(metadata.tables) <= names
-    assert await current_revision(database) == migrate.head_revision()
+    assert await current_revision(database) == migrate.head_revision() == HEAD_REVISION
 
 
 async def test_upgrade_is_idempotent(database: Database) -> None:

@@ -7,98 +7,120 @@ from datetime import timedelta
 
 import pytest
 from sqlalchemy import select, update
-from sqlalchemy.ext.asyncio import AsyncEngine
 
-from procurd.db import leases
+from procurd.db.database import Database
 from procurd.db.schema import leases as leases_table
+from procurd.db.stores import Tx
 from procurd.db.types import utcnow
 
 NAME = "catalog-sync:main"
 
 
-async def _expire(engine: AsyncEngine, name: str) -> None:
-    async with engine.begin() as connection:
-        await connection.execute(
+async def acquire(database: Database, name: str, holder: str, ttl: float) -> bool:
+    now = utcnow()
+    return await database.write(lambda tx: tx.leases.acquire(name, holder, now, ttl))
+
+
+async def renew(database: Database, name: str, holder: str, ttl: float) -> bool:
+    now = utcnow()
+    return await database.write(lambda tx: tx.leases.renew(name, holder, now, ttl))
+
+
+async def release(database: Database, name: str, holder: str) -> bool:
+    return await database.write(lambda tx: tx.leases.release(name, holder))
+
+
+async def holder_of(database: Database, name: str) -> str | None:
+    now = utcnow()
+    return await database.read(lambda tx: tx.leases.holder(name, now))
+
+
+async def _expire(database: Database, name: str) -> None:
+    def expire(tx: Tx) -> None:
+        tx.connection.execute(
             update(leases_table)
             .where(leases_table.c.name == name)
             .values(expires_at=utcnow() - timedelta(seconds=5))
         )
 
+    await database.write(expire)
 
-async def test_free_lease_is_taken(engine: AsyncEngine) -> None:
+
+async def test_free_lease_is_taken(database: Database) -> None:
     """A lease nobody holds is granted and recorded with its holder."""
-    assert await leases.acquire(engine, NAME, "a", 30)
-    assert await leases.holder_of(engine, NAME) == "a"
+    assert await acquire(database, NAME, "a", 30)
+    assert await holder_of(database, NAME) == "a"
 
 
-async def test_held_lease_is_refused_to_others(engine: AsyncEngine) -> None:
+async def test_held_lease_is_refused_to_others(database: Database) -> None:
     """While one holder's lease is valid, another holder cannot take it."""
-    assert await leases.acquire(engine, NAME, "a", 30)
-    assert not await leases.acquire(engine, NAME, "b", 30)
-    assert await leases.holder_of(engine, NAME) == "a"
+    assert await acquire(database, NAME, "a", 30)
+    assert not await acquire(database, NAME, "b", 30)
+    assert await holder_of(database, NAME) == "a"
 
 
-async def test_holder_may_take_its_own_lease_again(engine: AsyncEngine) -> None:
+async def test_holder_may_take_its_own_lease_again(database: Database) -> None:
     """Acquiring a lease one already holds succeeds and keeps it."""
-    assert await leases.acquire(engine, NAME, "a", 30)
-    assert await leases.acquire(engine, NAME, "a", 30)
-    assert await leases.holder_of(engine, NAME) == "a"
+    assert await acquire(database, NAME, "a", 30)
+    assert await acquire(database, NAME, "a", 30)
+    assert await holder_of(database, NAME) == "a"
 
 
-async def test_expired_lease_is_taken_over(engine: AsyncEngine) -> None:
+async def test_expired_lease_is_taken_over(database: Database) -> None:
     """An expired lease goes to the next contender, and the old holder can no longer renew it."""
-    assert await leases.acquire(engine, NAME, "a", 30)
-    await _expire(engine, NAME)
-    assert await leases.holder_of(engine, NAME) is None
-    assert await leases.acquire(engine, NAME, "b", 30)
-    assert not await leases.renew(engine, NAME, "a", 30)
-    assert await leases.holder_of(engine, NAME) == "b"
+    assert await acquire(database, NAME, "a", 30)
+    await _expire(database, NAME)
+    assert await holder_of(database, NAME) is None
+    assert await acquire(database, NAME, "b", 30)
+    assert not await renew(database, NAME, "a", 30)
+    assert await holder_of(database, NAME) == "b"
 
 
-async def test_renew_extends_the_expiry(engine: AsyncEngine) -> None:
+async def test_renew_extends_the_expiry(database: Database) -> None:
     """Renewing moves the expiry forward, even for a lease that lapsed but was not taken."""
-    assert await leases.acquire(engine, NAME, "a", 30)
-    await _expire(engine, NAME)
-    assert await leases.renew(engine, NAME, "a", 600)
-    async with engine.connect() as connection:
-        expires_at = (
-            await connection.execute(select(leases_table.c.expires_at).where(leases_table.c.name == NAME))
+    assert await acquire(database, NAME, "a", 30)
+    await _expire(database, NAME)
+    assert await renew(database, NAME, "a", 600)
+    expires_at = await database.read(
+        lambda tx: tx.connection.execute(
+            select(leases_table.c.expires_at).where(leases_table.c.name == NAME)
         ).scalar_one()
+    )
     assert expires_at > utcnow() + timedelta(seconds=300)
 
 
-async def test_release_frees_the_lease_only_for_its_holder(engine: AsyncEngine) -> None:
+async def test_release_frees_the_lease_only_for_its_holder(database: Database) -> None:
     """Only the holder can release; afterwards anyone may take the lease."""
-    assert await leases.acquire(engine, NAME, "a", 30)
-    assert not await leases.release(engine, NAME, "b")
-    assert not await leases.acquire(engine, NAME, "b", 30)
-    assert await leases.release(engine, NAME, "a")
-    assert not await leases.release(engine, NAME, "a")
-    assert await leases.acquire(engine, NAME, "b", 30)
+    assert await acquire(database, NAME, "a", 30)
+    assert not await release(database, NAME, "b")
+    assert not await acquire(database, NAME, "b", 30)
+    assert await release(database, NAME, "a")
+    assert not await release(database, NAME, "a")
+    assert await acquire(database, NAME, "b", 30)
 
 
-async def test_leases_are_independent_by_name(engine: AsyncEngine) -> None:
+async def test_leases_are_independent_by_name(database: Database) -> None:
     """Holding one name does not block another name."""
-    assert await leases.acquire(engine, "catalog-sync:one", "a", 30)
-    assert await leases.acquire(engine, "catalog-sync:two", "b", 30)
+    assert await acquire(database, "catalog-sync:one", "a", 30)
+    assert await acquire(database, "catalog-sync:two", "b", 30)
 
 
-async def test_concurrent_contenders_for_a_free_lease_get_one_winner(engine: AsyncEngine) -> None:
+async def test_concurrent_contenders_for_a_free_lease_get_one_winner(database: Database) -> None:
     """Of many simultaneous acquisitions of a free lease exactly one succeeds."""
-    results = await asyncio.gather(*(leases.acquire(engine, NAME, f"holder-{i}", 30) for i in range(8)))
+    results = await asyncio.gather(*(acquire(database, NAME, f"holder-{i}", 30) for i in range(8)))
     assert sum(results) == 1
 
 
-async def test_concurrent_contenders_for_an_expired_lease_get_one_winner(engine: AsyncEngine) -> None:
+async def test_concurrent_contenders_for_an_expired_lease_get_one_winner(database: Database) -> None:
     """Of many simultaneous takeovers of an expired lease exactly one succeeds."""
-    assert await leases.acquire(engine, NAME, "old", 30)
-    await _expire(engine, NAME)
-    results = await asyncio.gather(*(leases.acquire(engine, NAME, f"holder-{i}", 30) for i in range(8)))
+    assert await acquire(database, NAME, "old", 30)
+    await _expire(database, NAME)
+    results = await asyncio.gather(*(acquire(database, NAME, f"holder-{i}", 30) for i in range(8)))
     assert sum(results) == 1
-    assert await leases.holder_of(engine, NAME) != "old"
+    assert await holder_of(database, NAME) != "old"
 
 
-async def test_non_positive_ttl_is_rejected(engine: AsyncEngine) -> None:
+async def test_non_positive_ttl_is_rejected(database: Database) -> None:
     """A lease must last some time: a zero ttl is a programming error."""
     with pytest.raises(ValueError, match="ttl_seconds"):
-        await leases.acquire(engine, NAME, "a", 0)
+        await acquire(database, NAME, "a", 0)

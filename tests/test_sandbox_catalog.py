@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from decimal import Decimal
 
 import pytest
@@ -244,3 +245,28 @@ async def test_listing_carries_extra_fields(client: SignedClient) -> None:
     """Products carry fields beyond the seed (sales_count), so clients prove they tolerate additions."""
     product = (await client.get("/products")).json()["items"][0]
     assert "sales_count" in product
+
+
+async def test_updated_after_lists_only_products_changed_since(
+    sandbox: Sandbox, client: SignedClient
+) -> None:
+    """updated_after (RFC 3339, offset required) lists the active products updated at or after it; a
+    change or a restore bumps a product's updated_at."""
+    since = datetime.fromtimestamp(sandbox.state.now() - 1, UTC).isoformat(timespec="seconds")
+    sandbox.state.set_sku_price(sandbox.state.product(3).skus[0].id, "77.00")
+    sandbox.state.remove_product(5)
+    sandbox.state.restore_product(5)
+    data = (await client.get("/products", {"updated_after": since})).json()
+    assert [item["id"] for item in data["items"]] == [3, 5]
+    assert data["total"] == 2
+    assert (await client.get("/products", {"updated_after": "2020-01-01"})).status == 400
+    assert (await client.get("/products", {"updated_after": "soon"})).status == 400
+
+
+async def test_updated_after_can_be_ignored_like_some_sites_do(
+    sandbox: Sandbox, client: SignedClient
+) -> None:
+    """With honour_updated_after off the parameter changes nothing: the whole listing comes back."""
+    sandbox.config.honour_updated_after = False
+    data = (await client.get("/products", {"updated_after": "2099-01-01T00:00:00Z"})).json()
+    assert data["total"] == len(sandbox.state.active_products())

@@ -38,7 +38,10 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from procurd.core.pricing import Pricing, PricingRule, RuleError, build_rule, parse_amount
+
 ENV_PREFIX = "PROCURD_"
+RULES_LABEL = "[[pricing.rules]]"
 DEFAULT_LOCATIONS = (Path("procurd.toml"), Path("/etc/procurd/procurd.toml"))
 CALLBACK_PATH = "/api/v1/upstream/callback"
 
@@ -141,6 +144,7 @@ class UpstreamSettings(_Section):
     max_requests_per_second: PositiveSeconds = 1
     ping_interval_seconds: PositiveSeconds = 300
     low_balance_threshold: Annotated[str, AfterValidator(_optional_amount)] = ""
+    incremental_sync: Literal["auto", "on", "off"] = "auto"
 
     @model_validator(mode="after")
     def _exactly_one_secret(self) -> UpstreamSettings:
@@ -168,6 +172,72 @@ class CatalogSettings(_Section):
     sync_interval_seconds: PositiveSeconds = 600
     page_size: int = Field(default=50, ge=1, le=100)
     concurrency: int = Field(default=4, ge=1, le=64)
+    full_sync_interval_seconds: PositiveSeconds = 86400
+    max_removed_fraction: float = Field(default=0.2, ge=0, le=1)
+
+
+def _config_decimal(value: Any) -> Any:
+    """Decimals in the file are text or integers (a TOML float is read exactly); kept as given."""
+    if isinstance(value, bool) or not isinstance(value, str | int | Decimal):
+        raise ValueError(f'must be a decimal number written as text, like "1.5" (got {value!r})')
+    return value
+
+
+ConfigDecimal = Annotated[Any, AfterValidator(_config_decimal)]
+
+
+class PricingRuleSettings(_Section):
+    """One ``[[pricing.rules]]`` block; checked by :func:`procurd.core.pricing.build_rule`."""
+
+    upstream: str | None = None
+    category_ids: list[int] | None = None
+    product_ids: list[int] | None = None
+    sku_ids: list[int] | None = None
+    min_cost: ConfigDecimal | None = None
+    max_cost: ConfigDecimal | None = None
+    exchange_rate: ConfigDecimal = "1"
+    markup_percent: ConfigDecimal = "0"
+    markup_fixed: ConfigDecimal = "0"
+    rounding: ConfigDecimal = "0.01"
+    currency: str = ""
+    exclude: bool = False
+
+    def rule(self, number: int) -> PricingRule:
+        """The checked rule at 1-based position ``number``; :class:`RuleError` when it cannot be used."""
+        return build_rule(number, **self.model_dump())
+
+
+class PricingSettings(_Section):
+    hold_on_cost_increase_percent: ConfigDecimal = ""
+    rules: list[PricingRuleSettings] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _usable(self) -> PricingSettings:
+        self.hold_percent()
+        for index, block in enumerate(self.rules):
+            try:
+                block.rule(index + 1)
+            except RuleError as exc:
+                raise ValueError(f"{RULES_LABEL} #{index + 1}: {exc}") from None
+        return self
+
+    def hold_percent(self) -> Decimal | None:
+        """The cost increase (percent) above which a price is held; None when holds are off."""
+        value = self.hold_on_cost_increase_percent
+        if isinstance(value, str) and not value.strip():
+            return None
+        try:
+            percent = parse_amount("hold_on_cost_increase_percent", value)
+        except RuleError as exc:
+            raise ValueError(str(exc)) from None
+        if percent < 0:
+            raise ValueError("hold_on_cost_increase_percent: must not be negative")
+        return percent
+
+    def compiled(self, upstream_currency: str | None = None) -> Pricing:
+        """The rules and hold threshold as :func:`procurd.core.pricing.reprice` takes them."""
+        rules = tuple(block.rule(index + 1) for index, block in enumerate(self.rules))
+        return Pricing(rules, upstream_currency, self.hold_percent())
 
 
 class ProcurementSettings(_Section):
@@ -250,6 +320,7 @@ class Settings(BaseSettings):
     alerts: AlertsSettings = Field(default_factory=AlertsSettings)
     reconcile: ReconcileSettings = Field(default_factory=ReconcileSettings)
     retention: RetentionSettings = Field(default_factory=RetentionSettings)
+    pricing: PricingSettings = Field(default_factory=PricingSettings)
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
 
     @field_validator("upstreams")
@@ -332,7 +403,7 @@ def load_settings(
     if path is not None:
         try:
             with path.open("rb") as handle:
-                data = tomllib.load(handle)
+                data = tomllib.load(handle, parse_float=Decimal)
         except FileNotFoundError:
             raise ConfigError(f"{where}: file not found") from None
         except PermissionError:
@@ -526,7 +597,11 @@ def format_validation_error(
             message = "at least one [[upstreams]] block is required"
         elif message.startswith("Value error, "):
             message = message[len("Value error, ") :]
-        if not location:
+        if error["loc"] == ("pricing",):
+            # The section's own checks name the rule (or the key) themselves.
+            prefix = "" if message.startswith(RULES_LABEL) else "[pricing] "
+            lines.append(f"{source}: {prefix}{message}")
+        elif not location:
             lines.append(f"{source}: {message}")
         elif error["type"] == "value_error" and len(error["loc"]) == 1 and location.startswith("["):
             # A check of the whole section: its message starts with the keys it concerns.
@@ -540,6 +615,9 @@ def _describe_location(loc: tuple[int | str, ...], data: Mapping[str, Any]) -> s
     if not loc:
         return ""
     head, *rest = loc
+    if head == "pricing" and len(rest) >= 2 and rest[0] == "rules" and isinstance(rest[1], int):
+        key = ".".join(str(part) for part in rest[2:])
+        return f"{RULES_LABEL} #{rest[1] + 1}" + (f": {key}" if key else "")
     if head == "upstreams" and rest and isinstance(rest[0], int):
         index = rest[0]
         name = ""

@@ -21,7 +21,6 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from procurd.alerts import AlertDispatcher
 from procurd.background import Supervisor, Worker
-from procurd.catalog.sync import run_sync
 from procurd.config import Settings
 from procurd.core.alerts import Kind, Occurrence
 from procurd.db.errors import DatabaseError
@@ -104,6 +103,7 @@ class Daemon:
         )
         self._start_workers()
         self._start_scheduler()
+        self.runtime.start_catalog_reprice()
         self.notifier.ready(f"listening on {self.public_port} (public) and {self.admin_port} (admin)")
         log.info(
             "daemon.started",
@@ -218,14 +218,7 @@ class Daemon:
 
     def _sync_job(self, upstream: str) -> Callable[[], Awaitable[None]]:
         async def job() -> None:
-            report = await run_sync(
-                self.runtime.database,
-                self.runtime.client(upstream),
-                upstream,
-                page_size=self.settings.catalog.page_size,
-                concurrency=self.settings.catalog.concurrency,
-                holder=self.runtime.instance,
-            )
+            report = await self.runtime.sync_catalog(upstream)
             log.info(
                 "catalog.synced",
                 upstream=upstream,

@@ -188,16 +188,19 @@ def print_status(report: dict[str, Any]) -> None:
         running = ", ".join(
             f"{i['id']} (procurd {i['version']}, beat {when(i['heartbeat_at'])})" for i in alive
         )
-        echo(f"daemon: running: {running}")
+        echo(wrapped(f"running: {running}", indent=8, first="daemon: "))
     else:
         last = max((i["heartbeat_at"] for i in instances), default=None)
-        seen = f"; last heartbeat {when(last)}" if last else "; none has ever run on this database"
-        echo(f"daemon: NOT RUNNING: no procurd daemon is alive{seen}. Orders are taken in but not procured")
-        echo("        until `procurd run` (systemctl start procurd) runs.")
+        seen = f"the last heartbeat was {when(last)}" if last else "none has ever run on this database"
+        text = (
+            f"NOT RUNNING: no procurd daemon is alive ({seen}). Orders are taken in but not procured until "
+            "`procurd run` (systemctl start procurd) runs."
+        )
+        echo(wrapped(text, indent=8, first="daemon: "))
     for instance in instances:
         if instance.get("down_at") and not instance["alive"]:
-            gone = when(instance["down_at"])
-            echo(f"        instance {instance['id']} went down without a clean shutdown {gone}")
+            gone = f"instance {instance['id']} went down without a clean shutdown {when(instance['down_at'])}"
+            echo(wrapped(gone, indent=8))
     for upstream in report["upstreams"]:
         echo()
         echo(f"upstream {upstream['name']}: {'healthy' if upstream['healthy'] else 'NOT HEALTHY'}")

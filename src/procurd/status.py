@@ -173,13 +173,14 @@ def _upstream_status(
 def _last_sync(sync: SyncReport | None) -> dict[str, Any]:
     if sync is None:
         return {
-            "at": None, "ok": None, "status": None, "products": None, "skus": None, "categories": None,
-            "error": None, "started_at": None, "finished_at": None,
+            "at": None, "ok": None, "status": None, "kind": None, "products": None, "skus": None,
+            "categories": None, "error": None, "started_at": None, "finished_at": None,
         }  # fmt: skip
     return {
         "at": iso(sync.finished_at or sync.started_at),
         "ok": sync.ok,
         "status": sync.status,
+        "kind": sync.kind,
         "products": sync.products,
         "skus": sync.skus,
         "categories": sync.categories,

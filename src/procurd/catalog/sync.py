@@ -1,56 +1,71 @@
 """One catalogue sync pass of one upstream: categories, every page of products, their SKUs.
 
-Pages are fetched by ``concurrency`` tasks and handed to a single writer task through a queue (pages fetched
-but not yet stored are bounded); the writer diffs them against the snapshot loaded once at the start and
-writes each batch of pages in one transaction.
-Rows are only marked removed once the listing is known to be complete (every page fetched, as many distinct
-products as the upstream's ``total``); a pass that fails part-way keeps what it wrote and removes nothing.
+Pages are fetched by ``concurrency`` tasks, decoded once, and digested against the snapshot as they arrive;
+only what differs from the mirror is kept and handed to a single writer task through a queue (pages fetched
+but not yet stored are bounded). The writer builds records from the decoded values and stores each batch of
+pages in one transaction on the database's writer (a thread on SQLite), while the next pages are fetched.
+
+A pass is *full* (every page) or *incremental* (only products updated since the last complete pass, asked
+with ``updated_after``). Only a full pass marks rows removed, and only once its listing is known to be
+complete (every page fetched, as many distinct products as the upstream's ``total``) and the removal is not
+suspiciously large (``max_removed_fraction``). After the listing, the products it touched are repriced.
 
 Only one pass per upstream runs at a time across every process on the database: the pass holds the lease
-``catalog-sync:<upstream>`` and renews it while it runs; when another instance holds it the pass is skipped.
+``catalog-sync:<upstream>`` and renews it while it runs; when another instance holds it the pass is skipped
+(and recorded as such).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import math
 import secrets
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import datetime
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
 from typing import Any, Final, Literal, Protocol, TypeVar
 
 import structlog
 
+from procurd.catalog.pricing import CurrencySource, reprice_upstream
+from procurd.config import PricingSettings, Settings
 from procurd.core.catalog import (
     ENTITIES,
     CategoryRules,
     Entity,
     IncompleteRecord,
+    IncrementalMode,
+    PassKind,
+    PassPlan,
     Plan,
     Record,
     Snapshot,
     apply_plan,
     category_record,
+    choose_pass,
     diff_listed,
     diff_unlisted,
-    digest_text,
-    mark_listed,
-    needs_write,
+    digest_of,
+    log_changes,
+    older_than_asked,
+    product_digest,
     product_record,
+    removal_guard,
+    sku_digest,
     sku_record,
+    total_suggests_full_listing,
 )
+from procurd.core.pricing import NewHold
 from procurd.db.database import Database
 from procurd.db.errors import DatabaseError
-from procurd.db.mirror_store import RunTotals
+from procurd.db.mirror_store import RunOutcome, RunTotals
 from procurd.db.stores import Tx
 from procurd.db.types import utcnow
 from procurd.instance import instance_id
 from procurd.logs import scrub
 from procurd.upstream.errors import UpstreamError, truncate
-from procurd.upstream.models import Category, Product, ProductPage
+from procurd.upstream.models import CatalogPage
 from procurd.upstream.ratelimit import Priority
 
 log = structlog.get_logger("procurd.catalog")
@@ -61,28 +76,51 @@ DEFAULT_LEASE_TTL_SECONDS: Final = 60.0
 SKIPPED_BUSY: Final = "another instance is syncing"
 MAX_PAGE_SIZE: Final = 100
 # Rows (products plus SKUs) the writer gathers from queued pages into one transaction at most.
-WRITE_BATCH_ROWS: Final = 1000
+WRITE_BATCH_ROWS: Final = 2000
 MAX_VIOLATIONS: Final = 100
 MAX_ERROR_CHARS: Final = 500
 
-SyncStatus = Literal["running", "ok", "failed", "skipped"]
+SyncStatus = Literal["running", "ok", "failed", "skipped", "suspicious"]
 ProgressCallback = Callable[[int, int], None]
 """``progress(pages_done, pages_total)``, called after each batch of pages is stored."""
 
 
-class CatalogClient(Protocol):
+class CatalogClient(CurrencySource, Protocol):
     """What a sync needs of :class:`procurd.upstream.UpstreamClient`."""
 
-    async def categories(self, *, priority: Priority = ...) -> Sequence[Category]: ...
+    async def catalog_categories(self, *, priority: Priority = ...) -> list[dict[str, Any]]: ...
 
-    async def products(
-        self, page: int = ..., page_size: int = ..., *, priority: Priority = ...
-    ) -> ProductPage: ...
+    async def catalog_page(
+        self,
+        page: int = ...,
+        page_size: int = ...,
+        *,
+        updated_after: datetime | None = ...,
+        priority: Priority = ...,
+    ) -> CatalogPage: ...
+
+
+@dataclass(frozen=True, slots=True)
+class CatalogAlert:
+    """An alert a pass calls for (kinds ``mass_removal_blocked`` and ``price_held``), keyed by upstream."""
+
+    kind: str
+    upstream: str
+    subject: str
+    message: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.kind}:{self.upstream}"
 
 
 @dataclass(frozen=True, slots=True)
 class SyncReport:
-    """The outcome of one sync pass (also what ``sync_runs`` records of it)."""
+    """The outcome of one sync pass (also what ``sync_runs`` records of it).
+
+    ``removals_blocked`` (products a suspicious pass would have removed) and ``new_holds`` are known to the
+    pass itself only; :meth:`alerts` turns them into the alerts they call for.
+    """
 
     run_id: int | None
     upstream: str
@@ -99,6 +137,11 @@ class SyncReport:
     error: str | None
     started_at: datetime
     finished_at: datetime | None
+    kind: PassKind = "full"
+    restored: int = 0
+    ignored_updated_after: bool = False
+    removals_blocked: int = 0
+    new_holds: tuple[NewHold, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -123,6 +166,63 @@ class SyncReport:
             error=row["error"],
             started_at=row["started_at"],
             finished_at=row["finished_at"],
+            kind=row["kind"],
+            restored=int(row["restored"]),
+            ignored_updated_after=bool(row["ignored_updated_after"]),
+        )
+
+    def alerts(self) -> list[CatalogAlert]:
+        """The alerts this pass calls for: ``mass_removal_blocked`` for a suspicious pass, ``price_held``
+        for SKUs it held. Alert delivery takes them from here."""
+        alerts = []
+        if self.status == "suspicious":
+            alerts.append(
+                CatalogAlert(
+                    "mass_removal_blocked",
+                    self.upstream,
+                    f"catalogue removals of {self.upstream} blocked",
+                    self.error or "",
+                )
+            )
+        if self.new_holds:
+            held = ", ".join(
+                f"SKU {hold.sku_id} ({hold.old_cost} -> {hold.new_cost}, +{hold.percent}%)"
+                for hold in self.new_holds[:20]
+            )
+            more = len(self.new_holds) - 20
+            alerts.append(
+                CatalogAlert(
+                    "price_held",
+                    self.upstream,
+                    f"{len(self.new_holds)} selling prices of {self.upstream} held",
+                    held + (f" and {more} more" if more > 0 else ""),
+                )
+            )
+        return alerts
+
+
+@dataclass(frozen=True, slots=True)
+class SyncOptions:
+    """How passes of one upstream run (from the configuration, see :meth:`from_settings`)."""
+
+    page_size: int = 50
+    concurrency: int = 4
+    incremental: IncrementalMode = "off"
+    full_interval_seconds: float = 86400
+    max_removed_fraction: float = 0.2
+    pricing: PricingSettings = field(default_factory=PricingSettings)
+    lease_ttl_seconds: float = DEFAULT_LEASE_TTL_SECONDS
+
+    @classmethod
+    def from_settings(cls, settings: Settings, upstream: str) -> SyncOptions:
+        catalog = settings.catalog
+        return cls(
+            page_size=catalog.page_size,
+            concurrency=catalog.concurrency,
+            incremental=settings.upstream(upstream).incremental_sync,
+            full_interval_seconds=catalog.full_sync_interval_seconds,
+            max_removed_fraction=catalog.max_removed_fraction,
+            pricing=settings.pricing,
         )
 
 
@@ -139,42 +239,60 @@ async def run_sync(
     client: CatalogClient,
     upstream_name: str,
     *,
-    page_size: int = 50,
-    concurrency: int = 4,
+    options: SyncOptions | None = None,
+    full: bool = False,
+    allow_mass_removal: bool = False,
     holder: str | None = None,
     progress: ProgressCallback | None = None,
-    lease_ttl_seconds: float = DEFAULT_LEASE_TTL_SECONDS,
+    page_size: int | None = None,
+    concurrency: int | None = None,
+    lease_ttl_seconds: float | None = None,
 ) -> SyncReport:
     """Mirror ``upstream_name``'s catalogue once and report how it went.
 
     Failures of the upstream, and of the database during the pass, end the pass as ``failed`` and are
     recorded on its run; only a database too broken to take the lease or record the run raises.
 
-    ``page_size`` is what is asked for; the page size and total the upstream answers with are followed.
-    ``holder`` names this instance in the lease (default ``host:pid``); a pass that finds the lease held
-    elsewhere returns a ``skipped`` report without touching the mirror.
+    ``full`` asks for a full pass whatever ``options.incremental`` says; ``allow_mass_removal`` applies
+    removals that ``options.max_removed_fraction`` would block. ``page_size`` is what is asked for; the page
+    size and total the upstream answers with are followed. ``holder`` names this instance in the lease
+    (default ``host:pid``); a pass that finds the lease held elsewhere is recorded as ``skipped`` without
+    touching the mirror. ``page_size``, ``concurrency`` and ``lease_ttl_seconds`` override ``options``.
     """
-    if concurrency < 1:
+    options = options or SyncOptions()
+    if page_size is not None:
+        options = replace(options, page_size=page_size)
+    if concurrency is not None:
+        options = replace(options, concurrency=concurrency)
+    if lease_ttl_seconds is not None:
+        options = replace(options, lease_ttl_seconds=lease_ttl_seconds)
+    if options.concurrency < 1:
         raise ValueError("concurrency must be at least 1")
     lease_name = LEASE_PREFIX + upstream_name
     # A token per pass: two passes in one process exclude each other like passes on two machines.
     lease_holder = f"{holder or instance_id()}#{secrets.token_hex(4)}"
     now = utcnow()
     if not await database.write(
-        lambda tx: tx.leases.acquire(lease_name, lease_holder, now, lease_ttl_seconds)
+        lambda tx: tx.leases.acquire(lease_name, lease_holder, now, options.lease_ttl_seconds)
     ):
-        log.info("catalog_sync_skipped", upstream=upstream_name, reason=SKIPPED_BUSY)
-        now = utcnow()
-        return SyncReport(None, upstream_name, "skipped", 0, 0, 0, 0, 0, 0, 0, 0, [], SKIPPED_BUSY, now, now)
+        kind: PassKind = "full" if full or options.incremental == "off" else "incremental"
+        run_id = await database.write(
+            lambda tx: tx.mirror.record_skipped(upstream_name, now, kind, SKIPPED_BUSY)
+        )
+        log.info("catalog_sync_skipped", upstream=upstream_name, reason=SKIPPED_BUSY, run_id=run_id)
+        return SyncReport(
+            run_id, upstream_name, "skipped", 0, 0, 0, 0, 0, 0, 0, 0, [], SKIPPED_BUSY, now, now, kind
+        )
     try:
         sync = _SyncPass(
             database,
             client,
             upstream_name,
-            page_size=min(max(page_size, 1), MAX_PAGE_SIZE),
-            concurrency=concurrency,
+            options=replace(options, page_size=min(max(options.page_size, 1), MAX_PAGE_SIZE)),
+            force_full=full,
+            allow_mass_removal=allow_mass_removal,
             progress=progress,
-            lease=_Lease(lease_name, lease_holder, lease_ttl_seconds),
+            lease=_Lease(lease_name, lease_holder, options.lease_ttl_seconds),
         )
         return await sync.run()
     finally:
@@ -182,7 +300,7 @@ async def run_sync(
 
 
 async def last_sync(database: Database, upstream: str, *, finished: bool = False) -> SyncReport | None:
-    """The most recent sync pass of ``upstream``, or ``None``.
+    """The most recent pass of ``upstream`` that ran (skipped ones are not), or ``None``.
 
     While a pass is under way that is the ``running`` one, unless ``finished`` asks for the last that ended.
     """
@@ -210,40 +328,52 @@ def _renew(tx: Tx, lease: _Lease, now: datetime) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
-class _ListedSku:
-    id: int
-    digest: str
-    document: str | None  # the SKU's JSON, kept only when the mirror's row differs
+class _Changes:
+    """What a sync needs of a listed product that differs from the mirror: its decoded payload, its digest,
+    and each SKU's digest (None where the SKU's row is unchanged)."""
+
+    digest: bytes
+    payload: dict[str, Any]
+    sku_digests: tuple[bytes | None, ...]
 
 
 @dataclass(frozen=True, slots=True)
 class _ListedProduct:
-    """A listed product, digested; its JSON is kept only where it differs from the mirror's rows.
-
-    Pages wait for the writer in this form: JSON text takes a fraction of the memory of parsed models.
-    """
+    """A listed product, digested as a whole; only one that differs from the mirror keeps its payload
+    (pages wait for the writer in this form)."""
 
     id: int
     category_id: int | None
-    digest: str
-    document: str | None
-    skus: tuple[_ListedSku, ...]
+    sku_ids: tuple[int, ...]
+    changes: _Changes | None = None
+    problem: str | None = None
 
     @classmethod
-    def of(cls, product: Product, snapshot: Mapping[Entity, Snapshot]) -> _ListedProduct:
-        # Digests of the client's JSON serialization: the upstream's fields, stable from one sync to the next.
+    def of(cls, payload: dict[str, Any], snapshot: Mapping[Entity, Snapshot]) -> _ListedProduct:
         # A listed id's snapshot entry only changes when the writer stores that very listing, so what is
         # unchanged now is still unchanged when the page is written.
-        skus = []
-        for sku in product.skus:
-            sku_document = sku.model_dump_json()
-            sku_digest = digest_text(sku_document, product.id)
-            changed = needs_write(snapshot["sku"], sku.id, sku_digest)
-            skus.append(_ListedSku(sku.id, sku_digest, sku_document if changed else None))
-        document = product.model_dump_json(exclude={"skus"})
-        digest = digest_text(document)
-        changed = needs_write(snapshot["product"], product.id, digest)
-        return cls(product.id, product.category_id, digest, document if changed else None, tuple(skus))
+        identity: int = payload["id"]
+        category = payload.get("category_id")
+        category_id = category if type(category) is int else None
+        sku_payloads = payload.get("skus") or ()
+        sku_ids = tuple(sku["id"] for sku in sku_payloads)
+        try:
+            digest = product_digest(payload)
+            skus = snapshot["sku"]
+            # A SKU the mirror lacks (one it could not store) sends the product down the long way, so the
+            # reason is reported again on every pass.
+            if not snapshot["product"].needs_write(identity, digest) and all(map(skus.live, sku_ids)):
+                return cls(identity, category_id, sku_ids)
+            sku_digests = tuple(
+                digested if skus.needs_write(sku_id, digested) else None
+                for sku_id, digested in zip(
+                    sku_ids, (sku_digest(sku, identity) for sku in sku_payloads), strict=True
+                )
+            )
+        except TypeError as exc:
+            problem = f"product {identity} cannot be stored as JSON ({exc}): not mirrored"
+            return cls(identity, category_id, sku_ids, problem=problem)
+        return cls(identity, category_id, sku_ids, _Changes(digest, payload, sku_digests))
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,7 +383,7 @@ class _FetchedPage:
 
     @property
     def rows(self) -> int:
-        return sum(1 + len(listed.skus) for listed in self.products)
+        return sum(1 + len(listed.sku_ids) for listed in self.products)
 
 
 class _Done:
@@ -267,8 +397,8 @@ _DONE: Final = _Done()
 class _Listing:
     """What the upstream listed during this pass.
 
-    Listed ids that the mirror holds are marked in the snapshot itself (:func:`mark_listed`); only ids
-    that could not be mirrored are kept here, to recognise them when a shifting listing repeats them.
+    Listed ids that the mirror holds are marked in the snapshot itself (:meth:`Snapshot.mark_listed`); only
+    ids that could not be mirrored are kept here, to recognise them when a shifting listing repeats them.
     """
 
     counts: dict[Entity, int] = field(default_factory=lambda: dict.fromkeys(ENTITIES, 0))
@@ -278,6 +408,47 @@ class _Listing:
     pages_total: int = 0
 
 
+@dataclass(slots=True)
+class _Written:
+    """What a batch's writes touched, for repricing: products, and SKUs' cost changes."""
+
+    products: set[int] = field(default_factory=set)
+    cost_rises: dict[int, tuple[str, str]] = field(default_factory=dict)
+
+    def add(self, other: _Written) -> None:
+        self.products |= other.products
+        self.cost_rises.update(other.cost_rises)
+
+
+def _write_plans(
+    tx: Tx, upstream: str, plans: Sequence[Plan], *, run_id: int, now: datetime, log_additions: bool
+) -> _Written:
+    """Write ``plans`` with their change-log entries (old values read from the rows they rewrite)."""
+    written = _Written()
+    for plan in plans:
+        # Rows in id order: concurrent writers on PostgreSQL then lock them in one order.
+        for records in (plan.inserts, plan.updates, plan.restores):
+            records.sort(key=lambda record: record.id)
+        plan.removals.sort()
+        known_ids = plan.known_ids()
+        known = tx.mirror.known_rows(upstream, plan.entity, known_ids) if known_ids else None
+        log_changes(plan, known.tracked if known else {}, log_additions=log_additions)
+        tx.mirror.write_plan(upstream, plan, run_id=run_id, now=now)
+        if plan.entity == "product":
+            written.products.update(record.id for record in (*plan.inserts, *plan.updates, *plan.restores))
+            written.products.update(plan.removals)
+        elif plan.entity == "sku":
+            written.products.update(
+                record.values["product_id"] for record in (*plan.inserts, *plan.updates, *plan.restores)
+            )
+            if known is not None:
+                written.products.update(known.product_of.values())
+            for change in plan.changes:
+                if change.field == "price_amount" and change.old_value is not None and change.new_value:
+                    written.cost_rises[change.entity_id] = (change.old_value, change.new_value)
+    return written
+
+
 class _SyncPass:
     def __init__(
         self,
@@ -285,16 +456,18 @@ class _SyncPass:
         client: CatalogClient,
         upstream: str,
         *,
-        page_size: int,
-        concurrency: int,
+        options: SyncOptions,
+        force_full: bool,
+        allow_mass_removal: bool,
         progress: ProgressCallback | None,
         lease: _Lease,
     ) -> None:
         self._database = database
         self._client = client
         self._upstream = upstream
-        self._page_size = page_size
-        self._concurrency = concurrency
+        self._options = options
+        self._force_full = force_full
+        self._allow_mass_removal = allow_mass_removal
         self._progress = progress
         self._lease = lease
         self._totals = RunTotals()
@@ -306,15 +479,48 @@ class _SyncPass:
         self._run_id = 0
         self._started_at = utcnow()
         self._finished = asyncio.Event()
-        # Pages fetched but not yet stored: bounded, so memory does not grow when fetching outpaces writing.
-        self._window = asyncio.Semaphore(max(2, concurrency))
+        self._plan = PassPlan("full", None, "")
+        self._initial = False
+        self._ignored_updated_after = False
+        self._live_products = 0
+        self._written = _Written()
+        self._removals_blocked = 0
+        self._blocked_reason: str | None = None
+        self._new_holds: tuple[NewHold, ...] = ()
+        # Pages being fetched or waiting to be stored: bounded, so memory does not grow when fetching outpaces
+        # writing, yet wide enough that fetching goes on while the writer stores a batch.
+        self._window = asyncio.Semaphore(max(2, 2 * options.concurrency))
+
+    @property
+    def _page_size(self) -> int:
+        return self._options.page_size
 
     async def run(self) -> SyncReport:
         self._started_at = utcnow()
         started = self._started_at
+        history = await self._database.read(lambda tx: tx.mirror.pass_history(self._upstream))
+        self._initial = history.last_complete_at is None
+        self._plan = choose_pass(
+            history,
+            started,
+            mode=self._options.incremental,
+            full_interval=timedelta(seconds=self._options.full_interval_seconds),
+            force_full=self._force_full,
+        )
         await self._database.write(lambda tx: tx.mirror.close_interrupted_runs(self._upstream, started))
-        self._run_id = await self._database.write(lambda tx: tx.mirror.start_run(self._upstream, started))
-        log.info("catalog_sync_started", upstream=self._upstream, run_id=self._run_id)
+        self._run_id = await self._database.write(
+            lambda tx: tx.mirror.start_run(self._upstream, started, self._plan.kind)
+        )
+        if self._plan.updated_after is not None:
+            await self._record_kind()
+        log.info(
+            "catalog_sync_started",
+            upstream=self._upstream,
+            run_id=self._run_id,
+            kind=self._plan.kind,
+            reason=self._plan.reason,
+            updated_after=self._plan.updated_after,
+        )
         keeper = asyncio.create_task(self._keep_lease())
         try:
             return await self._execute()
@@ -322,55 +528,85 @@ class _SyncPass:
             self._finished.set()
             await keeper
 
+    async def _record_kind(self) -> None:
+        kind, since = self._plan.kind, self._plan.updated_after
+        await self._database.write(lambda tx: tx.mirror.set_run_kind(self._run_id, kind, since))
+
     async def _execute(self) -> SyncReport:
         try:
             await self._collect()
-            removals = self._removal_plans()
+            removals = self._removal_plans() if self._plan.kind == "full" else []
+            status: SyncStatus = "suspicious" if self._removals_blocked else "ok"
+            error = self._blocked_reason
         except asyncio.CancelledError:
-            await self._finish("failed", "cancelled before it finished", ())
+            await self._finish("failed", "cancelled before it finished", (), reprice=False)
             raise
         except Exception as exc:  # noqa: BLE001 - every failure is recorded on the run, never raised
             return await self._finish("failed", describe_error(exc), ())
-        self._totals.count(removals)
-        return await self._finish("ok", None, removals)
+        return await self._finish(status, error, removals)
 
-    async def _finish(self, status: SyncStatus, error: str | None, removals: Sequence[Plan]) -> SyncReport:
+    async def _finish(
+        self, status: SyncStatus, error: str | None, removals: Sequence[Plan], *, reprice: bool = True
+    ) -> SyncReport:
+        if removals:
+            try:
+                await self._write(removals)
+            except Exception as exc:  # noqa: BLE001 - recorded on the run
+                status, error = "failed", describe_error(exc)
+        if reprice:
+            await self._reprice()
         self._totals.categories = self._listing.counts["category"]
         self._totals.products = self._listing.counts["product"]
         self._totals.skus = self._listing.counts["sku"]
         if self._violations_left_out:
             self._totals.violations.append(f"... and {self._violations_left_out} more violations")
         finished_at = utcnow()
-        await self._database.write(
-            lambda tx: tx.mirror.finish_run(
-                self._run_id,
-                upstream=self._upstream,
-                status=status,
-                finished_at=finished_at,
-                totals=self._totals,
-                error=error,
-                plans=removals,
-            )
+        outcome = RunOutcome(
+            status, self._plan.kind, finished_at, self._totals, error, self._ignored_updated_after
         )
+        await self._database.write(lambda tx: tx.mirror.finish_run(self._run_id, outcome))
         report = self._report(status, error, finished_at)
-        event = "catalog_sync_finished" if status == "ok" else "catalog_sync_failed"
+        event = "catalog_sync_finished" if status == "ok" else f"catalog_sync_{status}"
         emit = log.info if status == "ok" else log.warning
         emit(
             event,
             upstream=self._upstream,
             run_id=self._run_id,
+            kind=report.kind,
             seconds=round((finished_at - self._started_at).total_seconds(), 3),
             pages=report.pages,
             products=report.products,
             skus=report.skus,
             added=report.added,
+            restored=report.restored,
             changed=report.changed,
             removed=report.removed,
             rows_written=report.rows_written,
             violations=len(report.violations),
+            held=len(report.new_holds),
             error=error,
         )
         return report
+
+    async def _reprice(self) -> None:
+        """Reprice the products this pass wrote (a failure is a violation: the listing stays stored)."""
+        try:
+            repriced = await reprice_upstream(
+                self._database,
+                self._upstream,
+                self._options.pricing,
+                client=self._client,
+                product_ids=self._written.products,
+                cost_rises=self._written.cost_rises,
+                run_id=self._run_id,
+                log_changes=not self._initial,
+            )
+        except (DatabaseError, UpstreamError) as exc:
+            self._violation(f"selling prices not recomputed: {describe_error(exc)}")
+            return
+        for problem in repriced.problems:
+            self._violation(problem)
+        self._new_holds = tuple(repriced.new_holds)
 
     def _report(self, status: SyncStatus, error: str | None, finished_at: datetime) -> SyncReport:
         totals = self._totals
@@ -390,6 +626,11 @@ class _SyncPass:
             error=error,
             started_at=self._started_at,
             finished_at=finished_at,
+            kind=self._plan.kind,
+            restored=totals.restored,
+            ignored_updated_after=self._ignored_updated_after,
+            removals_blocked=self._removals_blocked,
+            new_holds=self._new_holds,
         )
 
     # --- the lease ---------------------------------------------------------------------------------------
@@ -418,19 +659,27 @@ class _SyncPass:
 
     # --- fetching and writing ----------------------------------------------------------------------------
 
+    async def _page(self, number: int, page_size: int) -> CatalogPage:
+        return await self._client.catalog_page(
+            number, page_size, updated_after=self._plan.updated_after, priority=Priority.CATALOG
+        )
+
     async def _collect(self) -> None:
         # The snapshot loads from the database while the first answers come from the upstream. When one of
         # them fails the others still finish: a database read cut off mid-way can leave SQLite locked.
-        # Shielded too, so a cancellation from outside (shutdown) never cuts the read short either.
         snapshot, categories, first = await asyncio.gather(
             self._database.read(lambda tx: tx.mirror.load_snapshot(self._upstream)),
-            self._client.categories(priority=Priority.CATALOG),
-            self._client.products(1, self._page_size, priority=Priority.CATALOG),
+            self._client.catalog_categories(priority=Priority.CATALOG),
+            self._page(1, self._page_size),
             return_exceptions=True,
         )
         self._snapshot = _outcome(snapshot)
-        await self._sync_categories(_outcome(categories))
+        self._live_products = self._snapshot["product"].live_count()
         first_page = _outcome(first)
+        ignored = self._plan.kind == "incremental" and self._upstream_ignores_filter(first_page, first=True)
+        if ignored and self._options.incremental == "auto":
+            first_page = await self._fall_back_to_full()
+        await self._sync_categories(_outcome(categories))
         self._follow_first_page(first_page)
         fetched_first = self._fetched(1, first_page)
         await self._window.acquire()
@@ -440,23 +689,59 @@ class _SyncPass:
             tasks.create_task(self._fetch_pages(queue, fetched_first))
         if self._failure is not None:
             raise self._failure
-        self._check_complete()
+        if self._plan.kind == "full":
+            self._check_complete()
 
-    async def _sync_categories(self, categories: Sequence[Category]) -> None:
+    def _upstream_ignores_filter(self, page: CatalogPage, *, first: bool) -> bool:
+        """Whether an incremental answer shows that the upstream did not filter by ``updated_after``: a
+        product updated before it, or (first page) a total as long as the whole mirrored catalogue."""
+        since = self._plan.updated_after
+        assert since is not None
+        older = older_than_asked(page.items, since)
+        if older is not None:
+            evidence = f"product {older} was last updated before the updated_after asked for"
+        elif first and total_suggests_full_listing(page.total, self._live_products, page.page_size):
+            evidence = f"its total {page.total} covers the {self._live_products} products already mirrored"
+        else:
+            return False
+        if not self._ignored_updated_after:
+            log.warning(
+                "catalog_sync_updated_after_ignored",
+                upstream=self._upstream,
+                evidence=evidence,
+                mode=self._options.incremental,
+            )
+        self._ignored_updated_after = True
+        return True
+
+    async def _fall_back_to_full(self) -> CatalogPage:
+        self._plan = PassPlan("full", None, "the upstream ignored updated_after")
+        await self._record_kind()
+        return await self._page(1, self._page_size)
+
+    async def _sync_categories(self, categories: Sequence[dict[str, Any]]) -> None:
         records: dict[int, Record] = {}
-        for category in categories:
-            if category.id not in records:
-                digest = digest_text(category.model_dump_json())
-                records[category.id] = category_record(category.model_dump(mode="json"), digest)
-        for identity in records:
-            mark_listed(self._snapshot["category"], identity)
-        self._listing.counts["category"] = len(records)
+        listed: set[int] = set()
+        for payload in categories:
+            identity = payload["id"]
+            if identity in listed:
+                continue
+            # Listed counts whether or not it can be stored: an unusable category is never removed for it.
+            listed.add(identity)
+            self._snapshot["category"].mark_listed(identity)
+            try:
+                records[identity] = category_record(payload, digest_of(payload))
+            except IncompleteRecord as exc:
+                self._violation(str(exc))
+            except TypeError as exc:
+                self._violation(f"category {identity} cannot be stored as JSON ({exc}): not mirrored")
+        self._listing.counts["category"] = len(listed)
         self._rules = CategoryRules.from_records(records.values())
         for violation in self._rules.category_violations():
             self._violation(violation)
         await self._write([diff_listed("category", records.values(), self._snapshot["category"])])
 
-    def _follow_first_page(self, first: ProductPage) -> None:
+    def _follow_first_page(self, first: CatalogPage) -> None:
         self._check_page_number(first, 1)
         answered = first.page_size if first.page_size > 0 else len(first.items) or self._page_size
         self._listing.page_size = min(answered, MAX_PAGE_SIZE)
@@ -470,18 +755,18 @@ class _SyncPass:
                 answered=self._listing.page_size,
             )
 
-    def _check_page_number(self, page: ProductPage, number: int) -> None:
+    def _check_page_number(self, page: CatalogPage, number: int) -> None:
         if page.page != number:
             raise IncompleteListing(f"asked for page {number}, the upstream answered page {page.page}")
 
-    def _fetched(self, number: int, page: ProductPage) -> _FetchedPage:
-        return _FetchedPage(number, [_ListedProduct.of(product, self._snapshot) for product in page.items])
+    def _fetched(self, number: int, page: CatalogPage) -> _FetchedPage:
+        return _FetchedPage(number, [_ListedProduct.of(item, self._snapshot) for item in page.items])
 
     async def _fetch_pages(self, queue: asyncio.Queue[_FetchedPage | _Done], first: _FetchedPage) -> None:
         queue.put_nowait(first)
         numbers = iter(range(2, self._listing.pages_total + 1))
         async with asyncio.TaskGroup() as tasks:
-            for _ in range(min(self._concurrency, self._listing.pages_total - 1)):
+            for _ in range(min(self._options.concurrency, self._listing.pages_total - 1)):
                 tasks.create_task(self._fetch_worker(numbers, queue))
         queue.put_nowait(_DONE)
 
@@ -492,9 +777,11 @@ class _SyncPass:
                 self._window.release()
                 return
             try:
-                page = await self._client.products(number, self._listing.page_size, priority=Priority.CATALOG)
+                page = await self._page(number, self._listing.page_size)
                 self._check_page_number(page, number)
                 self._listing.totals.add(page.total)
+                if self._plan.kind == "incremental":
+                    self._upstream_ignores_filter(page, first=False)
                 fetched = self._fetched(number, page)
             except Exception as exc:  # noqa: BLE001 - ends the fetching; the pass records it as failed
                 self._window.release()
@@ -531,22 +818,28 @@ class _SyncPass:
         skus: list[Record] = []
         for page in pages:
             for listed in page.products:
+                if listed.changes is None and listed.problem is None:
+                    self._unchanged(listed)
+                    continue
                 if not self._first_listing("product", listed.id, new_ids):
                     continue  # seen on an earlier page: the listing shifted under us
-                if listed.category_id is not None:
-                    violation = self._rules.product_violation(listed.id, listed.category_id)
-                    if violation is not None:
-                        self._violation(violation)
-                fresh_skus = [sku for sku in listed.skus if self._first_listing("sku", sku.id, new_ids)]
-                if listed.document is not None:
-                    try:
-                        products.append(product_record(json.loads(listed.document), listed.digest))
-                    except IncompleteRecord as exc:
-                        self._violation(str(exc))
-                        self._not_mirrored("product", [listed.id], new_ids)
-                        self._not_mirrored("sku", [sku.id for sku in fresh_skus], new_ids)
-                        continue
-                skus.extend(self._changed_skus(listed.id, fresh_skus, new_ids))
+                self._check_category(listed)
+                fresh_skus = [
+                    position
+                    for position, sku_id in enumerate(listed.sku_ids)
+                    if self._first_listing("sku", sku_id, new_ids)
+                ]
+                changes = listed.changes
+                if changes is None:
+                    if listed.problem is not None:
+                        self._unusable(listed, listed.problem, fresh_skus, new_ids)
+                    continue
+                try:
+                    products.append(product_record(changes.payload, changes.digest))
+                except IncompleteRecord as exc:
+                    self._unusable(listed, str(exc), fresh_skus, new_ids)
+                    continue
+                skus.extend(self._changed_skus(listed, changes, fresh_skus, new_ids))
         await self._write(
             [
                 diff_listed("product", products, self._snapshot["product"]),
@@ -557,10 +850,33 @@ class _SyncPass:
         if self._progress is not None:
             self._progress(self._totals.pages, self._listing.pages_total)
 
+    def _unchanged(self, listed: _ListedProduct) -> None:
+        """A product the mirror holds as listed, SKUs included: only noted as listed (and checked)."""
+        if not self._snapshot["product"].mark_listed(listed.id):
+            return  # seen on an earlier page: the listing shifted under us
+        counts = self._listing.counts
+        counts["product"] += 1
+        skus = self._snapshot["sku"]
+        counts["sku"] += sum(skus.mark_listed(sku_id) for sku_id in listed.sku_ids)
+        self._check_category(listed)
+
+    def _check_category(self, listed: _ListedProduct) -> None:
+        if listed.category_id is not None:
+            violation = self._rules.product_violation(listed.id, listed.category_id)
+            if violation is not None:
+                self._violation(violation)
+
+    def _unusable(
+        self, listed: _ListedProduct, problem: str, fresh_skus: Sequence[int], new_ids: dict[Entity, set[int]]
+    ) -> None:
+        self._violation(problem)
+        self._not_mirrored("product", [listed.id], new_ids)
+        self._not_mirrored("sku", [listed.sku_ids[position] for position in fresh_skus], new_ids)
+
     def _first_listing(self, entity: Entity, identity: int, new_ids: dict[Entity, set[int]]) -> bool:
         """Note that ``identity`` is listed; False when this pass already saw it (a shifted listing)."""
         if identity in self._snapshot[entity]:
-            first = mark_listed(self._snapshot[entity], identity)
+            first = self._snapshot[entity].mark_listed(identity)
         else:
             # Not mirrored yet: it becomes a listed snapshot entry when this batch is written.
             first = identity not in new_ids[entity] and identity not in self._listing.unmirrored[entity]
@@ -577,28 +893,43 @@ class _SyncPass:
                 self._listing.unmirrored[entity].add(identity)
 
     def _changed_skus(
-        self, product_id: int, skus: Sequence[_ListedSku], new_ids: dict[Entity, set[int]]
+        self,
+        listed: _ListedProduct,
+        changes: _Changes,
+        fresh_skus: Sequence[int],
+        new_ids: dict[Entity, set[int]],
     ) -> list[Record]:
+        payloads = changes.payload["skus"]
         records = []
-        for sku in skus:
-            if sku.document is not None:
-                try:
-                    records.append(sku_record(json.loads(sku.document), product_id, sku.digest))
-                except IncompleteRecord as exc:
-                    self._violation(str(exc))
-                    self._not_mirrored("sku", [sku.id], new_ids)
+        for position in fresh_skus:
+            digest = changes.sku_digests[position]
+            if digest is None:
+                continue
+            try:
+                records.append(sku_record(payloads[position], listed.id, digest))
+            except IncompleteRecord as exc:
+                self._violation(str(exc))
+                self._not_mirrored("sku", [listed.sku_ids[position]], new_ids)
         return records
 
     async def _write(self, plans: Sequence[Plan]) -> None:
         if self._failure is not None:
             raise self._failure
+        if not any(plan.rows for plan in plans):
+            return
         now = utcnow()
-        await self._database.write(
-            lambda tx: tx.mirror.write_plans(self._upstream, plans, run_id=self._run_id, now=now)
+        written = await self._database.write(
+            _write_plans,
+            self._upstream,
+            plans,
+            run_id=self._run_id,
+            now=now,
+            log_additions=not self._initial,
         )
         for plan in plans:
             apply_plan(self._snapshot[plan.entity], plan)
         self._totals.count(plans)
+        self._written.add(written)
 
     # --- completeness and removals -----------------------------------------------------------------------
 
@@ -615,7 +946,23 @@ class _SyncPass:
             )
 
     def _removal_plans(self) -> list[Plan]:
-        return [diff_unlisted(entity, self._snapshot[entity]) for entity in ENTITIES]
+        plans = [diff_unlisted(entity, self._snapshot[entity]) for entity in ENTITIES]
+        products_removed = next(plan.removed for plan in plans if plan.entity == "product")
+        (total,) = self._listing.totals
+        guard = removal_guard(
+            products_removed=products_removed,
+            live_products=self._live_products,
+            total_listed=total,
+            max_fraction=self._options.max_removed_fraction,
+            allowed=self._allow_mass_removal,
+        )
+        if guard.reason is not None:
+            log.warning("catalog_sync_mass_removal", upstream=self._upstream, reason=guard.reason)
+        if guard.blocked:
+            self._removals_blocked = products_removed
+            self._blocked_reason = guard.reason
+            return []
+        return plans
 
     def _violation(self, text: str) -> None:
         if len(self._totals.violations) >= MAX_VIOLATIONS:

@@ -87,6 +87,12 @@ class HealthStore:
             ],
         )
 
+    def currency(self, upstream: str) -> str | None:
+        """The currency the upstream's last successful ping reported, if any."""
+        statement = select(upstream_health.c.currency).where(upstream_health.c.upstream == upstream)
+        value = self.connection.execute(statement).scalar()
+        return None if value is None else str(value)
+
     def all(self) -> dict[str, UpstreamHealth]:
         rows = self.connection.execute(select(upstream_health)).mappings()
         return {row["upstream"]: UpstreamHealth(**row) for row in rows}

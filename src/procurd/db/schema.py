@@ -19,6 +19,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    text,
 )
 
 from procurd.db.types import JsonDocument, Money, UtcDateTime
@@ -84,6 +85,9 @@ mirror_products = Table(
     Column("created_at", String(64), nullable=True),
     Column("updated_at", String(64), nullable=True),
     *_mirror_columns(),
+    # The cheapest live priced SKU's selling price (procurd's own, from [pricing]; not upstream fields).
+    Column("sell_price", Money(), nullable=True),
+    Column("sell_currency", String(16), nullable=True),
 )
 
 mirror_skus = Table(
@@ -101,7 +105,20 @@ mirror_skus = Table(
     Column("stock_quantity", BigInteger, nullable=False),
     Column("is_active", Boolean, nullable=False),
     *_mirror_columns(),
+    # The selling price from [pricing] (procurd's own); while price_held_at is set it keeps its old value.
+    Column("sell_price", Money(), nullable=True),
+    Column("sell_currency", String(16), nullable=True),
+    Column("price_held_at", UtcDateTime(), nullable=True),
+    Column("held_cost", Money(), nullable=True),
     Index("ix_mirror_skus_product", "upstream", "product_id"),
+    # Only held SKUs are indexed: the index costs nothing on the rows a sync inserts.
+    Index(
+        "ix_mirror_skus_held",
+        "upstream",
+        "price_held_at",
+        sqlite_where=text("price_held_at IS NOT NULL"),
+        postgresql_where=text("price_held_at IS NOT NULL"),
+    ),
 )
 
 mirror_changes = Table(
@@ -128,12 +145,16 @@ sync_runs = Table(
     Column("upstream", String(64), nullable=False),
     Column("started_at", UtcDateTime(), nullable=False),
     Column("finished_at", UtcDateTime(), nullable=True),
-    Column("status", String(16), nullable=False),  # running | ok | failed
+    Column("status", String(16), nullable=False),  # running | ok | failed | suspicious | skipped
+    Column("kind", String(16), nullable=False, default="full"),  # full | incremental
+    Column("updated_after", UtcDateTime(), nullable=True),  # what an incremental pass asked for
+    Column("ignored_updated_after", Boolean, nullable=False, default=False),
     Column("pages", Integer, nullable=False, default=0),
     Column("categories", Integer, nullable=False, default=0),
     Column("products", Integer, nullable=False, default=0),
     Column("skus", Integer, nullable=False, default=0),
     Column("added", Integer, nullable=False, default=0),
+    Column("restored", Integer, nullable=False, default=0),
     Column("changed", Integer, nullable=False, default=0),
     Column("removed", Integer, nullable=False, default=0),
     Column("rows_written", Integer, nullable=False, default=0),

@@ -1,4 +1,5 @@
-"""The admin listener: order intake, order reads and cancels, the exception queue, status, metrics.
+"""The admin listener: order intake, order reads and cancels, the exception queue, catalogue passes and price
+holds, status, metrics.
 
 JSON everywhere. Success answers carry ``"ok": true``; failures
 ``{"ok": false, "error_code", "error_message"}`` with a meaningful HTTP status. When ``server.admin_token``
@@ -16,6 +17,7 @@ from aiohttp.typedefs import Middleware
 from prometheus_client.aiohttp import make_aiohttp_handler
 
 from procurd.alerts import alert_view
+from procurd.catalog.pricing import holds, release_hold
 from procurd.core.alerts import KINDS
 from procurd.core.exact import loads_exact
 from procurd.core.intake import CONFLICTS, MALFORMED, IntakeError, parse_order_request
@@ -302,6 +304,75 @@ async def list_reconciliations(request: web.Request) -> web.Response:
     return json_response({"ok": True, "runs": runs})
 
 
+def _upstream_name(runtime: Runtime, name: str) -> str:
+    if name not in {upstream.name for upstream in runtime.settings.upstreams}:
+        raise ApiError(404, "unknown_upstream", f"no upstream {name!r} is configured")
+    return name
+
+
+async def list_price_holds(request: web.Request) -> web.Response:
+    """SKUs whose selling price is held after a steep cost increase (``upstream`` filter), oldest first."""
+    runtime = request.app[RUNTIME]
+    upstream = _query_text(request, "upstream")
+    if upstream is not None:
+        _upstream_name(runtime, upstream)
+    return json_response({"ok": True, "items": await holds(runtime.database, upstream)})
+
+
+async def release_price_hold(request: web.Request) -> web.Response:
+    """Release a SKU's price hold: it is priced from the rules and its current cost at once."""
+    runtime = request.app[RUNTIME]
+    upstream = _upstream_name(runtime, request.match_info["upstream"])
+    raw = request.match_info["sku_id"]
+    if not (raw.isascii() and raw.isdigit()) or int(raw) > MAX_ID:
+        raise ApiError(400, "invalid_id", "the SKU id must be a non-negative integer")
+    sku_id = int(raw)
+    released = await release_hold(
+        runtime.database, upstream, sku_id, runtime.settings.pricing, client=runtime.client(upstream)
+    )
+    if released is None:
+        raise ApiError(404, "hold_not_found", f"SKU {sku_id} of {upstream} has no price hold")
+    return json_response(
+        {
+            "ok": True,
+            "upstream": upstream,
+            "sku_id": sku_id,
+            "sell_price": released.sell_price,
+            "sell_currency": released.sell_currency,
+        }
+    )
+
+
+async def start_catalog_sync(request: web.Request) -> web.Response:
+    """Start a catalogue pass now: ``{"upstream": NAME, "full": true, "allow_mass_removal": false}``; 202."""
+    runtime = request.app[RUNTIME]
+    body = await _json_object(request, optional=True)
+    unknown = sorted(set(body) - {"upstream", "full", "allow_mass_removal"})
+    if unknown:
+        raise ApiError(400, "invalid_request", f"unknown field {unknown[0]!r}")
+    names = [upstream.name for upstream in runtime.settings.upstreams]
+    name = body.get("upstream")
+    if name is None:
+        if len(names) != 1:
+            raise ApiError(400, "upstream_required", f"name the upstream: one of {', '.join(names)}")
+        name = names[0]
+    if not isinstance(name, str):
+        raise ApiError(400, "invalid_request", "upstream must be a string")
+    upstream = _upstream_name(runtime, name)
+    flags = {}
+    for flag in ("full", "allow_mass_removal"):
+        value = body.get(flag, False)
+        if not isinstance(value, bool):
+            raise ApiError(400, "invalid_request", f"{flag} must be true or false")
+        flags[flag] = value
+    if flags["allow_mass_removal"] and not flags["full"]:
+        raise ApiError(400, "invalid_request", "allow_mass_removal needs full: only a full pass removes")
+    if not runtime.start_catalog_sync(upstream, **flags):
+        raise ApiError(409, "sync_in_progress", f"a pass of {upstream} is already running in this instance")
+    log.info("catalog.sync_requested", upstream=upstream, **flags)
+    return json_response({"ok": True, "upstream": upstream, "started": True, **flags}, 202)
+
+
 async def get_status(request: web.Request) -> web.Response:
     return json_response(await status_report(request.app[RUNTIME]))
 
@@ -366,6 +437,9 @@ def make_admin_app(runtime: Runtime) -> web.Application:
     router.add_post("/api/v1/exceptions/retry", retry_exceptions)
     router.add_post("/api/v1/exceptions/{id}/retry", retry_exception)
     router.add_post("/api/v1/exceptions/{id}/resolve", resolve_exception)
+    router.add_get("/api/v1/catalog/holds", list_price_holds)
+    router.add_post("/api/v1/catalog/holds/{upstream}/{sku_id}/release", release_price_hold)
+    router.add_post("/api/v1/catalog/sync", start_catalog_sync)
     router.add_get("/api/v1/status", get_status)
     router.add_get("/api/v1/alerts", list_alerts)
     router.add_get("/api/v1/reconcile", list_reconciliations)

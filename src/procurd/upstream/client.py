@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime
 from types import TracebackType
 from typing import Any, Self, TypeVar
 from urllib.parse import urlsplit
@@ -16,6 +17,8 @@ from pydantic import ValidationError
 
 from procurd import __version__
 from procurd.config import UpstreamSettings
+from procurd.core.catalog import rfc3339
+from procurd.core.exact import loads_exact, loads_listing
 from procurd.core.problems import problems
 from procurd.signing import HeaderNames, signed_headers
 from procurd.upstream.errors import (
@@ -31,6 +34,7 @@ from procurd.upstream.errors import (
 )
 from procurd.upstream.models import (
     CancelResult,
+    CatalogPage,
     Category,
     CreateOrderRequest,
     OrderCreated,
@@ -64,6 +68,7 @@ class _Call:
     priority: Priority
     query: Mapping[str, str] | None = None
     body: bytes = b""
+    decode: Callable[[bytes], Any] = field(default=loads_exact)
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +163,64 @@ class UpstreamClient:
         answer = await self._send(_Call("products", "GET", "/products", priority, query=query))
         return self._model(ProductPage, answer.body, "products")
 
+    async def catalog_categories(self, *, priority: Priority = Priority.CATALOG) -> list[dict[str, Any]]:
+        """Every category as decoded JSON, each checked to be an object with an integer ``id``."""
+        answer = await self._send(_Call("categories", "GET", "/categories", priority))
+        items = answer.body.get("categories")
+        if items is None:
+            return []
+        if not isinstance(items, list):
+            raise self._protocol_error("categories", "categories is not a list")
+        for index, item in enumerate(items):
+            self._check_entity("categories", item, f"categories[{index}]")
+        return items
+
+    async def catalog_page(
+        self,
+        page: int = 1,
+        page_size: int = 20,
+        *,
+        updated_after: datetime | None = None,
+        priority: Priority = Priority.CATALOG,
+    ) -> CatalogPage:
+        """One page of active products as decoded JSON (parsed once, amounts exact), for the mirror;
+        ``updated_after`` asks for products updated since then only (upstreams may ignore it)."""
+        if page < 1 or not 1 <= page_size <= MAX_PAGE_SIZE:
+            raise ValueError(f"page must be at least 1 and page_size 1 to {MAX_PAGE_SIZE}")
+        query = {"page": str(page), "page_size": str(page_size)}
+        if updated_after is not None:
+            query["updated_after"] = rfc3339(updated_after)
+        call = _Call("products", "GET", "/products", priority, query=query, decode=loads_listing)
+        body = (await self._send(call)).body
+        numbers = {}
+        for name in ("total", "page", "page_size"):
+            value = body.get(name)
+            if type(value) is not int or value < 0:
+                raise self._protocol_error("products", f"{name} is not a non-negative integer")
+            numbers[name] = value
+        items = body.get("items")
+        if items is None:
+            items = []
+        if not isinstance(items, list):
+            raise self._protocol_error("products", "items is not a list")
+        for index, item in enumerate(items):
+            self._check_entity("products", item, f"items[{index}]")
+            skus = item.get("skus")
+            if skus is None:
+                continue
+            if not isinstance(skus, list):
+                raise self._protocol_error("products", f"items[{index}].skus is not a list")
+            for position, sku in enumerate(skus):
+                self._check_entity("products", sku, f"items[{index}].skus[{position}]")
+        return CatalogPage(items, numbers["total"], numbers["page"], numbers["page_size"])
+
+    def _check_entity(self, endpoint: str, item: Any, where: str) -> None:
+        if not isinstance(item, dict):
+            raise self._protocol_error(endpoint, f"{where} is not an object")
+        identity = item.get("id")
+        if type(identity) is not int or not 0 <= identity < 2**63:
+            raise self._protocol_error(endpoint, f"{where}.id is not a non-negative integer")
+
     async def product(self, product_id: int, *, priority: Priority = Priority.CATALOG) -> Product:
         """One product with its SKUs (``is_active`` may be false)."""
         answer = await self._send(_Call("product", "GET", f"/products/{int(product_id)}", priority))
@@ -249,6 +312,7 @@ class UpstreamClient:
                     local_time=self._clock(),
                     header_prefix=self._settings.header_prefix,
                     sensitive=(self._settings.secret(), headers[self._header_names.signature]),
+                    decode=call.decode,
                 )
         except TimeoutError:
             raise UpstreamTimeout(

@@ -9,7 +9,7 @@ said (truncated); they never contain secrets, signatures or delivered goods.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from email.utils import parsedate_to_datetime
 from typing import Any, ClassVar, TypedDict
 
@@ -307,14 +307,16 @@ def classify_response(
     local_time: float | None = None,
     header_prefix: str | None = None,
     sensitive: Sequence[str] = (),
+    decode: Callable[[bytes], Any] = loads_exact,
 ) -> dict[str, Any] | UpstreamError:
     """The success body of an answer (``ok`` true, HTTP 2xx), or the error it stands for.
 
     Pure: everything the decision needs is passed in. ``local_time`` and ``server_date`` measure the
     clock offset reported by authentication errors; ``sensitive`` values are scrubbed from messages.
+    ``decode`` parses the body (exact by default).
     """
     where = _Where(upstream=upstream, endpoint=endpoint, http_status=http_status)
-    parsed = _parse_json(body)
+    parsed = _parse_json(body, decode)
     if http_status == 429 or _is_rate_limit_envelope(parsed):
         return RateLimited(
             _failure_text(parsed, sensitive) or "too many requests",
@@ -375,11 +377,11 @@ def clock_offset(local_time: float | None, server_date: str | None) -> float | N
     return local_time - server_time
 
 
-def _parse_json(body: bytes) -> Any:
+def _parse_json(body: bytes, decode: Callable[[bytes], Any]) -> Any:
     if not body.strip():
         return None
     try:
-        return loads_exact(body)
+        return decode(body)
     except (ValueError, UnicodeDecodeError, RecursionError):
         return None
 

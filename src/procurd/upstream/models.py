@@ -9,6 +9,7 @@ out, amounts are unchanged.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Annotated, Any
 
@@ -120,6 +121,21 @@ class ProductPage(UpstreamModel):
     """One page of ``GET /products``, with the page and page size the upstream actually used."""
 
     items: Annotated[list[Product], BeforeValidator(_none_as_empty_list)]
+    total: int
+    page: int
+    page_size: int
+
+
+@dataclass(frozen=True, slots=True)
+class CatalogPage:
+    """One page of ``GET /products`` as decoded JSON, for the catalogue mirror.
+
+    Only what the mirror relies on is checked (integer ``total``, ``page`` and ``page_size``; every item an
+    object with an integer ``id``; ``skus`` absent, null or a list of objects with an integer ``id``); the
+    mirror judges the other fields record by record.
+    """
+
+    items: list[dict[str, Any]]
     total: int
     page: int
     page_size: int

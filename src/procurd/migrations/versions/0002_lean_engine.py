@@ -1,4 +1,4 @@
-"""the lean engine: numbers on the procurement, claims by upstream
+"""the lean engine: numbers on the procurement, claims by upstream; selling prices and pass kinds in the mirror
 
 Revision ID: 0002
 Revises: 0001
@@ -142,8 +142,53 @@ def upgrade() -> None:
     )
     op.create_index("ix_reconcile_findings_run", "reconcile_findings", ["run_id"])
 
+    _upgrade_catalogue()
+
+
+def _upgrade_catalogue() -> None:
+    with op.batch_alter_table("mirror_products") as batch_op:
+        batch_op.add_column(sa.Column("sell_price", sa.String(length=40), nullable=True))
+        batch_op.add_column(sa.Column("sell_currency", sa.String(length=16), nullable=True))
+    with op.batch_alter_table("mirror_skus") as batch_op:
+        batch_op.add_column(sa.Column("sell_price", sa.String(length=40), nullable=True))
+        batch_op.add_column(sa.Column("sell_currency", sa.String(length=16), nullable=True))
+        batch_op.add_column(sa.Column("price_held_at", sa.DateTime(timezone=True), nullable=True))
+        batch_op.add_column(sa.Column("held_cost", sa.String(length=40), nullable=True))
+        batch_op.create_index(
+            "ix_mirror_skus_held",
+            ["upstream", "price_held_at"],
+            unique=False,
+            sqlite_where=sa.text("price_held_at IS NOT NULL"),
+            postgresql_where=sa.text("price_held_at IS NOT NULL"),
+        )
+    with op.batch_alter_table("sync_runs") as batch_op:
+        batch_op.add_column(sa.Column("kind", sa.String(length=16), nullable=False, server_default="full"))
+        batch_op.add_column(sa.Column("updated_after", sa.DateTime(timezone=True), nullable=True))
+        batch_op.add_column(
+            sa.Column("ignored_updated_after", sa.Boolean(), nullable=False, server_default=sa.false())
+        )
+        batch_op.add_column(sa.Column("restored", sa.Integer(), nullable=False, server_default="0"))
+
+
+def _downgrade_catalogue() -> None:
+    with op.batch_alter_table("sync_runs") as batch_op:
+        batch_op.drop_column("restored")
+        batch_op.drop_column("ignored_updated_after")
+        batch_op.drop_column("updated_after")
+        batch_op.drop_column("kind")
+    with op.batch_alter_table("mirror_skus") as batch_op:
+        batch_op.drop_index("ix_mirror_skus_held")
+        batch_op.drop_column("held_cost")
+        batch_op.drop_column("price_held_at")
+        batch_op.drop_column("sell_currency")
+        batch_op.drop_column("sell_price")
+    with op.batch_alter_table("mirror_products") as batch_op:
+        batch_op.drop_column("sell_currency")
+        batch_op.drop_column("sell_price")
+
 
 def downgrade() -> None:
+    _downgrade_catalogue()
     op.drop_index("ix_reconcile_findings_run", table_name="reconcile_findings")
     op.drop_table("reconcile_findings")
     op.drop_index("ix_reconcile_runs_started", table_name="reconcile_runs")
