@@ -7,6 +7,7 @@ from functools import cached_property
 
 from sqlalchemy import Connection
 
+from procurd.db.console_store import ConsoleStore
 from procurd.db.health_store import HealthStore
 from procurd.db.leases import LeaseStore
 from procurd.db.mirror_store import MirrorStore
@@ -39,3 +40,7 @@ class Tx:
     @cached_property
     def leases(self) -> LeaseStore:
         return LeaseStore(self.connection)
+
+    @cached_property
+    def console(self) -> ConsoleStore:
+        return ConsoleStore(self.connection)
