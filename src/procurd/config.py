@@ -74,6 +74,7 @@ class ServerSettings(_Section):
     callback_url: HttpUrl = "https://shop.example.com/api/v1/upstream/callback"
     allow_private_callback_url: bool = False
     shutdown_timeout_seconds: PositiveSeconds = 20
+    console_session_seconds: PositiveSeconds = 8 * 3600  # a web console sign-in lasts this long
 
     @model_validator(mode="after")
     def _admin_off_loopback_needs_token(self) -> ServerSettings:

@@ -1,8 +1,9 @@
-"""The admin listener: order intake, order reads and cancels, the exception queue, status, metrics.
+"""The admin listener: order intake, order reads and cancels, the exception queue, status, metrics, and the
+web console under ``/ui/`` (:mod:`procurd.http.console`).
 
-JSON everywhere. Success answers carry ``"ok": true``; failures
+JSON everywhere but the console. Success answers carry ``"ok": true``; failures
 ``{"ok": false, "error_code", "error_message"}`` with a meaningful HTTP status. When ``server.admin_token``
-is set, every path but ``/healthz`` needs ``Authorization: Bearer <admin_token>``.
+is set, every path but ``/healthz`` and the console needs ``Authorization: Bearer <admin_token>``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from prometheus_client.aiohttp import make_aiohttp_handler
 from procurd.core.exact import loads_exact
 from procurd.core.intake import CONFLICTS, MALFORMED, IntakeError, parse_order_request
 from procurd.core.procurement import Resolve, Retry
+from procurd.http.console import console_middleware, is_console_path, setup_console
 from procurd.http.errors import (
     HEALTH_PATH,
     MAX_BODY_BYTES,
@@ -212,12 +214,13 @@ def metrics_handler(runtime: Runtime) -> Handler:
 
 
 def bearer_auth(token: str) -> Middleware:
-    """Require ``Authorization: Bearer <token>`` on every path but ``/healthz`` when a token is set."""
+    """Require ``Authorization: Bearer <token>`` on every path but ``/healthz`` and the web console (which
+    signs people in with the same token) when a token is set."""
     expected = token.encode()
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if expected and request.path != HEALTH_PATH:
+        if expected and request.path != HEALTH_PATH and not is_console_path(request.path):
             scheme, _, given = request.headers.get("Authorization", "").partition(" ")
             valid = scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), expected)
             if not valid:
@@ -240,9 +243,11 @@ def make_admin_app(runtime: Runtime) -> web.Application:
         middlewares=[
             error_middleware("admin", admin_error_body, runtime.metrics, database_unavailable_status=503),
             bearer_auth(token),
+            console_middleware(),
         ],
     )
     app[RUNTIME] = runtime
+    setup_console(app, runtime)
     router = app.router
     router.add_post("/api/v1/orders", submit_order)
     router.add_get("/api/v1/orders/{order_no}", get_order)

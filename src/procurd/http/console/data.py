@@ -1,0 +1,296 @@
+"""What each console page shows: one function per page, reading through the same service and stores as the
+JSON API.
+
+Parts that other work has not built yet are :class:`Unavailable`: the page says so and shows the rest. Each
+such part is one function in the last section of this module; plugging a feature in is replacing that
+function's body (the templates already render a list where there is one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from procurd.config import UpstreamSettings
+from procurd.db.console_store import CatalogSlice, OrderSummary
+from procurd.db.stores import Tx
+from procurd.http.errors import ApiError
+from procurd.runtime import Runtime
+from procurd.status import status_report
+
+T = TypeVar("T")
+
+ORDER_STATUSES = ("paid", "fulfilling", "partially_delivered", "delivered", "canceled")
+HIDDEN_FULFILLMENT_FIELDS = ("payload", "delivery_data")
+
+
+@dataclass(frozen=True, slots=True)
+class Unavailable:
+    """A part of a page whose feature is not in this build yet."""
+
+    feature: str
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class Paged(Generic[T]):
+    items: list[T]
+    total: int
+    page: int
+    page_size: int
+
+    @property
+    def pages(self) -> int:
+        return max(1, -(-self.total // self.page_size))
+
+    @property
+    def first_index(self) -> int:
+        return (self.page - 1) * self.page_size + 1 if self.items else 0
+
+    @property
+    def last_index(self) -> int:
+        return (self.page - 1) * self.page_size + len(self.items)
+
+    @property
+    def has_previous(self) -> bool:
+        return self.page > 1
+
+    @property
+    def has_next(self) -> bool:
+        return self.page * self.page_size < self.total
+
+
+# --- overview ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamOverview:
+    status: dict[str, Any]
+    exceptions_by_reason: dict[str, int]
+    low_balance_threshold: str | Unavailable | None
+
+
+@dataclass(frozen=True, slots=True)
+class Overview:
+    generated_at: str
+    instance: str
+    upstreams: list[UpstreamOverview]
+    storefront: dict[str, Any]
+    alerts: list[dict[str, Any]] | Unavailable
+    instances: list[dict[str, Any]] | Unavailable
+
+
+async def overview(runtime: Runtime) -> Overview:
+    """Per upstream: the status report (health, balance, queue, oldest queued, last sync, callbacks) with its
+    open exceptions by reason; recent alerts and the instances alive."""
+    report = await status_report(runtime)
+    reasons = await runtime.database.read(lambda tx: tx.procurements.exception_reasons())
+    upstreams = [
+        UpstreamOverview(
+            status=entry,
+            exceptions_by_reason=dict(sorted(reasons.get(entry["name"], {}).items())),
+            low_balance_threshold=low_balance_threshold(runtime.settings.upstream(entry["name"])),
+        )
+        for entry in report["upstreams"]
+    ]
+    return Overview(
+        generated_at=report["generated_at"],
+        instance=report["instance"],
+        upstreams=upstreams,
+        storefront=report["storefront"],
+        alerts=await recent_alerts(runtime, limit=10),
+        instances=await instances(runtime),
+    )
+
+
+# --- exceptions -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ExceptionsPage:
+    items: Paged[dict[str, Any]]
+    reasons: dict[str, int]  # open exceptions per reason, over the upstream filter
+    upstreams: list[str]
+
+
+async def exceptions_page(
+    runtime: Runtime, upstream: str | None, reason: str | None, page: int, page_size: int
+) -> ExceptionsPage:
+    total, items = await runtime.service.exceptions(upstream, reason, page, page_size)
+    by_upstream = await runtime.database.read(lambda tx: tx.procurements.exception_reasons())
+    reasons: dict[str, int] = {}
+    for name, counts in by_upstream.items():
+        if upstream is None or name == upstream:
+            for key, count in counts.items():
+                reasons[key] = reasons.get(key, 0) + count
+    return ExceptionsPage(
+        Paged(items, total, page, page_size), dict(sorted(reasons.items())), runtime.service.upstream_names
+    )
+
+
+# --- orders -----------------------------------------------------------------------------------------------
+
+
+async def orders_page(
+    runtime: Runtime, text: str | None, status: str | None, page: int, page_size: int
+) -> Paged[OrderSummary]:
+    """Orders, newest first; ``text`` matches an order number (or its start), a downstream number, an upstream
+    order id or an upstream order number."""
+
+    def find(tx: Tx) -> tuple[int, list[OrderSummary]]:
+        return tx.console.find_orders(text, status, page, page_size)
+
+    total, items = await runtime.database.read(find)
+    return Paged(items, total, page, page_size)
+
+
+@dataclass(frozen=True, slots=True)
+class OrderDetail:
+    order: dict[str, Any]
+    audit: list[dict[str, Any]]
+    revealed: int | None  # the procurement whose delivered goods are shown
+
+
+async def order_detail(runtime: Runtime, order_no: str, reveal: int | None = None) -> OrderDetail | None:
+    """The order view and audit trail of the JSON API; delivered goods (payload, delivery data) only for the
+    procurement ``reveal``: the others' never reach the template."""
+    view = await runtime.service.order(order_no)
+    if view is None:
+        return None
+    procurements = [_goods_hidden(item) if item["id"] != reveal else item for item in view["procurements"]]
+    revealed = reveal if any(item["id"] == reveal for item in view["procurements"]) else None
+    return OrderDetail(dict(view, procurements=procurements), await runtime.service.audit(order_no), revealed)
+
+
+def _goods_hidden(item: Mapping[str, Any]) -> dict[str, Any]:
+    fulfillment = item.get("fulfillment")
+    if not fulfillment:
+        return dict(item)
+    hidden = dict.fromkeys(HIDDEN_FULFILLMENT_FIELDS)
+    return dict(item, fulfillment=dict(fulfillment, **hidden, hidden=True))
+
+
+# --- catalogue --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CatalogPage:
+    products: Paged[dict[str, Any]]
+    skus: dict[tuple[str, int], list[dict[str, Any]]]
+    selling_prices: bool  # the mirror has selling prices (the pricing work)
+    holds: bool  # ... and price holds
+    upstreams: list[str]
+
+
+async def catalog_page(
+    runtime: Runtime, text: str | None, upstream: str | None, page: int, page_size: int
+) -> CatalogPage:
+    def read(tx: Tx) -> CatalogSlice:
+        return tx.console.catalog(text, upstream, page, page_size)
+
+    found = await runtime.database.read(read)
+    return CatalogPage(
+        Paged(found.products, found.total, page, page_size),
+        found.skus,
+        selling_prices="sell_price" in found.columns,
+        holds="price_held_at" in found.columns,
+        upstreams=runtime.service.upstream_names,
+    )
+
+
+# --- sync runs --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SyncPage:
+    runs: Paged[dict[str, Any]]
+    upstreams: list[str]
+    kinds: bool  # runs record their kind (full or incremental)
+    can_start: bool  # a scheduler runs in this process
+    full_pass: bool | Unavailable = field(default=False)
+
+
+async def sync_page(runtime: Runtime, upstream: str | None, page: int, page_size: int) -> SyncPage:
+    def read(tx: Tx) -> tuple[int, list[dict[str, Any]]]:
+        return tx.console.sync_runs(upstream, page, page_size)
+
+    total, runs = await runtime.database.read(read)
+    return SyncPage(
+        Paged(runs, total, page, page_size),
+        runtime.service.upstream_names,
+        kinds=any("kind" in run for run in runs),
+        can_start=runtime.run_job is not None,
+        full_pass=full_sync_option(),
+    )
+
+
+async def start_sync(runtime: Runtime, upstream: str) -> str:
+    """Start a catalogue pass of ``upstream`` now through the daemon's scheduler; what was done, for a
+    person."""
+    if upstream not in runtime.service.upstream_names:
+        raise ApiError(422, "unknown_upstream", f"no upstream {upstream!r}")
+    if runtime.run_job is None:
+        raise ApiError(
+            409,
+            "no_scheduler",
+            "this process runs no scheduler: a pass can be started here only when the console is served "
+            "by `procurd run` (or run `procurd catalog sync` on the command line)",
+        )
+    try:
+        runtime.run_job(f"catalog-sync:{upstream}")
+    except KeyError:
+        raise ApiError(409, "no_scheduler", f"the scheduler has no catalogue job for {upstream!r}") from None
+    return f"A catalogue pass of {upstream} starts now; it shows here once it has begun."
+
+
+# --- features other work adds: each function below is the one place to plug its feature in --------------
+
+
+def low_balance_threshold(upstream: UpstreamSettings) -> str | Unavailable | None:
+    """``[upstreams] low_balance_threshold`` ("" = off → ``None``)."""
+    del upstream
+    return Unavailable("low-balance threshold", "the low_balance_threshold setting lands with alerts")
+
+
+async def recent_alerts(runtime: Runtime, limit: int) -> list[dict[str, Any]] | Unavailable:
+    """The latest alerts (the rows of ``GET /api/v1/alerts``)."""
+    del runtime, limit
+    return Unavailable("alerts", "alerts are recorded once the alerting work lands")
+
+
+async def instances(runtime: Runtime) -> list[dict[str, Any]] | Unavailable:
+    """Every daemon instance with its heartbeat and whether it is alive (``instances`` table)."""
+    del runtime
+    return Unavailable("instances", "instances and their heartbeats land with the scale-out work")
+
+
+async def alerts_page(runtime: Runtime, page: int, page_size: int) -> Paged[dict[str, Any]] | Unavailable:
+    del runtime, page, page_size
+    return Unavailable("alerts", "alerts are recorded once the alerting work lands")
+
+
+async def offers_page(runtime: Runtime, page: int, page_size: int) -> Paged[dict[str, Any]] | Unavailable:
+    """Offers with their sources in priority order and the source in use (``GET /api/v1/offers``)."""
+    del runtime, page, page_size
+    return Unavailable("offers", "storefront offers land with the offers work")
+
+
+async def reconcile_page(runtime: Runtime, page: int, page_size: int) -> Paged[dict[str, Any]] | Unavailable:
+    """Reconciliation findings, newest first (``reconcile_findings``)."""
+    del runtime, page, page_size
+    return Unavailable("reconciliation", "reconciliation findings land with the reconciliation work")
+
+
+async def release_hold(runtime: Runtime, upstream: str, sku_id: int) -> str:
+    """Release the price hold of a SKU (what ``POST /api/v1/catalog/holds/{upstream}/{sku_id}/release``
+    does); what was done, for a person."""
+    del runtime
+    raise ApiError(
+        501, "not_available", f"price holds land with the catalogue pricing work ({upstream} SKU {sku_id})"
+    )
+
+
+def full_sync_option() -> bool | Unavailable:
+    """Whether "sync now" can ask for a full pass (``POST /api/v1/catalog/sync`` with ``"full": true``)."""
+    return Unavailable("full pass", "choosing a full or incremental pass lands with incremental sync")
