@@ -62,12 +62,11 @@ def console_middleware() -> Middleware:
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         if not is_console_path(request.path):
             return await handler(request)
-        if request.path == PREFIX:
-            response: web.StreamResponse = redirect(HOME)
-        elif request.path.startswith(STATIC_PREFIX):
+        if request.path.startswith(STATIC_PREFIX):
             response = await _static(request, handler)
         else:
-            response = await _page(request, handler, request.app[CONSOLE])
+            page = redirect(HOME) if request.path == PREFIX else None
+            response = page or await _page(request, handler, request.app[CONSOLE])
             response.headers["Cache-Control"] = "no-store"
         response.headers.update(SECURITY_HEADERS)
         return response
