@@ -117,9 +117,11 @@ async def test_without_a_session_every_page_leads_to_the_login_page(shop: Shop) 
         assert_console_answer(page)
     assert await audit_rows(shop) == before
 
+    bearer = await shop.client.get("/ui/", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+    assert (bearer.status, bearer.location) == (303, "/ui/login")
     await shop.client.login()
-    api = await shop.client.session.get(shop.stack.admin_url + "/api/v1/status")
-    assert api.status == 401
+    async with shop.client.session.get(shop.stack.admin_url + "/api/v1/status") as api:
+        assert api.status == 401
     assert (await shop.stack.admin("GET", "/api/v1/status")).status == 200
 
 
