@@ -10,7 +10,7 @@ handler run. Whatever fails becomes an HTML error page with a status, a code and
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import parse_qsl, urlencode
 
 import structlog
 from aiohttp import web
@@ -34,7 +34,7 @@ from procurd.http.console.context import (
 )
 from procurd.http.console.render import render
 from procurd.http.console.session import FLASH_COOKIE, SESSION_COOKIE, Session
-from procurd.http.errors import ApiError, Handler, route_name
+from procurd.http.errors import ApiError, Handler, read_body, route_name
 from procurd.http.json_limits import text_problem
 
 log = structlog.get_logger("procurd.console")
@@ -50,7 +50,7 @@ SECURITY_HEADERS = {
     "X-Frame-Options": "DENY",
     "Cross-Origin-Opener-Policy": "same-origin",
 }
-FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
+FORM_TYPE = "application/x-www-form-urlencoded"
 STATUS_TITLES = {400: "Bad request", 401: "Not signed in", 403: "Refused", 404: "Not found",
                  405: "Method not allowed", 409: "Not possible now", 413: "Too large",
                  415: "Not a form", 422: "Cannot do that", 501: "Not available yet",
@@ -133,13 +133,15 @@ async def _checked_form(request: web.Request, console: Console, session: Session
     if request.headers.get("Sec-Fetch-Site", "").lower() == "cross-site":
         log.warning("console.cross_site_post", route=route_name(request))
         raise ApiError(403, "cross_site", "a form posted from another site is refused")
-    if request.content_type not in FORM_TYPES:
+    if request.content_type != FORM_TYPE:
         raise ApiError(415, "form_expected", "this address takes a form posted from the console's pages")
-    posted = await request.post()
+    body = await read_body(request)
+    try:
+        posted = parse_qsl(body.decode("utf-8"), keep_blank_values=True, errors="strict", max_num_fields=100)
+    except (UnicodeError, ValueError):
+        raise ApiError(400, "invalid_form", "the form is not UTF-8 form data of at most 100 fields") from None
     fields: MultiDict[str] = MultiDict()
-    for name, value in posted.items():
-        if not isinstance(value, str):
-            raise ApiError(400, "invalid_request", f"{name} must be a text field")
+    for name, value in posted:
         problem = text_problem(value) or text_problem(name)
         if problem is not None:
             raise ApiError(400, "invalid_request", f"{name} {problem}")
