@@ -432,6 +432,30 @@ async def test_order_page_shows_items_numbers_attempts_errors_and_audit(shop: Sh
     assert "Cancel order D-1" in page.text
 
 
+async def test_a_long_audit_trail_is_paged(shop: Shop) -> None:
+    """An audit trail longer than a page shows 50 entries per page with previous and next links; a bad
+    audit page number is refused."""
+    await sandbox_control(shop.stack, "POST", "/wallet", {"balance": "0.00"})  # every purchase fails
+    procurement_id = (await order(shop.stack, "L-1", shop.sku))["procurements"][0]["id"]
+    assert await shop.stack.submit_due()
+    service = shop.stack.runtime.service
+    for _ in range(40):
+        if len(await service.audit("L-1")) > 50:
+            break
+        assert (await shop.stack.admin("POST", f"/api/v1/exceptions/{procurement_id}/retry")).status == 200
+        await shop.stack.submit_due()
+    total = len(await service.audit("L-1"))
+    assert total > 50
+    await shop.client.login()
+    first = await shop.client.get("/ui/orders/L-1")
+    second = await shop.client.get("/ui/orders/L-1?audit_page=2")
+    assert f"1–50 of {total} entries · page 1 of 2" in first.text
+    assert 'rel="next" href="/ui/orders/L-1?audit_page=2#audit"' in first.text
+    assert f"51–{total} of {total} entries · page 2 of 2" in second.text
+    assert 'rel="prev" href="/ui/orders/L-1?audit_page=1#audit"' in second.text
+    assert (await shop.client.get("/ui/orders/L-1?audit_page=0")).error_code == "invalid_query"
+
+
 async def test_cancel_from_the_order_page(shop: Shop) -> None:
     """Cancel of a never-sent order is done and said; a paid order the upstream will not cancel answers 409
     with each item's reason, and nothing changes."""
@@ -672,7 +696,7 @@ def test_list_templates_of_features_to_come_render_rows() -> None:
     app = web.Application()
     setup_templates(app)
     environment = aiohttp_jinja2.get_env(app)
-    layout = {"with_query": lambda **changes: "?page=2", "csrf_token": "t", "signed_in": True,
+    layout = {"page_link": lambda page: f"?page={page}", "csrf_token": "t", "signed_in": True,
               "login_required": True, "flash": None, "path": "/ui/", "version": "0"}  # fmt: skip
     samples: dict[str, dict[str, Any]] = {
         "alerts.html": {"kind": "low_balance", "subject": "main", "message": "<b>9.00</b> left", "count": 2,

@@ -22,6 +22,7 @@ from procurd.status import status_report
 T = TypeVar("T")
 
 ORDER_STATUSES = ("paid", "fulfilling", "partially_delivered", "delivered", "canceled")
+AUDIT_PAGE_SIZE = 50
 HIDDEN_FULFILLMENT_FIELDS = ("payload", "delivery_data")
 
 
@@ -148,19 +149,24 @@ async def orders_page(
 @dataclass(frozen=True, slots=True)
 class OrderDetail:
     order: dict[str, Any]
-    audit: list[dict[str, Any]]
+    audit: Paged[dict[str, Any]]
     revealed: int | None  # the procurement whose delivered goods are shown
 
 
-async def order_detail(runtime: Runtime, order_no: str, reveal: int | None = None) -> OrderDetail | None:
-    """The order view and audit trail of the JSON API; delivered goods (payload, delivery data) only for the
-    procurement ``reveal``: the others' never reach the template."""
+async def order_detail(
+    runtime: Runtime, order_no: str, *, reveal: int | None = None, audit_page: int = 1
+) -> OrderDetail | None:
+    """The order view and (a page of) the audit trail of the JSON API; delivered goods (payload, delivery
+    data) only for the procurement ``reveal``: the others' never reach the template."""
     view = await runtime.service.order(order_no)
     if view is None:
         return None
     procurements = [_goods_hidden(item) if item["id"] != reveal else item for item in view["procurements"]]
     revealed = reveal if any(item["id"] == reveal for item in view["procurements"]) else None
-    return OrderDetail(dict(view, procurements=procurements), await runtime.service.audit(order_no), revealed)
+    trail = await runtime.service.audit(order_no)
+    start = (audit_page - 1) * AUDIT_PAGE_SIZE
+    audit = Paged(trail[start : start + AUDIT_PAGE_SIZE], len(trail), audit_page, AUDIT_PAGE_SIZE)
+    return OrderDetail(dict(view, procurements=procurements), audit, revealed)
 
 
 def _goods_hidden(item: Mapping[str, Any]) -> dict[str, Any]:

@@ -126,7 +126,8 @@ def page_context(request: web.Request) -> dict[str, Any]:
         "flash": request.get(FLASH),
         "path": request.path,
         "version": __version__,
-        "with_query": lambda **changes: with_query(request, **changes),
+        "here": with_query(request),
+        "page_link": lambda page: with_query(request, page=page),
     }
 
 

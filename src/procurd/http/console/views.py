@@ -192,7 +192,8 @@ async def orders(request: web.Request) -> web.Response:
 
 async def order(request: web.Request) -> web.Response:
     order_no = check_order_no(request.match_info["order_no"])
-    detail = await data.order_detail(_runtime(request), order_no)
+    audit_page = query_int(request.query, "audit_page", 1, 1, MAX_PAGE)
+    detail = await data.order_detail(_runtime(request), order_no, audit_page=audit_page)
     if detail is None:
         raise order_not_found(order_no)
     return render(request, "order.html", _order_context(detail))
@@ -213,8 +214,18 @@ async def reveal(request: web.Request) -> web.Response:
 
 
 def _order_context(detail: data.OrderDetail) -> dict[str, Any]:
-    return {"nav": "orders", "detail": detail, "order": detail.order, "order_url": order_path(
-        detail.order["order_no"])}  # fmt: skip
+    url = order_path(detail.order["order_no"])
+
+    def audit_link(page: int) -> str:
+        return f"{url}?audit_page={page}#audit"
+
+    return {
+        "nav": "orders",
+        "detail": detail,
+        "order": detail.order,
+        "order_url": url,
+        "audit_link": audit_link,
+    }
 
 
 async def cancel(request: web.Request) -> web.Response:
