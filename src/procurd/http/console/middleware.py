@@ -20,6 +20,7 @@ from multidict import MultiDict
 from procurd.db.errors import DatabaseUnavailable
 from procurd.http.console.context import (
     CONSOLE,
+    COOKIE_PATH,
     FLASH,
     FORM,
     HOME,
@@ -97,7 +98,7 @@ async def _page(request: web.Request, handler: Handler, console: Console) -> web
     if fresh and SESSION_COOKIE not in response.cookies:
         set_session(request, response, session)
     if FLASH_COOKIE in request.cookies and FLASH_COOKIE not in response.cookies:
-        response.del_cookie(FLASH_COOKIE, path="/ui")
+        response.del_cookie(FLASH_COOKIE, path=COOKIE_PATH)
     return response
 
 
