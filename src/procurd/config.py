@@ -103,6 +103,7 @@ class ServerSettings(_Section):
     heartbeat_seconds: PositiveSeconds = 5
     header_timeout_seconds: PositiveSeconds = 15
     body_timeout_seconds: PositiveSeconds = 30
+    console_session_seconds: PositiveSeconds = 8 * 3600  # a web console sign-in lasts this long
 
     @model_validator(mode="after")
     def _consistent(self) -> ServerSettings:

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import Connection, func, insert, select, update
+from sqlalchemy import Connection, RowMapping, func, insert, select, update
 
 from procurd.db.schema import reconcile_findings, reconcile_runs
 
@@ -116,8 +116,18 @@ class ReconcileStore:
             .where(reconcile_findings.c.run_id.in_(list(run_ids)))
             .order_by(reconcile_findings.c.id)
         )
-        rows = self.connection.execute(statement).mappings()
-        return [Finding(**{key: value for key, value in row.items() if key != "id"}) for row in rows]
+        return [_finding(row) for row in self.connection.execute(statement).mappings()]
+
+    def recent_findings(self, page: int, page_size: int) -> tuple[int, list[Finding]]:
+        """Every pass's findings, the newest first, one page of them and how many there are."""
+        total = self.connection.execute(select(func.count()).select_from(reconcile_findings)).scalar_one()
+        statement = (
+            select(reconcile_findings)
+            .order_by(reconcile_findings.c.id.desc())
+            .limit(page_size)
+            .offset((page - 1) * page_size)
+        )
+        return int(total), [_finding(row) for row in self.connection.execute(statement).mappings()]
 
     def last_full_check(self) -> datetime | None:
         """When the last finished run that checked delivered procurements too started."""
@@ -126,3 +136,7 @@ class ReconcileStore:
         )
         value = self.connection.execute(statement).scalar_one_or_none()
         return value if isinstance(value, datetime) else None
+
+
+def _finding(row: RowMapping) -> Finding:
+    return Finding(**{key: value for key, value in row.items() if key != "id"})

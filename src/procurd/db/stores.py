@@ -8,6 +8,7 @@ from functools import cached_property
 from sqlalchemy import Connection
 
 from procurd.db.alert_store import AlertStore
+from procurd.db.console_store import ConsoleStore
 from procurd.db.health_store import HealthStore
 from procurd.db.instance_store import InstanceStore
 from procurd.db.leases import LeaseStore
@@ -54,3 +55,7 @@ class Tx:
     @cached_property
     def reconcile(self) -> ReconcileStore:
         return ReconcileStore(self.connection)
+
+    @cached_property
+    def console(self) -> ConsoleStore:
+        return ConsoleStore(self.connection)

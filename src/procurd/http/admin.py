@@ -1,9 +1,10 @@
 """The admin listener: order intake, order reads and cancels, the exception queue, catalogue passes and price
-holds, status, metrics.
+holds, alerts, reconciliation, status, metrics, and the web console under ``/ui/``
+(:mod:`procurd.http.console`).
 
-JSON everywhere. Success answers carry ``"ok": true``; failures
+JSON everywhere but the console. Success answers carry ``"ok": true``; failures
 ``{"ok": false, "error_code", "error_message"}`` with a meaningful HTTP status. When ``server.admin_token``
-is set, every path but ``/healthz`` needs ``Authorization: Bearer <admin_token>``.
+is set, every path but ``/healthz`` and the console needs ``Authorization: Bearer <admin_token>``.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from procurd.catalog.pricing import holds, release_hold
 from procurd.core.alerts import KINDS
 from procurd.core.exact import loads_exact
 from procurd.core.intake import CONFLICTS, MALFORMED, IntakeError, parse_order_request
-from procurd.core.numbers import MAX_ID, ORDER_NO_PATTERN
-from procurd.core.procurement import NotAllowed, Resolve, Retry, Source
+from procurd.core.numbers import MAX_ID
+from procurd.core.procurement import Resolve, Retry
+from procurd.http.console import console_middleware, is_console_path, setup_console
 from procurd.http.errors import (
     HEALTH_PATH,
     RUNTIME,
@@ -34,20 +36,30 @@ from procurd.http.errors import (
     listener_app,
     read_body,
 )
-from procurd.http.json_limits import json_problem, text_problem
-from procurd.procurement import cancel
-from procurd.procurement.service import DEFAULT_BULK_RETRY, MAX_BULK_RETRY
-from procurd.reconcile import runs_with_findings as _runs_with_findings
+from procurd.http.json_limits import json_problem
+from procurd.http.operations import (
+    DEFAULT_PAGE_SIZE,
+    MAX_FILTER_CHARS,
+    MAX_PAGE,
+    MAX_PAGE_SIZE,
+    cancel_order,
+    check_bulk_filter,
+    check_bulk_limit,
+    check_known_filters,
+    check_note,
+    check_order_no,
+    handle_exception,
+    order_not_found,
+    parse_procurement_id,
+    query_int,
+    query_text,
+)
+from procurd.procurement.service import DEFAULT_BULK_RETRY
+from procurd.reconcile import runs_with_findings
 from procurd.runtime import Runtime
 from procurd.status import refresh_metrics, status_report
 
 log = structlog.get_logger("procurd.admin")
-
-DEFAULT_PAGE_SIZE = 20
-MAX_PAGE_SIZE = 100
-MAX_PAGE = 1_000_000
-MAX_FILTER_CHARS = 64
-MAX_NOTE_CHARS = 4000
 
 
 # --- request helpers --------------------------------------------------------------------------------------
@@ -77,63 +89,11 @@ async def _json_object(request: web.Request, *, optional: bool = False) -> dict[
     return body
 
 
-def _query_int(request: web.Request, name: str, default: int, low: int, high: int) -> int:
-    raw = request.query.get(name, "").strip()
-    if not raw:
-        return default
-    if not (raw.isascii() and raw.isdigit()) or not low <= int(raw) <= high:
-        raise ApiError(400, "invalid_query", f"{name} must be an integer from {low} to {high}")
-    return int(raw)
-
-
-def _query_text(request: web.Request, name: str) -> str | None:
-    value = request.query.get(name, "").strip()
-    if len(value) > MAX_FILTER_CHARS:
-        raise ApiError(400, "invalid_query", f"{name} is longer than {MAX_FILTER_CHARS} characters")
-    problem = text_problem(value)
-    if problem is not None:
-        raise ApiError(400, "invalid_query", f"{name} {problem}")
-    return value or None
-
-
-def _order_no(request: web.Request) -> str:
-    """The path's order number; one that no order can have is answered 404 without asking the database."""
-    order_no = request.match_info["order_no"]
-    if not ORDER_NO_PATTERN.fullmatch(order_no):
-        raise _order_not_found(order_no)
-    return order_no
-
-
-def _procurement_id(request: web.Request) -> int:
-    raw = request.match_info["id"]
-    if not (raw.isascii() and raw.isdigit()):
-        raise ApiError(400, "invalid_id", "the procurement id must be a positive integer")
-    value = int(raw)
-    if not 0 < value <= MAX_ID:
-        raise ApiError(404, "procurement_not_found", f"no procurement {raw}")
-    return value
-
-
-def _note(body: dict[str, Any], *, required: bool) -> str | None:
-    note = body.get("note")
-    if note is None and not required:
-        return None
-    if not isinstance(note, str) or (required and not note.strip()):
-        raise ApiError(400, "note_required", "note must be a non-empty string")
-    if len(note) > MAX_NOTE_CHARS:
-        raise ApiError(400, "invalid_request", f"note is longer than {MAX_NOTE_CHARS} characters")
-    return note.strip() or None
-
-
 def _intake_error(exc: IntakeError) -> ApiError:
     """400 for a malformed request, 409 for one that collides with an earlier order, 422 otherwise."""
     status = 400 if exc.code in MALFORMED else 409 if exc.code in CONFLICTS else 422
     extra = {"details": exc.details} if exc.details else {}
     return ApiError(status, exc.code, exc.message, **extra)
-
-
-def _order_not_found(order_no: str) -> ApiError:
-    return ApiError(404, "order_not_found", f"no order {order_no!r}")
 
 
 # --- handlers ---------------------------------------------------------------------------------------------
@@ -154,71 +114,46 @@ async def submit_order(request: web.Request) -> web.Response:
 
 
 async def get_order(request: web.Request) -> web.Response:
-    order_no = _order_no(request)
+    order_no = check_order_no(request.match_info["order_no"])
     view = await request.app[RUNTIME].service.order(order_no)
     if view is None:
-        raise _order_not_found(order_no)
+        raise order_not_found(order_no)
     return json_response({"ok": True, "order": view})
 
 
-async def cancel_order(request: web.Request) -> web.Response:
+async def post_cancel(request: web.Request) -> web.Response:
     """Upstream-first cancel of the whole order; 409 ``cancel_not_allowed`` with the reason of each item."""
-    runtime = request.app[RUNTIME]
-    order_no = _order_no(request)
-    try:
-        view = await cancel.cancel_order(runtime.service, order_no, runtime.cancel_upstream)
-    except cancel.OrderNotFound:
-        raise _order_not_found(order_no) from None
-    except cancel.CancelDenied as exc:
-        items = [
-            {"procurement_id": item.procurement_id or None, "downstream_order_no": item.downstream_order_no,
-             "reason": item.reason}
-            for item in exc.items
-        ]  # fmt: skip
-        log.info("order.cancel_denied", order_no=order_no, reasons=[item["reason"] for item in items])
-        raise ApiError(
-            409, "cancel_not_allowed", f"order {order_no} cannot be canceled: {exc}", items=items
-        ) from None
-    log.info("order.canceled", order_no=order_no)
+    order_no = check_order_no(request.match_info["order_no"])
+    view = await cancel_order(request.app[RUNTIME], order_no)
     return json_response({"ok": True, "order": view})
 
 
 async def order_audit(request: web.Request) -> web.Response:
     runtime = request.app[RUNTIME]
-    order_no = _order_no(request)
+    order_no = check_order_no(request.match_info["order_no"])
     if await runtime.service.order(order_no) is None:
-        raise _order_not_found(order_no)
+        raise order_not_found(order_no)
     return json_response({"ok": True, "order_no": order_no, "audit": await runtime.service.audit(order_no)})
 
 
-async def _known_filters(runtime: Runtime, upstream: str | None, reason: str | None) -> None:
-    """A filter naming no upstream or reason procurd knows is a typo: 400 naming the known values."""
-    if upstream is not None and upstream not in runtime.service.upstream_names:
-        known = ", ".join(runtime.service.upstream_names)
-        raise ApiError(400, "unknown_upstream", f"no upstream {upstream!r} (configured: {known})")
-    if reason is not None:
-        reasons = await runtime.service.known_reasons()
-        if reason not in reasons:
-            raise ApiError(
-                400, "unknown_reason", f"no exception reason {reason!r} (known: {', '.join(reasons)})"
-            )
-
-
 async def list_exceptions(request: web.Request) -> web.Response:
-    upstream = _query_text(request, "upstream")
-    reason = _query_text(request, "reason")
-    await _known_filters(request.app[RUNTIME], upstream, reason)
-    page = _query_int(request, "page", 1, 1, MAX_PAGE)
-    page_size = _query_int(request, "page_size", DEFAULT_PAGE_SIZE, 1, MAX_PAGE_SIZE)
+    query = request.query
+    upstream = query_text(query, "upstream")
+    reason = query_text(query, "reason")
+    page = query_int(query, "page", 1, 1, MAX_PAGE)
+    page_size = query_int(query, "page_size", DEFAULT_PAGE_SIZE, 1, MAX_PAGE_SIZE)
+    await check_known_filters(request.app[RUNTIME], upstream, reason)
     total, items = await request.app[RUNTIME].service.exceptions(upstream, reason, page, page_size)
     return json_response({"ok": True, "items": items, "total": total, "page": page, "page_size": page_size})
 
 
 async def retry_exception(request: web.Request) -> web.Response:
     """Send the procurement again (under a new number once the upstream canceled the old one)."""
-    procurement_id = _procurement_id(request)
-    note = _note(await _json_object(request, optional=True), required=False)
-    return await _admin_action(request, procurement_id, Retry(note))
+    procurement_id = parse_procurement_id(request.match_info["id"])
+    body = await _json_object(request, optional=True)
+    note = check_note(body.get("note"), required=False)
+    answer = await handle_exception(request.app[RUNTIME], procurement_id, Retry(note))
+    return json_response({"ok": True, **answer})
 
 
 async def retry_exceptions(request: web.Request) -> web.Response:
@@ -233,15 +168,9 @@ async def retry_exceptions(request: web.Request) -> web.Response:
     everything = body.get("all", False)
     if not isinstance(everything, bool):
         raise ApiError(400, "invalid_request", "all must be true or false")
-    if reason is None and upstream is None and not everything:
-        raise ApiError(
-            422, "filter_required", 'name a reason or an upstream, or send "all": true for every exception'
-        )
-    await _known_filters(runtime, upstream, reason)
-    limit = body.get("limit", DEFAULT_BULK_RETRY)
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_BULK_RETRY:
-        raise ApiError(400, "invalid_request", f"limit must be an integer from 1 to {MAX_BULK_RETRY}")
-    note = _note(body, required=False)
+    await check_bulk_filter(runtime, upstream, reason, everything)
+    limit = check_bulk_limit(body.get("limit", DEFAULT_BULK_RETRY))
+    note = check_note(body.get("note"), required=False)
     result = await runtime.service.retry_exceptions(upstream, reason, note, limit)
     return json_response(
         {"ok": True, "retried": result.retried, "skipped": result.skipped, "remaining": result.remaining}
@@ -261,37 +190,21 @@ def _body_filter(body: dict[str, Any], name: str) -> str | None:
 
 async def resolve_exception(request: web.Request) -> web.Response:
     """Close the exception by hand; ``{"note": TEXT}`` is required."""
-    procurement_id = _procurement_id(request)
-    note = _note(await _json_object(request, optional=True), required=True)
+    procurement_id = parse_procurement_id(request.match_info["id"])
+    body = await _json_object(request, optional=True)
+    note = check_note(body.get("note"), required=True)
     assert note is not None
-    return await _admin_action(request, procurement_id, Resolve(note))
-
-
-async def _admin_action(request: web.Request, procurement_id: int, event: Retry | Resolve) -> web.Response:
-    service = request.app[RUNTIME].service
-    try:
-        applied = await service.apply(procurement_id, event, Source.ADMIN)
-    except NotAllowed as exc:
-        raise ApiError(409, exc.code, exc.message) from None
-    if applied is None:
-        raise ApiError(404, "procurement_not_found", f"no procurement {procurement_id}")
-    log.info("exception.handled", procurement_id=procurement_id, action=applied.decision.event)
-    return json_response(
-        {
-            "ok": True,
-            "procurement": await service.procurement(procurement_id),
-            "order": await service.order(applied.procurement.order_no),
-        }
-    )
+    answer = await handle_exception(request.app[RUNTIME], procurement_id, Resolve(note))
+    return json_response({"ok": True, **answer})
 
 
 async def list_alerts(request: web.Request) -> web.Response:
     """Recent alerts, the latest first: ``kind``, ``page``, ``page_size``."""
-    kind = _query_text(request, "kind")
+    kind = query_text(request.query, "kind")
     if kind is not None and kind not in KINDS:
         raise ApiError(400, "unknown_kind", f"no alert kind {kind!r} (known: {', '.join(KINDS)})")
-    page = _query_int(request, "page", 1, 1, MAX_PAGE)
-    page_size = _query_int(request, "page_size", DEFAULT_PAGE_SIZE, 1, MAX_PAGE_SIZE)
+    page = query_int(request.query, "page", 1, 1, MAX_PAGE)
+    page_size = query_int(request.query, "page_size", DEFAULT_PAGE_SIZE, 1, MAX_PAGE_SIZE)
     total, found = await request.app[RUNTIME].alerts.recent(page, page_size, kind)
     items = [alert_view(alert) for alert in found]
     return json_response({"ok": True, "items": items, "total": total, "page": page, "page_size": page_size})
@@ -299,8 +212,8 @@ async def list_alerts(request: web.Request) -> web.Response:
 
 async def list_reconciliations(request: web.Request) -> web.Response:
     """The last reconciliation passes (``limit``, 20 by default) with their findings."""
-    limit = _query_int(request, "limit", 20, 1, MAX_PAGE_SIZE)
-    runs = await request.app[RUNTIME].database.read(lambda tx: _runs_with_findings(tx, limit))
+    limit = query_int(request.query, "limit", 20, 1, MAX_PAGE_SIZE)
+    runs = await request.app[RUNTIME].database.read(lambda tx: runs_with_findings(tx, limit))
     return json_response({"ok": True, "runs": runs})
 
 
@@ -313,7 +226,7 @@ def _upstream_name(runtime: Runtime, name: str) -> str:
 async def list_price_holds(request: web.Request) -> web.Response:
     """SKUs whose selling price is held after a steep cost increase (``upstream`` filter), oldest first."""
     runtime = request.app[RUNTIME]
-    upstream = _query_text(request, "upstream")
+    upstream = query_text(request.query, "upstream")
     if upstream is not None:
         _upstream_name(runtime, upstream)
     return json_response({"ok": True, "items": await holds(runtime.database, upstream)})
@@ -396,12 +309,13 @@ def metrics_handler(runtime: Runtime) -> Handler:
 
 
 def bearer_auth(token: str) -> Middleware:
-    """Require ``Authorization: Bearer <token>`` on every path but ``/healthz`` when a token is set."""
+    """Require ``Authorization: Bearer <token>`` on every path but ``/healthz`` and the web console (which
+    signs people in with the same token) when a token is set."""
     expected = token.encode()
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if expected and request.path != HEALTH_PATH:
+        if expected and request.path != HEALTH_PATH and not is_console_path(request.path):
             scheme, _, given = request.headers.get("Authorization", "").partition(" ")
             valid = scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), expected)
             if not valid:
@@ -425,13 +339,14 @@ def make_admin_app(runtime: Runtime) -> web.Application:
         runtime.metrics,
         runtime.settings.server,
         database_unavailable_status=503,
-        middlewares=(bearer_auth(token),),
+        middlewares=(bearer_auth(token), console_middleware()),
     )
     app[RUNTIME] = runtime
+    setup_console(app, runtime)
     router = app.router
     router.add_post("/api/v1/orders", submit_order)
     router.add_get("/api/v1/orders/{order_no}", get_order)
-    router.add_post("/api/v1/orders/{order_no}/cancel", cancel_order)
+    router.add_post("/api/v1/orders/{order_no}/cancel", post_cancel)
     router.add_get("/api/v1/orders/{order_no}/audit", order_audit)
     router.add_get("/api/v1/exceptions", list_exceptions)
     router.add_post("/api/v1/exceptions/retry", retry_exceptions)

@@ -23,7 +23,7 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
-from procurd.catalog.sync import SyncReport, run_sync
+from procurd.catalog.sync import SyncReport
 from procurd.config import CALLBACK_PATH, Settings
 from procurd.http.admin import make_admin_app
 from procurd.http.errors import LISTENER, listener_runner
@@ -161,8 +161,8 @@ class Stack:
         return await submit_due(self.runtime, upstream)
 
     async def sync(self, upstream: str = "main") -> SyncReport:
-        """One catalogue sync pass of ``upstream`` into the mirror."""
-        return await run_sync(self.runtime.database, self.runtime.client(upstream), upstream)
+        """One catalogue pass of ``upstream`` into the mirror, as configured (pricing included)."""
+        return await self.runtime.sync_catalog(upstream)
 
     async def post_signed(
         self, url: str, body: bytes, *, sign_path: str = CALLBACK_PATH, upstream: str = "main"
@@ -211,6 +211,7 @@ def stack_settings(
     admin_token: str = "",
     upstreams: Sequence[str] = ("main", "second"),
     webhook_url: str = "",
+    pricing: Mapping[str, Any] | None = None,
 ) -> Settings:
     """Settings of procurd against the sandbox: ``main`` with the sandbox's key, ``second`` with another."""
     credentials = {
@@ -234,6 +235,7 @@ def stack_settings(
         ],
         procurement={"max_attempts": 2, "retry_base_seconds": 0.01, "retry_max_seconds": 0.05},
         storefront=storefront,
+        pricing=dict(pricing or {}),
     )
 
 
@@ -246,6 +248,7 @@ async def procurd_stack(
     sandbox_config: SandboxConfig | None = None,
     callback_url: str | None = None,
     callback_path: str = CALLBACK_PATH,
+    pricing: Mapping[str, Any] | None = None,
 ) -> AsyncIterator[Stack]:
     """The sandbox, a runtime on ``database_url`` and both listeners; stops everything on exit.
 
@@ -264,6 +267,7 @@ async def procurd_stack(
                 callback_url or public_base + callback_path,
                 admin_token=admin_token,
                 upstreams=upstreams,
+                pricing=pricing,
             )
             runtime = Runtime.build(settings, instance="test-instance")
             try:

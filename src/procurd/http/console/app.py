@@ -1,0 +1,26 @@
+"""Wiring the console into the admin application."""
+
+from __future__ import annotations
+
+from importlib.resources import files
+from pathlib import Path
+
+from aiohttp import web
+
+from procurd.http.console.context import CONSOLE, STATIC_PREFIX, Console
+from procurd.http.console.render import setup_templates
+from procurd.http.console.session import SessionCodec
+from procurd.http.console.views import add_routes
+from procurd.runtime import Runtime
+
+
+def setup_console(app: web.Application, runtime: Runtime) -> None:
+    """Add the console's routes, templates and static files to ``app``, whose middlewares must include
+    :func:`~procurd.http.console.middleware.console_middleware` inside the bearer check."""
+    token = runtime.settings.server.admin_token.get_secret_value()
+    codec = SessionCodec(token, runtime.settings.server.console_session_seconds)
+    app[CONSOLE] = Console(runtime, codec, login_required=bool(token), admin_token=token)
+    setup_templates(app)
+    add_routes(app.router)
+    static = Path(str(files("procurd.http.console").joinpath("static")))
+    app.router.add_static(STATIC_PREFIX, static)

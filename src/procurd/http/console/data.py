@@ -1,0 +1,295 @@
+"""What each console page shows: one function per page, reading through the same service and stores as the
+JSON API.
+
+Parts that other work has not built yet are :class:`Unavailable`: the page says so and shows the rest. Each
+such part is one function in the last section of this module; plugging a feature in is replacing that
+function's body (the templates already render a list where there is one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from procurd.alerts import alert_view
+from procurd.catalog import pricing
+from procurd.config import UpstreamSettings
+from procurd.core.orders import iso
+from procurd.db.console_store import CatalogSlice, OrderSummary
+from procurd.db.stores import Tx
+from procurd.http.errors import ApiError
+from procurd.runtime import Runtime
+from procurd.status import status_report
+
+T = TypeVar("T")
+
+ORDER_STATUSES = ("paid", "fulfilling", "partially_delivered", "delivered", "canceled")
+AUDIT_PAGE_SIZE = 50
+HIDDEN_FULFILLMENT_FIELDS = ("payload", "delivery_data")
+
+
+@dataclass(frozen=True, slots=True)
+class Unavailable:
+    """A part of a page whose feature is not in this build yet."""
+
+    feature: str
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class Paged(Generic[T]):
+    items: list[T]
+    total: int
+    page: int
+    page_size: int
+
+    @property
+    def pages(self) -> int:
+        return max(1, -(-self.total // self.page_size))
+
+    @property
+    def first_index(self) -> int:
+        return (self.page - 1) * self.page_size + 1 if self.items else 0
+
+    @property
+    def last_index(self) -> int:
+        return (self.page - 1) * self.page_size + len(self.items)
+
+    @property
+    def has_previous(self) -> bool:
+        return self.page > 1
+
+    @property
+    def has_next(self) -> bool:
+        return self.page * self.page_size < self.total
+
+
+# --- overview ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamOverview:
+    status: dict[str, Any]
+    exceptions_by_reason: dict[str, int]
+    low_balance_threshold: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Overview:
+    generated_at: str
+    instance: str
+    upstreams: list[UpstreamOverview]
+    storefront: dict[str, Any]
+    alerts: list[dict[str, Any]]
+    instances: list[dict[str, Any]]  # every daemon instance with its heartbeat, as GET /api/v1/status
+
+
+async def overview(runtime: Runtime) -> Overview:
+    """Per upstream: the status report (health, balance, queue, oldest queued, last sync, callbacks) with its
+    open exceptions by reason; recent alerts and the instances alive."""
+    report = await status_report(runtime)
+    reasons = await runtime.database.read(lambda tx: tx.procurements.exception_reasons())
+    upstreams = [
+        UpstreamOverview(
+            status=entry,
+            exceptions_by_reason=dict(sorted(reasons.get(entry["name"], {}).items())),
+            low_balance_threshold=low_balance_threshold(runtime.settings.upstream(entry["name"])),
+        )
+        for entry in report["upstreams"]
+    ]
+    return Overview(
+        generated_at=report["generated_at"],
+        instance=report["instance"],
+        upstreams=upstreams,
+        storefront=report["storefront"],
+        alerts=await recent_alerts(runtime, limit=10),
+        instances=list(report["instances"]),
+    )
+
+
+# --- exceptions -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ExceptionsPage:
+    items: Paged[dict[str, Any]]
+    reasons: dict[str, int]  # open exceptions per reason, over the upstream filter
+    upstreams: list[str]
+
+
+async def exceptions_page(
+    runtime: Runtime, upstream: str | None, reason: str | None, page: int, page_size: int
+) -> ExceptionsPage:
+    total, items = await runtime.service.exceptions(upstream, reason, page, page_size)
+    by_upstream = await runtime.database.read(lambda tx: tx.procurements.exception_reasons())
+    reasons: dict[str, int] = {}
+    for name, counts in by_upstream.items():
+        if upstream is None or name == upstream:
+            for key, count in counts.items():
+                reasons[key] = reasons.get(key, 0) + count
+    return ExceptionsPage(
+        Paged(items, total, page, page_size), dict(sorted(reasons.items())), runtime.service.upstream_names
+    )
+
+
+# --- orders -----------------------------------------------------------------------------------------------
+
+
+async def orders_page(
+    runtime: Runtime, text: str | None, status: str | None, page: int, page_size: int
+) -> Paged[OrderSummary]:
+    """Orders, newest first; ``text`` matches an order number (or its start), a downstream number, an upstream
+    order id or an upstream order number."""
+
+    def find(tx: Tx) -> tuple[int, list[OrderSummary]]:
+        return tx.console.find_orders(text, status, page, page_size)
+
+    total, items = await runtime.database.read(find)
+    return Paged(items, total, page, page_size)
+
+
+@dataclass(frozen=True, slots=True)
+class OrderDetail:
+    order: dict[str, Any]
+    audit: Paged[dict[str, Any]]
+    revealed: int | None  # the procurement whose delivered goods are shown
+
+
+async def order_detail(
+    runtime: Runtime, order_no: str, *, reveal: int | None = None, audit_page: int = 1
+) -> OrderDetail | None:
+    """The order view and (a page of) the audit trail of the JSON API; delivered goods (payload, delivery
+    data) only for the procurement ``reveal``: the others' never reach the template."""
+    view = await runtime.service.order(order_no)
+    if view is None:
+        return None
+    procurements = [_goods_hidden(item) if item["id"] != reveal else item for item in view["procurements"]]
+    revealed = reveal if any(item["id"] == reveal for item in view["procurements"]) else None
+    trail = await runtime.service.audit(order_no)
+    start = (audit_page - 1) * AUDIT_PAGE_SIZE
+    audit = Paged(trail[start : start + AUDIT_PAGE_SIZE], len(trail), audit_page, AUDIT_PAGE_SIZE)
+    return OrderDetail(dict(view, procurements=procurements), audit, revealed)
+
+
+def _goods_hidden(item: Mapping[str, Any]) -> dict[str, Any]:
+    fulfillment = item.get("fulfillment")
+    if not fulfillment:
+        return dict(item)
+    hidden = dict.fromkeys(HIDDEN_FULFILLMENT_FIELDS)
+    return dict(item, fulfillment=dict(fulfillment, **hidden, hidden=True))
+
+
+# --- catalogue --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CatalogPage:
+    products: Paged[dict[str, Any]]
+    skus: dict[tuple[str, int], list[dict[str, Any]]]
+    selling_prices: bool  # the mirror has selling prices (the pricing work)
+    holds: bool  # ... and price holds
+    upstreams: list[str]
+
+
+async def catalog_page(
+    runtime: Runtime, text: str | None, upstream: str | None, page: int, page_size: int
+) -> CatalogPage:
+    def read(tx: Tx) -> CatalogSlice:
+        return tx.console.catalog(text, upstream, page, page_size)
+
+    found = await runtime.database.read(read)
+    return CatalogPage(
+        Paged(found.products, found.total, page, page_size),
+        found.skus,
+        selling_prices="sell_price" in found.columns,
+        holds="price_held_at" in found.columns,
+        upstreams=runtime.service.upstream_names,
+    )
+
+
+# --- sync runs --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SyncPage:
+    runs: Paged[dict[str, Any]]
+    upstreams: list[str]
+    kinds: bool  # runs record their kind (full or incremental)
+
+
+async def sync_page(runtime: Runtime, upstream: str | None, page: int, page_size: int) -> SyncPage:
+    def read(tx: Tx) -> tuple[int, list[dict[str, Any]]]:
+        return tx.console.sync_runs(upstream, page, page_size)
+
+    total, runs = await runtime.database.read(read)
+    return SyncPage(
+        Paged(runs, total, page, page_size),
+        runtime.service.upstream_names,
+        kinds=any("kind" in run for run in runs),
+    )
+
+
+async def start_sync(runtime: Runtime, upstream: str, *, full: bool) -> str:
+    """Start a catalogue pass of ``upstream`` now, as ``POST /api/v1/catalog/sync`` does; what was done, for a
+    person."""
+    if upstream not in runtime.service.upstream_names:
+        raise ApiError(400, "unknown_upstream", f"no upstream {upstream!r}")
+    if not runtime.start_catalog_sync(upstream, full=full):
+        raise ApiError(409, "sync_in_progress", f"a pass of {upstream} is already running in this instance")
+    kind = "full" if full else "catalogue"
+    return f"A {kind} pass of {upstream} starts now; it shows here once it has begun."
+
+
+# --- parts fed by the alerting, scale-out, reconciliation and pricing work ----------------------------
+
+
+def low_balance_threshold(upstream: UpstreamSettings) -> str | None:
+    """``[upstreams] low_balance_threshold`` ("" = off → ``None``)."""
+    return upstream.low_balance_threshold or None
+
+
+async def recent_alerts(runtime: Runtime, limit: int) -> list[dict[str, Any]]:
+    """The latest alerts (the rows of ``GET /api/v1/alerts``)."""
+    return (await alerts_page(runtime, 1, limit)).items
+
+
+async def alerts_page(runtime: Runtime, page: int, page_size: int) -> Paged[dict[str, Any]]:
+    total, found = await runtime.alerts.recent(page, page_size)
+    return Paged([alert_view(alert) for alert in found], total, page, page_size)
+
+
+async def offers_page(runtime: Runtime, page: int, page_size: int) -> Paged[dict[str, Any]] | Unavailable:
+    """Offers with their sources in priority order and the source in use (``GET /api/v1/offers``)."""
+    del runtime, page, page_size
+    return Unavailable("offers", "storefront offers land with the offers work")
+
+
+async def reconcile_page(runtime: Runtime, page: int, page_size: int) -> Paged[dict[str, Any]]:
+    """Reconciliation findings, newest first."""
+    total, found = await runtime.database.read(lambda tx: tx.reconcile.recent_findings(page, page_size))
+    items = [
+        {
+            "found_at": iso(finding.found_at),
+            "upstream": finding.upstream,
+            "order_no": finding.order_no,
+            "field": finding.field,
+            "local": finding.local_value,
+            "remote": finding.upstream_value,
+            "repaired": finding.repair,
+        }
+        for finding in found
+    ]
+    return Paged(items, total, page, page_size)
+
+
+async def release_hold(runtime: Runtime, upstream: str, sku_id: int) -> str:
+    """Release the price hold of a SKU (what ``POST /api/v1/catalog/holds/{upstream}/{sku_id}/release``
+    does); what was done, for a person."""
+    released = await pricing.release_hold(
+        runtime.database, upstream, sku_id, runtime.settings.pricing, client=runtime.client(upstream)
+    )
+    if released is None:
+        raise ApiError(404, "hold_not_found", f"SKU {sku_id} of {upstream} has no price hold")
+    price = f"{released.sell_price} {released.sell_currency}" if released.sell_price else "no price"
+    return f"The hold on {upstream} SKU {sku_id} is released; it now sells at {price}."

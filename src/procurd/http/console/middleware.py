@@ -1,0 +1,192 @@
+"""The console's guard for every request under ``/ui``: security headers, the session, sign-in, CSRF, and
+error pages instead of JSON.
+
+Order of checks: a session cookie is read (a new one is issued when there is none or it is no good); without
+a signed-in session (when a token is configured) every page but the login page leads to the login page; a
+POST must not come from another site and must carry the CSRF token of its session; only then does the
+handler run. Whatever fails becomes an HTML error page with a status, a code and a message; nothing changed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import parse_qsl, urlencode
+
+import structlog
+from aiohttp import web
+from aiohttp.typedefs import Middleware
+from multidict import MultiDict
+
+from procurd.db.errors import DatabaseUnavailable
+from procurd.http.console.context import (
+    CONSOLE,
+    COOKIE_PATH,
+    FLASH,
+    FORM,
+    HOME,
+    LOGIN_PATH,
+    PREFIX,
+    SESSION,
+    STATIC_PREFIX,
+    Console,
+    is_console_path,
+    redirect,
+    set_session,
+)
+from procurd.http.console.render import render
+from procurd.http.console.session import FLASH_COOKIE, SESSION_COOKIE, Session
+from procurd.http.errors import ApiError, Handler, read_body, route_name
+from procurd.http.json_limits import text_problem
+
+log = structlog.get_logger("procurd.console")
+
+CONTENT_SECURITY_POLICY = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "frame-ancestors 'none'; form-action 'self'; base-uri 'none'"
+)
+SECURITY_HEADERS = {
+    "Content-Security-Policy": CONTENT_SECURITY_POLICY,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "X-Frame-Options": "DENY",
+    "Cross-Origin-Opener-Policy": "same-origin",
+}
+FORM_TYPE = "application/x-www-form-urlencoded"
+STATUS_TITLES = {400: "Bad request", 401: "Not signed in", 403: "Refused", 404: "Not found",
+                 405: "Method not allowed", 409: "Not possible now", 413: "Too large",
+                 415: "Not a form", 422: "Cannot do that", 501: "Not available yet",
+                 503: "Database unavailable"}  # fmt: skip
+
+
+def console_middleware() -> Middleware:
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if not is_console_path(request.path):
+            return await handler(request)
+        if request.path.startswith(STATIC_PREFIX):
+            response = await _static(request, handler)
+        else:
+            page = redirect(HOME) if request.path == PREFIX else None
+            response = page or await _page(request, handler, request.app[CONSOLE])
+            response.headers["Cache-Control"] = "no-store"
+        response.headers.update(SECURITY_HEADERS)
+        return response
+
+    return middleware
+
+
+async def _static(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        response = await handler(request)
+    except web.HTTPException as error:
+        return web.Response(status=error.status, text=f"{error.status} {error.reason}\n")
+    response.headers["Cache-Control"] = "public, max-age=3600"
+    return response
+
+
+async def _page(request: web.Request, handler: Handler, console: Console) -> web.StreamResponse:
+    codec = console.codec
+    session = codec.decode(request.cookies.get(SESSION_COOKIE))
+    fresh = session is None
+    if session is None:
+        session = codec.issue(authenticated=not console.login_required)
+    request[SESSION] = session
+    flash = codec.decode_flash(request.cookies.get(FLASH_COOKIE))
+    if flash is not None:
+        request[FLASH] = flash
+    response = await _answer(request, handler, console, session)
+    if fresh and SESSION_COOKIE not in response.cookies:
+        set_session(request, response, session)
+    if FLASH_COOKIE in request.cookies and FLASH_COOKIE not in response.cookies:
+        response.del_cookie(FLASH_COOKIE, path=COOKIE_PATH)
+    return response
+
+
+async def _answer(
+    request: web.Request, handler: Handler, console: Console, session: Session
+) -> web.StreamResponse:
+    try:
+        if console.login_required and not session.authenticated and request.path != LOGIN_PATH:
+            return redirect(_login_url(request))
+        if request.method == "POST":
+            request[FORM] = await _checked_form(request, console, session)
+        return await handler(request)
+    except ApiError as error:
+        return error_page(request, error)
+    except web.HTTPException as error:
+        if error.status < 400:
+            raise
+        allow = {"Allow": error.headers.get("Allow", "")} if error.status == 405 else {}
+        return error_page(
+            request, ApiError(error.status, _http_code(error.status), _http_text(error), headers=allow)
+        )
+    except DatabaseUnavailable as unavailable:
+        log.error("console.database_unavailable", route=route_name(request), reason=unavailable.reason)
+        reason = f"the database cannot be reached: {unavailable.reason}"
+        return error_page(request, ApiError(503, "database_unavailable", reason))
+    except Exception:
+        log.exception("console.internal_error", method=request.method, route=route_name(request))
+        return error_page(request, ApiError(500, "internal_error", "internal error: the log has the details"))
+
+
+async def _checked_form(request: web.Request, console: Console, session: Session) -> MultiDict[str]:
+    """The posted form's text fields, once the post is known to come from a page of this console."""
+    if request.headers.get("Sec-Fetch-Site", "").lower() == "cross-site":
+        log.warning("console.cross_site_post", route=route_name(request))
+        raise ApiError(403, "cross_site", "a form posted from another site is refused")
+    if request.content_type != FORM_TYPE:
+        raise ApiError(415, "form_expected", "this address takes a form posted from the console's pages")
+    body = await read_body(request)
+    try:
+        posted = parse_qsl(body.decode("utf-8"), keep_blank_values=True, errors="strict", max_num_fields=100)
+    except (UnicodeError, ValueError):
+        raise ApiError(400, "invalid_form", "the form is not UTF-8 form data of at most 100 fields") from None
+    fields: MultiDict[str] = MultiDict()
+    for name, value in posted:
+        problem = text_problem(value) or text_problem(name)
+        if problem is not None:
+            raise ApiError(400, "invalid_request", f"{name} {problem}")
+        fields.add(name, value)
+    token = fields.get("csrf_token", "")
+    if not token or not console.codec.csrf_valid(session, token):
+        log.warning("console.csrf_refused", route=route_name(request), token_given=bool(token))
+        raise ApiError(
+            403,
+            "csrf_failed",
+            "the form's security token is missing or belongs to another session: "
+            "reload the page and send the form again",
+        )
+    return fields
+
+
+def _login_url(request: web.Request) -> str:
+    if request.method in ("GET", "HEAD") and request.path != HOME:
+        return LOGIN_PATH + "?" + urlencode({"next": request.path_qs})
+    return LOGIN_PATH
+
+
+def error_page(request: web.Request, error: ApiError) -> web.Response:
+    context: dict[str, Any] = {
+        "status": error.status,
+        "title": STATUS_TITLES.get(error.status, "Error"),
+        "code": error.code,
+        "message": error.message,
+        "items": error.extra.get("items", []),
+    }
+    response = render(request, "error.html", context, status=error.status)
+    response.headers.update(error.headers)
+    return response
+
+
+def _http_code(status: int) -> str:
+    return {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}.get(status, "bad_request")
+
+
+def _http_text(error: web.HTTPException) -> str:
+    if error.status == 404:
+        return "there is no such page in the console"
+    if error.status == 405:
+        return "this page does not take that method"
+    if error.status == 413:
+        return "the form is too large"
+    return error.reason

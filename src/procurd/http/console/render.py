@@ -1,0 +1,155 @@
+"""The console's templates and the filters they use: one time zone (UTC) with "n minutes ago", multilingual
+titles, amounts, plurals.
+
+Autoescaping is on for every template: upstream text (titles, error messages) is always shown as text.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import aiohttp_jinja2
+import jinja2
+from aiohttp import web
+
+from procurd import __version__
+from procurd.http.console.context import CONSOLE, FLASH, SESSION, with_query
+from procurd.http.console.data import Unavailable
+
+TITLE_LANGUAGES = ("en-US", "en", "zh-CN", "zh-TW")
+_UNITS = (("day", 86_400), ("hour", 3_600), ("minute", 60))
+
+
+def parse_time(value: Any) -> datetime | None:
+    """An aware UTC datetime from a datetime or an ISO 8601 text (``...Z`` too); ``None`` otherwise."""
+    if isinstance(value, datetime):
+        moment = value
+    elif isinstance(value, str) and value:
+        try:
+            moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            return None
+    else:
+        return None
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+
+
+def plural(count: int, word: str, words: str | None = None) -> str:
+    """``1 minute``, ``2 minutes``, ``0 items``."""
+    return f"{count} {word if count == 1 else (words or word + 's')}"
+
+
+def duration(seconds: float | None) -> str:
+    """A length of time in its largest two units: ``3 minutes 20 seconds``, ``2 days 1 hour``."""
+    if seconds is None:
+        return "—"
+    remaining = max(0, int(seconds))
+    if remaining < 60:
+        return plural(remaining, "second")
+    parts = []
+    for name, size in (*_UNITS, ("second", 1)):
+        if remaining >= size:
+            parts.append(plural(remaining // size, name))
+            remaining %= size
+        if len(parts) == 2 or (parts and remaining == 0):
+            break
+    return " ".join(parts)
+
+
+def ago(value: Any, now: datetime | None = None) -> str:
+    """``just now``, ``5 minutes ago``, ``1 hour ago``, ``in 3 minutes``; "" for no time."""
+    moment = parse_time(value)
+    if moment is None:
+        return ""
+    seconds = int(((now or datetime.now(UTC)) - moment).total_seconds())
+    if abs(seconds) < 60:
+        return "just now"
+    for name, size in _UNITS:
+        if abs(seconds) >= size:
+            text = plural(abs(seconds) // size, name)
+            return f"{text} ago" if seconds > 0 else f"in {text}"
+    return "just now"
+
+
+def utc(value: Any) -> str:
+    """``2026-11-23 15:46:02 UTC``; "" for no time."""
+    moment = parse_time(value)
+    return moment.strftime("%Y-%m-%d %H:%M:%S UTC") if moment is not None else ""
+
+
+def iso(value: Any) -> str:
+    moment = parse_time(value)
+    return moment.isoformat().replace("+00:00", "Z") if moment is not None else ""
+
+
+def title_text(value: Any) -> str:
+    """A multilingual title (``{"zh-CN": ..., "en-US": ...}``) as one line: the English text first, then
+    the others that differ from it."""
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, Mapping) or not value:
+        return "" if value is None else str(value)
+    ordered = [value[key] for key in TITLE_LANGUAGES if key in value]
+    ordered += [text for key, text in sorted(value.items()) if key not in TITLE_LANGUAGES]
+    distinct: list[str] = []
+    for text in ordered:
+        if isinstance(text, str) and text and text not in distinct:
+            distinct.append(text)
+    return " / ".join(distinct)
+
+
+def pretty_json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, indent=2, sort_keys=True, default=str)
+
+
+def compact_json(value: Any) -> str:
+    if not value:
+        return ""
+    return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(", ", ": "), default=str)
+
+
+def is_unavailable(value: Any) -> bool:
+    return isinstance(value, Unavailable)
+
+
+def page_context(request: web.Request) -> dict[str, Any]:
+    """What every page's layout needs: the session's CSRF token, sign-in state, the flash message."""
+    console = request.app[CONSOLE]
+    session = request.get(SESSION)
+    return {
+        "csrf_token": console.codec.csrf_token(session) if session is not None else "",
+        "signed_in": session is not None and session.authenticated,
+        "login_required": console.login_required,
+        "flash": request.get(FLASH),
+        "path": request.path,
+        "version": __version__,
+        "here": with_query(request),
+        "page_link": lambda page: with_query(request, page=page),
+    }
+
+
+def render(
+    request: web.Request, template: str, context: Mapping[str, Any], *, status: int = 200
+) -> web.Response:
+    return aiohttp_jinja2.render_template(
+        template, request, {**page_context(request), **context}, status=status
+    )
+
+
+def setup_templates(app: web.Application) -> None:
+    environment = aiohttp_jinja2.setup(
+        app,
+        loader=jinja2.PackageLoader("procurd.http.console", "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    environment.filters.update(
+        ago=ago, utc=utc, iso=iso, title=title_text, duration=duration, plural=plural,
+        pretty_json=pretty_json, compact_json=compact_json,
+    )  # fmt: skip
+    environment.tests["unavailable"] = is_unavailable
