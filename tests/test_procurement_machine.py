@@ -29,6 +29,7 @@ from procurd.core.procurement import (
     Reason,
     Resolve,
     Retry,
+    SourceRef,
     State,
     SubmitAccepted,
     SubmitRejected,
@@ -460,7 +461,8 @@ def test_failed_fetch_of_a_delivery_backs_off_or_stops() -> None:
 
 def admit(max_unit_price: str | None = None) -> Admit:
     sku = MirroredSku(id=12, product_id=3, price_amount="9.90", fulfillment_type="auto")
-    return Admit("A1001", 0, "main", 12, 1, None, max_unit_price, None, "A1001", sku)
+    source = SourceRef("main", 12, max_unit_price)
+    return Admit("A1001", 0, 1, None, max_unit_price, None, "A1001", (source,), {("main", 12): sku})
 
 
 def test_intake_queues_the_item_under_its_number() -> None:

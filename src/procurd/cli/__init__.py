@@ -10,6 +10,7 @@ from procurd.cli import (  # noqa: F401
     demo,
     doctor,
     exceptions,
+    offers,
     orders,
     ping,
     reconcile,

@@ -180,6 +180,7 @@ def order_group() -> None:
 @order_group.command("submit")
 @click.option("--order-no", metavar="NO", help="The local (storefront) order number.")
 @click.option("--sku", "sku_id", type=int, metavar="ID", help="The upstream SKU id.")
+@click.option("--offer", metavar="CODE", help="An offer instead of a SKU (see procurd offers).")
 @click.option("--quantity", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option(
     "--upstream", metavar="NAME", help="The upstream (may be left out when only one is configured)."
@@ -197,6 +198,7 @@ def order_submit(
     state: CliState,
     order_no: str | None,
     sku_id: int | None,
+    offer: str | None,
     quantity: int,
     upstream: str | None,
     max_unit_price: str | None,
@@ -207,13 +209,19 @@ def order_submit(
 ) -> None:
     """Accept a locally paid order for procurement (it is queued for the workers; nothing is bought here)."""
     if body_file is not None:
-        if order_no or sku_id is not None:
-            fail_usage("give either --json with a whole body, or --order-no and --sku")
+        if order_no or sku_id is not None or offer is not None:
+            fail_usage("give either --json with a whole body, or --order-no and --sku (or --offer)")
         raw = body_file.read()
     else:
-        if not order_no or sku_id is None:
-            fail_usage("--order-no and --sku are required (or --json FILE|- with a whole body)")
-        item: dict[str, Any] = {"sku_id": sku_id, "quantity": quantity}
+        if not order_no or (sku_id is None) == (offer is None):
+            fail_usage(
+                "--order-no and one of --sku or --offer are required (or --json FILE|- with a whole body)"
+            )
+        item: dict[str, Any] = {"quantity": quantity}
+        if offer is not None:
+            item["offer"] = offer
+        else:
+            item["sku_id"] = sku_id
         if upstream:
             item["upstream"] = upstream
         if max_unit_price is not None:

@@ -4,10 +4,20 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from decimal import Decimal, InvalidOperation
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from procurd.core.numbers import MAX_ID, ORDER_NO_PATTERN
 from procurd.core.problems import problems
@@ -41,6 +51,7 @@ UNPROCESSABLE = frozenset(
         "product_not_found",
         "product_inactive",
         "manual_form_data_required",
+        "offer_not_found",
     }
 )
 CONFLICTS = frozenset({"order_conflict", "downstream_order_no_taken"})
@@ -77,11 +88,18 @@ def plain_json(value: Any) -> Any:
     return value
 
 
+OFFER_CODE_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}")
+OFFER_CODE_RULE = "1 to 64 characters: letters, digits, and _ . : - ; starting with a letter or digit"
+
+
 class ItemRequest(BaseModel):
+    """One item: an upstream SKU (``upstream``, ``sku_id``) or a storefront offer (``offer``)."""
+
     model_config = ConfigDict(extra="forbid")
 
     upstream: StrictStr | None = None
-    sku_id: Annotated[StrictInt, Field(gt=0, le=MAX_ID)]
+    sku_id: Annotated[StrictInt, Field(gt=0, le=MAX_ID)] | None = None
+    offer: StrictStr | None = None
     quantity: Annotated[StrictInt, Field(ge=1, le=MAX_QUANTITY)]
     manual_form_data: dict[str, Any] | None = None
     max_unit_price: str | None = None
@@ -95,6 +113,21 @@ class ItemRequest(BaseModel):
     @classmethod
     def _exact_amount(cls, value: Any) -> str | None:
         return None if value is None else _decimal_text(value)
+
+    @field_validator("offer")
+    @classmethod
+    def _offer_code_rule(cls, value: str | None) -> str | None:
+        if value is not None and not OFFER_CODE_PATTERN.fullmatch(value):
+            raise ValueError(f"must be {OFFER_CODE_RULE}")
+        return value
+
+    @model_validator(mode="after")
+    def _sku_or_offer(self) -> ItemRequest:
+        if self.offer is None and self.sku_id is None:
+            raise ValueError('name a SKU ("sku_id") or an offer ("offer")')
+        if self.offer is not None and (self.sku_id is not None or self.upstream is not None):
+            raise ValueError('an "offer" item names no "sku_id" or "upstream": the offer lists its sources')
+        return self
 
 
 class OrderRequest(BaseModel):
@@ -114,13 +147,21 @@ class OrderRequest(BaseModel):
     def with_upstream(self, default: str | None) -> OrderRequest:
         """Items without an upstream take ``default`` (only possible when one upstream is configured)."""
         items = [
-            item if item.upstream else item.model_copy(update={"upstream": default}) for item in self.items
+            item if item.upstream or item.offer else item.model_copy(update={"upstream": default})
+            for item in self.items
         ]
         return self.model_copy(update={"items": items})
 
     def canonical(self) -> dict[str, Any]:
-        """The normalised request, as stored and compared for repeats."""
-        return self.model_dump(mode="json")
+        """The normalised request, as stored and compared for repeats (an item names a SKU or an offer:
+        the other key is left out, so orders taken in before offers existed keep their fingerprint)."""
+        data = self.model_dump(mode="json")
+        for item in data["items"]:
+            if item["offer"] is None:
+                del item["offer"]
+            else:
+                del item["sku_id"], item["upstream"]
+        return data
 
     def fingerprint(self) -> str:
         """Digest of the canonical request: a repeat with the same body has the same fingerprint."""

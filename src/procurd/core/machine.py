@@ -14,6 +14,7 @@ and 3):
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -25,6 +26,7 @@ from procurd.core.procurement import (
     CANCELED_STATUS,
     COMPLETED_STATUS,
     DELIVERED_STATUSES,
+    FAILOVER_CODES,
     HEALABLE_REASONS,
     REFUNDED_STATUSES,
     Admit,
@@ -36,6 +38,7 @@ from procurd.core.procurement import (
     Event,
     ExceptionOpened,
     GiveUp,
+    MirroredSku,
     NotAllowed,
     NumberAdded,
     NumberRetired,
@@ -46,12 +49,14 @@ from procurd.core.procurement import (
     Reconciled,
     Resolve,
     Retry,
+    SourceRef,
     State,
     SubmitAccepted,
     SubmitRejected,
     SubmitUnavailable,
     UpstreamReport,
 )
+from procurd.core.sources import Skipped, first_available, over_limit, source_problem
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +104,7 @@ def _decide(
         case SubmitAccepted():
             return _submit_accepted(p, event, now, policy)
         case SubmitRejected():
-            return _submit_rejected(p, event)
+            return _submit_rejected(p, event, now)
         case SubmitUnavailable():
             return _submit_unavailable(p, event, now, policy, rng)
         case UpstreamReport():
@@ -191,34 +196,153 @@ def _holds_claim(p: Procurement, owner: str) -> bool:
 
 def _admit(event: Admit, now: datetime) -> Decision:
     number = event.downstream_order_no
-    price = event.sku.price_amount
+    sources = event.sources
+    position: int | None = 0
+    skipped: list[Skipped] = []
+    if event.offer_code is not None:
+        position, skipped = first_available(sources, 0, event.mirror, event.quantity, event.manual_form_data)
+    source = sources[position or 0]
+    sku = event.mirror.get((source.upstream, source.sku_id))
     procurement = Procurement(
         id=0,
         order_no=event.order_no,
         position=event.position,
-        upstream=event.upstream,
-        sku_id=event.sku_id,
-        product_id=event.sku.product_id,
+        upstream=source.upstream,
+        sku_id=source.sku_id,
+        product_id=None if sku is None else sku.product_id,
         quantity=event.quantity,
         manual_form_data=event.manual_form_data,
         max_unit_price=event.max_unit_price,
-        unit_price=price,
-        fulfillment_type=event.sku.fulfillment_type,
+        unit_price=None if sku is None else sku.price_amount,
+        fulfillment_type=None if sku is None else sku.fulfillment_type,
         trace_id=event.trace_id,
         downstream_order_no=number,
         downstream_order_nos=(number,),
         state=State.QUEUED,
         next_attempt_at=now,
+        unit_limit=source.limit,
+        offer_code=event.offer_code,
+        sources=sources if event.offer_code is not None else (),
+        source_position=position or 0,
+        failovers=tuple(_hop(skip.source, skip.reason, skip.message, number, now) for skip in skipped),
         created_at=now,
         updated_at=now,
     )
-    detail = {"downstream_order_no": number, "unit_price": price}
-    if event.max_unit_price is not None and Decimal(price) > Decimal(event.max_unit_price):
-        message = f"mirrored unit price {price} is above max_unit_price {event.max_unit_price}"
-        refused = _exception(procurement, Reason.PRICE_ABOVE_LIMIT, message=message)
-        opened = ExceptionOpened(Reason.PRICE_ABOVE_LIMIT, Reason.PRICE_ABOVE_LIMIT, message)
-        return Decision(refused, "price_above_limit", detail, effects=(NumberAdded(number), opened))
-    return Decision(procurement, "accepted", detail, effects=(NumberAdded(number),))
+    detail: dict[str, Any] = {"downstream_order_no": number, "unit_price": procurement.unit_price}
+    if source.limit is not None:
+        detail["unit_limit"] = source.limit
+    if event.offer_code is not None:
+        detail.update(offer=event.offer_code, upstream=source.upstream, sku_id=source.sku_id)
+        if skipped:
+            detail["skipped"] = [_hop_detail(skip.source, skip.reason) for skip in skipped]
+    effects: tuple[Effect, ...] = (NumberAdded(number),)
+    if position is None:
+        message = _no_source_message(procurement.failovers)
+        refused = _exception(procurement, Reason.NO_SOURCE_AVAILABLE, message=message)
+        opened = ExceptionOpened(Reason.NO_SOURCE_AVAILABLE, Reason.NO_SOURCE_AVAILABLE, message)
+        return Decision(refused, "no_source_available", detail, effects=(*effects, opened))
+    assert sku is not None
+    problem = over_limit(sku.price_amount, source.limit)
+    if problem is not None:
+        refused = _exception(procurement, Reason.PRICE_ABOVE_LIMIT, message=problem[1])
+        opened = ExceptionOpened(Reason.PRICE_ABOVE_LIMIT, Reason.PRICE_ABOVE_LIMIT, problem[1])
+        return Decision(refused, "price_above_limit", detail, effects=(*effects, opened))
+    return Decision(procurement, "accepted", detail, effects=effects)
+
+
+def _hop(source: SourceRef, reason: str, message: str, number: str, now: datetime) -> dict[str, Any]:
+    """A ``failovers`` entry: the source left (or passed over), why, under which number, when."""
+    return {
+        "upstream": source.upstream,
+        "sku_id": source.sku_id,
+        "reason": reason,
+        "message": message,
+        "downstream_order_no": number,
+        "at": now.isoformat(),
+    }
+
+
+def _hop_detail(source: SourceRef, reason: str) -> dict[str, Any]:
+    return {"upstream": source.upstream, "sku_id": source.sku_id, "reason": reason}
+
+
+def _no_source_message(failovers: Sequence[Mapping[str, Any]]) -> str:
+    """Each source's last reason, in the offer's order of trying them."""
+    last: dict[tuple[str, int], str] = {}
+    for hop in failovers:
+        last[(hop["upstream"], hop["sku_id"])] = f"{hop['reason']} ({hop['message']})"
+    reasons = "; ".join(f"{upstream} SKU {sku_id}: {why}" for (upstream, sku_id), why in last.items())
+    return f"no source of the offer can be bought: {reasons}"
+
+
+def _current_source(p: Procurement) -> SourceRef:
+    return p.sources[p.source_position] if p.sources else SourceRef(p.upstream, p.sku_id, p.unit_limit)
+
+
+def _fail_over(
+    p: Procurement,
+    reason: str,
+    message: str,
+    now: datetime,
+    mirror: Mapping[tuple[str, int], MirroredSku] | None,
+) -> Decision:
+    """Leave the current source for the next one that can be bought (``mirror`` checks them now; without it
+    the next one is taken and checked when it is claimed), or become exception ``no_source_available``.
+
+    Only called when no upstream order may exist under the current number.
+    """
+    number = p.downstream_order_no
+    left = _current_source(p)
+    failovers = (*p.failovers, _hop(left, reason, message, number, now))
+    start = p.source_position + 1
+    if mirror is None:
+        position: int | None = start if start < len(p.sources) else None
+        skipped: list[Skipped] = []
+    else:
+        position, skipped = first_available(p.sources, start, mirror, p.quantity, p.manual_form_data)
+    failovers = (*failovers, *(_hop(skip.source, skip.reason, skip.message, number, now) for skip in skipped))
+    detail: dict[str, Any] = {
+        "from": _hop_detail(left, reason),
+        "downstream_order_no": number,
+    }
+    if skipped:
+        detail["skipped"] = [_hop_detail(skip.source, skip.reason) for skip in skipped]
+    if position is None:
+        exhausted = _exception(replace(p, failovers=failovers), Reason.NO_SOURCE_AVAILABLE, reason)
+        exhausted = replace(exhausted, last_error_message=_no_source_message(failovers))
+        return Decision(exhausted, "no_source_available", detail)
+    return _moved_to(p, position, failovers, now, detail, "failover")
+
+
+def _moved_to(
+    p: Procurement,
+    position: int,
+    failovers: tuple[Mapping[str, Any], ...],
+    now: datetime,
+    detail: dict[str, Any],
+    event: str,
+    effects: tuple[Effect, ...] = (),
+) -> Decision:
+    """``p`` queued at source ``position`` of its offer, due now, under its current number."""
+    source = p.sources[position]
+    moved = _released(
+        p,
+        upstream=source.upstream,
+        sku_id=source.sku_id,
+        unit_limit=source.limit,
+        source_position=position,
+        failovers=failovers,
+        state=State.QUEUED,
+        attempts=0,
+        next_attempt_at=now,
+        exception_reason=None,
+        upstream_may_exist=False,
+    )
+    detail["to"] = {"upstream": source.upstream, "sku_id": source.sku_id}
+    if source.upstream != p.upstream:
+        # The number is new to that upstream unless the offer went there before under it.
+        effects = (*effects, NumberAdded(p.downstream_order_no, again=True))
+    return Decision(moved, event, detail, effects=effects)
 
 
 def _claim(p: Procurement, event: Claim, now: datetime) -> Decision:
@@ -228,13 +352,34 @@ def _claim(p: Procurement, event: Claim, now: datetime) -> Decision:
         return _ignored(p, "claimed_elsewhere", owner=p.lease_owner)
     # A claim that expired means its submitter died mid-request: the upstream may hold an order.
     expired_claim = p.lease_owner
+    may_exist = p.upstream_may_exist or expired_claim is not None
+    sku = event.mirror.get((p.upstream, p.sku_id))
+    if sku is not None:
+        if p.offer_code is not None and not may_exist:
+            problem = source_problem(_current_source(p), sku, p.quantity, p.manual_form_data)
+            if problem is not None:
+                return _fail_over(p, *problem, now, event.mirror)
+        problem = over_limit(sku.price_amount, p.unit_limit)
+        if problem is not None:
+            # Checked at every attempt: the cost may have risen since the order was accepted.
+            refused = _exception(
+                replace(p, unit_price=sku.price_amount, upstream_may_exist=may_exist),
+                Reason.PRICE_ABOVE_LIMIT,
+                message=problem[1],
+            )
+            return Decision(
+                refused, "price_above_limit", {"unit_price": sku.price_amount, "unit_limit": p.unit_limit}
+            )
+        p = replace(
+            p, unit_price=sku.price_amount, product_id=sku.product_id, fulfillment_type=sku.fulfillment_type
+        )
     attempts = p.attempts + 1
     claimed = replace(
         p,
         attempts=attempts,
         lease_owner=event.owner,
         lease_expires_at=now + _seconds(event.lease_seconds),
-        upstream_may_exist=p.upstream_may_exist or expired_claim is not None,
+        upstream_may_exist=may_exist,
     )
     detail: dict[str, Any] = {"attempt": attempts, "owner": event.owner}
     if expired_claim is not None:
@@ -302,7 +447,7 @@ def _submit_accepted(p: Procurement, event: SubmitAccepted, now: datetime, polic
     return Decision(live, "submitted", detail)
 
 
-def _submit_rejected(p: Procurement, event: SubmitRejected) -> Decision:
+def _submit_rejected(p: Procurement, event: SubmitRejected, now: datetime) -> Decision:
     detail: dict[str, Any] = {"code": event.code, "message": event.message}
     if not _holds_claim(p, event.owner):
         return Decision(p, "late_submission_answer", detail)
@@ -321,6 +466,14 @@ def _submit_rejected(p: Procurement, event: SubmitRejected) -> Decision:
     # A definite refusal proves this request created nothing; an earlier attempt whose answer was lost
     # may still have, so upstream_may_exist keeps its value.
     detail["kind"] = event.kind
+    if (
+        p.offer_code is not None
+        and event.kind == "business"
+        and event.code in FAILOVER_CODES
+        and not p.upstream_may_exist
+    ):
+        # Before any money moved, and no order can exist under the number: try the offer's next source.
+        return _fail_over(p, event.code, event.message, now, None)
     return Decision(_exception(p, event.code, event.code, event.message), f"{event.kind}_error", detail)
 
 
@@ -590,10 +743,22 @@ def _retry(p: Procurement, event: Retry, now: datetime) -> Decision:
     detail: dict[str, Any] = {"previous_reason": p.exception_reason}
     if event.note:
         detail["note"] = event.note
+    if p.offer_code is not None and p.source_position > 0 and not p.upstream_may_exist:
+        # No upstream order can exist under the number: the offer starts again from its first source.
+        if p.number_canceled:
+            queued = replace(queued, upstream_order_id=None, upstream_order_no=None, upstream_status=None)
+        restarted = _moved_to(queued, 0, p.failovers, now, detail, "retry")
+        return _renumbered(p, restarted) if p.number_canceled else restarted
     if not p.number_canceled:
         detail["downstream_order_no"] = p.downstream_order_no
         return Decision(queued, "retry", detail)
-    # The upstream answers this number with its canceled order forever: buy under a new one.
+    return _renumbered(p, Decision(queued, "retry", detail))
+
+
+def _renumbered(p: Procurement, decision: Decision) -> Decision:
+    """The retry ``decision`` under a new number: the upstream answers the old one with its canceled order
+    forever."""
+    queued = decision.procurement
     number = retry_number(p.downstream_order_nos[0], len(p.downstream_order_nos))
     renumbered = replace(
         queued,
@@ -607,9 +772,12 @@ def _retry(p: Procurement, event: Retry, now: datetime) -> Decision:
         currency=None,
         upstream_may_exist=False,
     )
-    detail["new_downstream_order_no"] = number
-    effects = (NumberRetired(p.downstream_order_no, p.upstream_order_id), NumberAdded(number))
-    return Decision(renumbered, "retry", detail, effects=effects)
+    detail = {**decision.detail, "new_downstream_order_no": number}
+    detail.pop("downstream_order_no", None)
+    # A number added for the old one at another upstream (a move back to the first source) is not needed.
+    kept = tuple(effect for effect in decision.effects if not isinstance(effect, NumberAdded))
+    effects = (*kept, NumberRetired(p.downstream_order_no, p.upstream_order_id), NumberAdded(number))
+    return Decision(renumbered, decision.event, detail, effects=effects)
 
 
 def _resolve(p: Procurement, event: Resolve) -> Decision:

@@ -13,7 +13,7 @@ import decimal
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from decimal import ROUND_CEILING, Decimal, InvalidOperation
+from decimal import ROUND_CEILING, ROUND_DOWN, Decimal, InvalidOperation
 from typing import Final, Literal
 
 X99: Final = "x.99"
@@ -427,3 +427,26 @@ def _cheapest(prices: Iterable[tuple[str | None, str | None]]) -> tuple[str | No
         return None, None
     _, price, currency = min(priced, key=lambda item: item[0])
     return price, currency
+
+
+# --- what a unit may cost ---------------------------------------------------------------------------------
+
+
+def exchange_rate_of(upstream: str, sku: SkuFacts, rules: Sequence[PricingRule]) -> Decimal | None:
+    """The exchange rate of the rule that prices ``sku`` (None: no rule prices it, or one excludes it)."""
+    cost = _decimal(sku.cost)
+    if cost is None or cost < 0:
+        return None
+    for rule in rules:
+        if rule.matches(upstream, sku, cost):
+            return None if rule.exclude else rule.exchange_rate
+    return None
+
+
+def cost_limit(sell_price: str, exchange_rate: Decimal, cost: str) -> str:
+    """What a unit may cost upstream for selling it at ``sell_price`` not to be a loss: the selling price
+    converted back (divided by the exchange rate), rounded down to the cost's decimals (at least cents)."""
+    converted = _EXACT.divide(Decimal(sell_price), exchange_rate)
+    cost_exponent = Decimal(cost).as_tuple().exponent
+    exponent = min(cost_exponent if isinstance(cost_exponent, int) else -2, -2)
+    return _money(converted.quantize(Decimal(1).scaleb(exponent), rounding=ROUND_DOWN, context=_EXACT))

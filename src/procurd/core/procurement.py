@@ -49,6 +49,11 @@ class Reason(StrEnum):
     STALE = "stale"
     UPSTREAM_ORDER_MISSING = "upstream_order_missing"
     AMOUNT_MISMATCH = "amount_mismatch"
+    NO_SOURCE_AVAILABLE = "no_source_available"
+
+
+# An upstream refuses a source with these before any money moved: an offer moves on to its next source.
+FAILOVER_CODES = frozenset({"sku_unavailable", "product_unavailable", "insufficient_stock"})
 
 
 # Upstream statuses (seed 000 part 3, plus what real sites report).
@@ -60,6 +65,16 @@ REFUNDED_STATUSES = frozenset({"refunded", "partially_refunded"})
 # Exceptions that an upstream report of a live or delivered order can heal: procurd did not know the order
 # existed (its answer was lost) or stopped waiting for it.
 HEALABLE_REASONS = frozenset({Reason.MAX_ATTEMPTS_EXCEEDED, Reason.STALE, Reason.UPSTREAM_ORDER_MISSING})
+
+
+@dataclass(frozen=True, slots=True)
+class SourceRef:
+    """One source of an offer as a procurement took it: an upstream SKU and the most a unit of it may cost
+    there (``None``: no limit), fixed when the order was accepted."""
+
+    upstream: str
+    sku_id: int
+    limit: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -105,6 +120,14 @@ class Procurement:
     submitted_at: datetime | None = None
     delivered_at: datetime | None = None
     resolution_note: str | None = None
+    # The most a unit may cost at the current source (max_unit_price, or the selling price converted back).
+    unit_limit: str | None = None
+    # An item bought through an offer: its code, its sources in priority order (the current one at
+    # source_position), and every move from one source to the next.
+    offer_code: str | None = None
+    sources: tuple[SourceRef, ...] = ()
+    source_position: int = 0
+    failovers: tuple[Mapping[str, Any], ...] = ()
     created_at: datetime
     updated_at: datetime
 
@@ -136,6 +159,20 @@ class MirroredSku:
     product_active: bool = True
     product_removed: bool = False
     manual_form_schema: Any = None
+    category_id: int | None = None
+    sell_price: str | None = None
+    sell_currency: str | None = None
+    stock_status: str | None = None
+    stock_quantity: int | None = None
+
+    def stock_problem(self, quantity: int) -> tuple[str, str] | None:
+        """``(code, message)`` when the mirror says the SKU cannot supply ``quantity`` units."""
+        if self.stock_status == "out_of_stock" or (
+            self.stock_quantity is not None and 0 <= self.stock_quantity < quantity
+        ):
+            have = "none" if not self.stock_quantity or self.stock_quantity < 0 else str(self.stock_quantity)
+            return "out_of_stock", f"SKU {self.id} has {have} in stock, {quantity} wanted"
+        return None
 
     def problem(self, manual_form_data: Mapping[str, Any] | None) -> tuple[str, str] | None:
         """``(code, message)`` when an item of this SKU cannot be bought as asked, else ``None``."""
@@ -186,26 +223,35 @@ def _blank(value: Any) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class Admit:
-    """A paid order item is taken in (the procurement's first event)."""
+    """A paid order item is taken in (the procurement's first event).
+
+    A SKU item has one source; an offer's item has its sources in priority order, and ``mirror`` holds what
+    the mirror knows of each of them (the first that can be bought is taken).
+    """
 
     order_no: str
     position: int
-    upstream: str
-    sku_id: int
     quantity: int
     manual_form_data: Mapping[str, Any] | None
     max_unit_price: str | None
     trace_id: str | None
     downstream_order_no: str
-    sku: MirroredSku
+    sources: tuple[SourceRef, ...]
+    mirror: Mapping[tuple[str, int], MirroredSku]
+    offer_code: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Claim:
-    """A submitter takes a due procurement for ``lease_seconds`` before it calls the upstream."""
+    """A submitter takes a due procurement for ``lease_seconds`` before it calls the upstream.
+
+    ``mirror`` is what the mirror knows now of the procurement's sources: the cost is checked against the
+    limit at every attempt, and an offer moves past a source that cannot be bought.
+    """
 
     owner: str
     lease_seconds: float
+    mirror: Mapping[tuple[str, int], MirroredSku] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -353,9 +399,14 @@ Event = (
 
 @dataclass(frozen=True, slots=True)
 class NumberAdded:
-    """A downstream order number to register for this procurement (unique per upstream, forever)."""
+    """A downstream order number to register for this procurement (unique per upstream, forever).
+
+    ``again`` is set when the procurement may have registered it with that upstream before (an offer that
+    returns to a source it left): registering it again is then no change.
+    """
 
     number: str
+    again: bool = False
 
 
 @dataclass(frozen=True, slots=True)

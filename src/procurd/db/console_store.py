@@ -1,9 +1,7 @@
 """The reads of the admin web console that the engine's own stores do not have: order search, the catalogue
 browser and the sync run history.
 
-Every list is one page (``LIMIT``/``OFFSET``) with the total count of its matches. Columns that other work
-adds to a table later (selling prices and holds on ``mirror_skus``, ``kind`` on ``sync_runs``) are read when
-the schema has them, so the console shows them without a change here.
+Every list is one page (``LIMIT``/``OFFSET``) with the total count of its matches.
 """
 
 from __future__ import annotations
@@ -26,12 +24,10 @@ from procurd.db.schema import (
 )
 
 PRODUCT_COLUMNS = ("upstream", "id", "title", "slug", "fulfillment_type", "price_amount", "is_active",
-                   "removed_at", "synced_at", "category_id")  # fmt: skip
+                   "removed_at", "synced_at", "category_id", "sell_price", "sell_currency")  # fmt: skip
 SKU_COLUMNS = ("upstream", "id", "product_id", "sku_code", "spec_values", "price_amount", "stock_status",
-               "stock_quantity", "is_active", "removed_at", "synced_at")  # fmt: skip
-# Read when the schema has them (the catalogue pricing work adds them).
-OPTIONAL_PRODUCT_COLUMNS = ("sell_price", "sell_currency")
-OPTIONAL_SKU_COLUMNS = ("sell_price", "sell_currency", "price_held_at", "held_cost")
+               "stock_quantity", "is_active", "removed_at", "synced_at", "sell_price", "sell_currency",
+               "price_held_at", "held_cost")  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,16 +42,15 @@ class OrderSummary:
 
 @dataclass(frozen=True, slots=True)
 class CatalogSlice:
-    """One page of products, each with its SKUs, and which optional columns the mirror has."""
+    """One page of products, each with its SKUs."""
 
     total: int
     products: list[dict[str, Any]]
     skus: dict[tuple[str, int], list[dict[str, Any]]]
-    columns: frozenset[str]
 
 
-def present(table: Table, names: Sequence[str]) -> list[Column[Any]]:
-    return [table.c[name] for name in names if name in table.c]
+def columns_of(table: Table, names: Sequence[str]) -> list[Column[Any]]:
+    return [table.c[name] for name in names]
 
 
 def _id_value(text: str) -> int | None:
@@ -114,10 +109,8 @@ class ConsoleStore:
             conditions.append(mirror_products.c.upstream == upstream)
         if text:
             conditions.append(_product_matches(text))
-        product_columns = [*present(mirror_products, PRODUCT_COLUMNS), *present(
-            mirror_products, OPTIONAL_PRODUCT_COLUMNS)]  # fmt: skip
         statement = (
-            select(*product_columns)
+            select(*columns_of(mirror_products, PRODUCT_COLUMNS))
             .where(*conditions)
             .order_by(mirror_products.c.upstream, mirror_products.c.id)
         )
@@ -128,14 +121,13 @@ class ConsoleStore:
         for name in {product["upstream"] for product in products}:
             ids = [product["id"] for product in products if product["upstream"] == name]
             sku_statement = (
-                select(*present(mirror_skus, SKU_COLUMNS), *present(mirror_skus, OPTIONAL_SKU_COLUMNS))
+                select(*columns_of(mirror_skus, SKU_COLUMNS))
                 .where(mirror_skus.c.upstream == name, mirror_skus.c.product_id.in_(ids))
                 .order_by(mirror_skus.c.product_id, mirror_skus.c.id)
             )
             for row in self.connection.execute(sku_statement).mappings():
                 skus.setdefault((name, row["product_id"]), []).append(dict(row))
-        columns = frozenset(column.name for column in (*mirror_products.c, *mirror_skus.c))
-        return CatalogSlice(total, products, skus, columns)
+        return CatalogSlice(total, products, skus)
 
     # --- sync runs ----------------------------------------------------------------------------------------
 

@@ -31,7 +31,7 @@ from sqlalchemy import (
 )
 
 from procurd.core.orders import Order
-from procurd.core.procurement import MirroredSku, Procurement, State
+from procurd.core.procurement import MirroredSku, Procurement, SourceRef, State
 from procurd.db.schema import (
     alerts,
     audit_log,
@@ -47,6 +47,12 @@ from procurd.db.schema import (
 MUTABLE_COLUMNS: Final = (
     "upstream",
     "sku_id",
+    "product_id",
+    "unit_price",
+    "fulfillment_type",
+    "unit_limit",
+    "source_position",
+    "failovers",
     "downstream_order_no",
     "downstream_order_nos",
     "number_canceled",
@@ -114,6 +120,12 @@ def to_procurement(row: RowMapping) -> Procurement:
     values["downstream_order_nos"] = tuple(values["downstream_order_nos"] or (values["downstream_order_no"],))
     values["number_canceled"] = bool(values["number_canceled"])
     values["upstream_may_exist"] = bool(values["upstream_may_exist"])
+    values["sources"] = tuple(
+        SourceRef(source["upstream"], int(source["sku_id"]), source.get("limit"))
+        for source in values["sources"] or ()
+    )
+    values["source_position"] = int(values["source_position"] or 0)
+    values["failovers"] = tuple(values["failovers"] or ())
     return Procurement(**values)
 
 
@@ -133,6 +145,13 @@ def _row_values(p: Procurement, columns: Iterable[str]) -> dict[str, Any]:
     values = {name: getattr(p, name) for name in columns}
     values["state"] = p.state.value
     values["downstream_order_nos"] = list(p.downstream_order_nos)
+    if "sources" in values:
+        values["sources"] = [
+            {"upstream": source.upstream, "sku_id": source.sku_id, "limit": source.limit}
+            for source in p.sources
+        ] or None
+    if "failovers" in values:
+        values["failovers"] = [dict(hop) for hop in p.failovers] or None
     return values
 
 
@@ -180,12 +199,17 @@ _MIRRORED_SKUS = (
         mirror_skus.c.id,
         mirror_skus.c.product_id,
         mirror_skus.c.price_amount,
+        mirror_skus.c.sell_price,
+        mirror_skus.c.sell_currency,
+        mirror_skus.c.stock_status,
+        mirror_skus.c.stock_quantity,
         mirror_skus.c.is_active.label("sku_active"),
         mirror_skus.c.removed_at.label("sku_removed_at"),
         mirror_products.c.is_active.label("product_active"),
         mirror_products.c.removed_at.label("product_removed_at"),
         mirror_products.c.fulfillment_type,
         mirror_products.c.manual_form_schema,
+        mirror_products.c.category_id,
     )
     .select_from(
         mirror_skus.outerjoin(
@@ -312,6 +336,11 @@ class ProcurementStore:
                 product_active=bool(row["product_active"]),
                 product_removed=row["product_removed_at"] is not None,
                 manual_form_schema=row["manual_form_schema"],
+                category_id=row["category_id"],
+                sell_price=row["sell_price"],
+                sell_currency=row["sell_currency"],
+                stock_status=row["stock_status"],
+                stock_quantity=row["stock_quantity"],
             )
             for row in rows
         }
@@ -361,9 +390,21 @@ class ProcurementStore:
             rows = [dict(_row_values(p, MUTABLE_COLUMNS), b_id=p.id) for p in items]
             self.connection.execute(_UPDATE_PROCUREMENT, rows)
 
-    def insert_numbers(self, rows: Sequence[Mapping[str, Any]]) -> None:
-        if rows:
+    def insert_numbers(self, rows: Sequence[Mapping[str, Any]], *, again: bool = False) -> None:
+        """Register numbers; ``again``: a number the procurement may hold with that upstream already."""
+        if not rows:
+            return
+        if not again:
             self.connection.execute(_INSERT_NUMBER, list(rows))
+            return
+        if self.connection.dialect.name == "postgresql":
+            from sqlalchemy.dialects.postgresql import insert as dialect_insert
+        else:
+            from sqlalchemy.dialects.sqlite import insert as dialect_insert  # type: ignore[assignment]
+        statement = dialect_insert(procurement_numbers).on_conflict_do_nothing(
+            index_elements=[procurement_numbers.c.upstream, procurement_numbers.c.downstream_order_no]
+        )
+        self.connection.execute(statement, list(rows))
 
     def retire_numbers(self, rows: Sequence[tuple[str, str, int | None]]) -> None:
         """Keep the upstream order id of numbers that are no longer used: ``(upstream, number, order_id)``."""

@@ -251,12 +251,40 @@ procurements = Table(
     Column("submitted_at", UtcDateTime(), nullable=True),
     Column("delivered_at", UtcDateTime(), nullable=True),
     Column("resolution_note", Text, nullable=True),
+    # The most a unit may cost at the current source: max_unit_price, or the selling price converted back.
+    Column("unit_limit", Money(), nullable=True),
+    # An offer's item: the offer, its sources as taken at intake ([{upstream, sku_id, limit}]), the one in
+    # use, and every move from one to the next ([{upstream, sku_id, reason, ...}]).
+    Column("offer_code", String(64), nullable=True),
+    Column("sources", JsonDocument, nullable=True),
+    Column("source_position", Integer, nullable=False, default=0),
+    Column("failovers", JsonDocument, nullable=True),
     Column("created_at", UtcDateTime(), nullable=False),
     Column("updated_at", UtcDateTime(), nullable=False),
     UniqueConstraint("order_no", "position", name="uq_procurements_order_position"),
     Index("ix_procurements_due", "upstream", "state", "next_attempt_at"),
     Index("ix_procurements_poll", "upstream", "state", "next_poll_at"),
     Index("ix_procurements_upstream_order", "upstream", "upstream_order_id"),
+)
+
+offers = Table(
+    "offers",
+    metadata,
+    Column("code", String(64), primary_key=True),
+    Column("created_at", UtcDateTime(), nullable=False),
+    Column("updated_at", UtcDateTime(), nullable=False),
+)
+
+# An offer's upstream SKUs in priority order (position 0 first).
+offer_sources = Table(
+    "offer_sources",
+    metadata,
+    Column("code", String(64), ForeignKey("offers.code", ondelete="CASCADE"), primary_key=True),
+    Column("position", Integer, primary_key=True),
+    Column("upstream", String(64), nullable=False),
+    Column("sku_id", BigInteger, nullable=False),
+    UniqueConstraint("code", "upstream", "sku_id", name="uq_offer_sources_sku"),
+    Index("ix_offer_sources_sku", "upstream", "sku_id"),
 )
 
 procurement_numbers = Table(

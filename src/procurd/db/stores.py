@@ -13,6 +13,7 @@ from procurd.db.health_store import HealthStore
 from procurd.db.instance_store import InstanceStore
 from procurd.db.leases import LeaseStore
 from procurd.db.mirror_store import MirrorStore
+from procurd.db.offer_store import OfferStore
 from procurd.db.procurement_store import ProcurementStore
 from procurd.db.reconcile_store import ReconcileStore
 
@@ -55,6 +56,10 @@ class Tx:
     @cached_property
     def reconcile(self) -> ReconcileStore:
         return ReconcileStore(self.connection)
+
+    @cached_property
+    def offers(self) -> OfferStore:
+        return OfferStore(self.connection)
 
     @cached_property
     def console(self) -> ConsoleStore:

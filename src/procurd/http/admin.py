@@ -17,6 +17,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 from prometheus_client.aiohttp import make_aiohttp_handler
 
+from procurd import offers
 from procurd.alerts import alert_view
 from procurd.catalog.pricing import holds, release_hold
 from procurd.core.alerts import KINDS
@@ -54,6 +55,7 @@ from procurd.http.operations import (
     query_int,
     query_text,
 )
+from procurd.offers import OfferError
 from procurd.procurement.service import DEFAULT_BULK_RETRY
 from procurd.reconcile import runs_with_findings
 from procurd.runtime import Runtime
@@ -286,6 +288,64 @@ async def start_catalog_sync(request: web.Request) -> web.Response:
     return json_response({"ok": True, "upstream": upstream, "started": True, **flags}, 202)
 
 
+OFFER_ERROR_STATUS = {"invalid_request": 400, "invalid_offer_code": 400, "invalid_source": 400}
+
+
+def _offer_error(error: OfferError) -> ApiError:
+    return ApiError(OFFER_ERROR_STATUS.get(error.code, 422), error.code, error.message)
+
+
+def _offer_code(request: web.Request) -> str:
+    try:
+        return offers.check_code(request.match_info["code"])
+    except OfferError as exc:
+        raise _offer_error(exc) from None
+
+
+async def list_offers(request: web.Request) -> web.Response:
+    """Every offer with its sources and the one in use now, by code."""
+    page = query_int(request.query, "page", 1, 1, MAX_PAGE)
+    page_size = query_int(request.query, "page_size", DEFAULT_PAGE_SIZE, 1, MAX_PAGE_SIZE)
+    total, items = await offers.offers_page(request.app[RUNTIME].database, page, page_size)
+    return json_response({"ok": True, "items": items, "total": total, "page": page, "page_size": page_size})
+
+
+async def get_offer(request: web.Request) -> web.Response:
+    code = _offer_code(request)
+    view = await offers.offer_view(request.app[RUNTIME].database, code)
+    if view is None:
+        raise ApiError(404, "offer_not_found", f"no offer {code!r}")
+    return json_response({"ok": True, "offer": view})
+
+
+async def put_offer(request: web.Request) -> web.Response:
+    """Create or replace an offer: ``{"sources": [{"upstream", "sku_id"}, ...]}``, first choice first; 201
+    when it is new."""
+    runtime = request.app[RUNTIME]
+    code = _offer_code(request)
+    body = await _json_object(request)
+    unknown = sorted(set(body) - {"code", "sources"})
+    if unknown:
+        raise ApiError(400, "invalid_request", f"unknown field {unknown[0]!r}")
+    if "code" in body and body["code"] != code:
+        raise ApiError(400, "invalid_request", "code in the body differs from the one in the path")
+    try:
+        sources = offers.check_sources(body.get("sources"), runtime.service.upstream_names)
+        stored = await offers.put_offer(runtime.database, code, sources, runtime.service.upstream_names)
+    except OfferError as exc:
+        raise _offer_error(exc) from None
+    return json_response(
+        {"ok": True, "created": stored.created, "offer": stored.view}, 201 if stored.created else 200
+    )
+
+
+async def delete_offer(request: web.Request) -> web.Response:
+    code = _offer_code(request)
+    if not await offers.delete_offer(request.app[RUNTIME].database, code):
+        raise ApiError(404, "offer_not_found", f"no offer {code!r}")
+    return json_response({"ok": True, "code": code, "deleted": True})
+
+
 async def get_status(request: web.Request) -> web.Response:
     return json_response(await status_report(request.app[RUNTIME]))
 
@@ -355,6 +415,10 @@ def make_admin_app(runtime: Runtime) -> web.Application:
     router.add_get("/api/v1/catalog/holds", list_price_holds)
     router.add_post("/api/v1/catalog/holds/{upstream}/{sku_id}/release", release_price_hold)
     router.add_post("/api/v1/catalog/sync", start_catalog_sync)
+    router.add_get("/api/v1/offers", list_offers)
+    router.add_get("/api/v1/offers/{code}", get_offer)
+    router.add_put("/api/v1/offers/{code}", put_offer)
+    router.add_delete("/api/v1/offers/{code}", delete_offer)
     router.add_get("/api/v1/status", get_status)
     router.add_get("/api/v1/alerts", list_alerts)
     router.add_get("/api/v1/reconcile", list_reconciliations)

@@ -140,6 +140,7 @@ class ProcurementService:
             rng=rng,
             alert_repeat_after=settings.alerts.repeat_after_seconds,
             alert_delivery=bool(settings.alerts.urls),
+            pricing=settings.pricing.compiled().rules,
         )
         self._writer: BatchWriter[Command, Result] = BatchWriter(
             database, partial(_run_batch, rules=self.rules)
@@ -248,9 +249,18 @@ class ProcurementService:
         return released
 
     async def _claims(self, command: ClaimSubmissions | ClaimPolls) -> list[Procurement]:
+        """What was claimed; a claim that moved a procurement on instead (an exception over its limit, an
+        offer's next source) is carried out like any other change."""
         result = await self._submit(command)
         assert isinstance(result, list)
-        return [p for p in result if isinstance(p, Procurement)]
+        taken = []
+        for applied in result:
+            assert isinstance(applied, Applied)
+            if applied.decision.event in ("claimed", "poll_claimed"):
+                taken.append(applied.procurement)
+            else:
+                self._after(applied)
+        return taken
 
     async def retry_exceptions(
         self, upstream: str | None, reason: str | None, note: str | None, limit: int

@@ -25,10 +25,11 @@ from datetime import datetime
 from typing import Any
 
 from procurd.core.alerts import Kind, Occurrence
-from procurd.core.intake import IntakeError, OrderRequest
+from procurd.core.intake import IntakeError, ItemRequest, OrderRequest
 from procurd.core.machine import Policy, decide, is_noop
 from procurd.core.numbers import item_number
 from procurd.core.orders import Order, OrderStatus, derive_status, event_for, order_view
+from procurd.core.pricing import PricingRule
 from procurd.core.procurement import (
     Admit,
     Claim,
@@ -36,14 +37,18 @@ from procurd.core.procurement import (
     Decision,
     Event,
     ExceptionOpened,
+    MirroredSku,
     NotAllowed,
     NumberAdded,
     NumberRetired,
     PollClaim,
     Procurement,
     Source,
+    SourceRef,
     UpstreamReport,
 )
+from procurd.core.sources import default_limit, first_available, offer_limits
+from procurd.db.offer_store import Offer
 from procurd.db.procurement_store import AuditRow
 from procurd.db.stores import Tx
 
@@ -171,6 +176,7 @@ class Rules:
     rng: random.Random | None = None
     alert_repeat_after: float = 3600
     alert_delivery: bool = False  # alert URLs are configured: opened exceptions are to be sent
+    pricing: tuple[PricingRule, ...] = ()  # [[pricing.rules]]: an item without max_unit_price is limited
 
 
 # --- one batch ----------------------------------------------------------------------------------------------
@@ -203,7 +209,7 @@ class _Batch:
     updated: dict[Key, Procurement] = field(default_factory=dict)
     inserted: dict[Key, Procurement] = field(default_factory=dict)
     order_changes: dict[str, Order] = field(default_factory=dict)
-    numbers_added: list[tuple[str, str, Key]] = field(default_factory=list)
+    numbers_added: list[tuple[str, str, Key, bool]] = field(default_factory=list)
     numbers_retired: list[tuple[str, str, int | None]] = field(default_factory=list)
     audit: list[tuple[Key, AuditRow]] = field(default_factory=list)
     events: list[_Event] = field(default_factory=list)
@@ -218,12 +224,17 @@ def apply_batch(tx: Tx, commands: Sequence[Command], rules: Rules) -> list[Resul
 
     # 1. Look up what the commands name, then lock their orders and load the items.
     intakes = [c for c in commands if isinstance(c, Intake)]
+    offers = tx.offers.many(
+        item.offer for intake in intakes for item in intake.request.items if item.offer is not None
+    )
     number_keys = [(c.upstream, c.number) for c in commands if isinstance(c, Report)]
+    sku_keys: list[tuple[str, int]] = []
     for intake in intakes:
-        number_keys += [
-            (item.upstream or "", item_number(intake.request.order_no, position))
-            for position, item in enumerate(intake.request.items)
-        ]
+        for position, item in enumerate(intake.request.items):
+            keys = _item_sources(item, offers)
+            sku_keys += keys
+            number = item_number(intake.request.order_no, position)
+            number_keys += [(upstream, number) for upstream, _ in keys]
     numbers = store.numbers(number_keys)
     order_nos = store.order_nos_of(
         c.procurement_id for c in commands if isinstance(c, Change) and not c.order_no
@@ -236,9 +247,7 @@ def apply_batch(tx: Tx, commands: Sequence[Command], rules: Rules) -> list[Resul
             claims[index] = store.claim_polls(command.upstream, batch.now, command.limit)
         elif isinstance(command, ReleaseClaims):
             claims[index] = store.claimed_by(command.instances)
-    skus = store.mirrored_skus(
-        (item.upstream or "", item.sku_id) for intake in intakes for item in intake.request.items
-    )
+    skus = store.mirrored_skus(sku_keys)
     wanted: set[str] = {intake.request.order_no for intake in intakes}
     wanted.update(row.order_no for row in numbers.values())
     wanted.update(order_nos.values())
@@ -247,12 +256,23 @@ def apply_batch(tx: Tx, commands: Sequence[Command], rules: Rules) -> list[Resul
         wanted.update(claimed.values())
     batch.orders = store.lock_orders(wanted)
     batch.items = store.items_of(batch.orders)
+    # A claim checks the cost (and an offer every source) against the mirror as it is now.
+    claimed_keys = [
+        key
+        for index, claimed in claims.items()
+        if isinstance(commands[index], ClaimSubmissions)
+        for procurement_id, order_no in claimed.items()
+        if (p := _find(batch, order_no, procurement_id)) is not None
+        for key in _source_keys(p)
+    ]
+    if claimed_keys:
+        skus = {**skus, **store.mirrored_skus(claimed_keys)}
 
     # 2. Decide each command against the records as the commands before it left them.
     pending: list[Callable[[dict[Key, int]], Result] | Exception] = []
     for index, command in enumerate(commands):
         try:
-            pending.append(_run(batch, command, numbers, order_nos, claims.get(index, {}), skus))
+            pending.append(_run(batch, command, numbers, order_nos, claims.get(index, {}), skus, offers))
         except (NotAllowed, IntakeError, ReportRejected) as refused:
             pending.append(refused)
 
@@ -267,11 +287,12 @@ def _run(
     numbers: Mapping[tuple[str, str], Any],
     order_nos: Mapping[int, str],
     claimed: Mapping[int, str],
-    skus: Mapping[tuple[str, int], Any],
+    skus: Mapping[tuple[str, int], MirroredSku],
+    offers: Mapping[str, Offer],
 ) -> Callable[[dict[Key, int]], Result]:
     match command:
         case Intake():
-            return _intake(batch, command, numbers, skus)
+            return _intake(batch, command, numbers, skus, offers)
         case Change():
             order_no = command.order_no or order_nos.get(command.procurement_id)
             current = _find(batch, order_no, command.procurement_id)
@@ -291,9 +312,11 @@ def _run(
         case Report():
             return _report(batch, command, numbers)
         case ClaimSubmissions():
-            return _claim(batch, claimed, Claim(command.owner, batch.rules.lease_seconds))
+            owner, lease = command.owner, batch.rules.lease_seconds
+            return _claim(batch, claimed, lambda p: Claim(owner, lease, _mirror_of(p, skus)))
         case ClaimPolls():
-            return _claim(batch, claimed, PollClaim(batch.rules.lease_seconds))
+            poll = PollClaim(batch.rules.lease_seconds)
+            return _claim(batch, claimed, lambda p: poll)
         case ReleaseClaims():
             released: list[Applied] = []
             for instance in command.instances:
@@ -311,18 +334,41 @@ def _find(batch: _Batch, order_no: str | None, procurement_id: int) -> Procureme
     return next((p for p in batch.items.get(order_no, ()) if p.id == procurement_id), None)
 
 
-def _claim(batch: _Batch, claimed: Mapping[int, str], event: Event) -> Callable[[dict[Key, int]], Result]:
-    taken: list[Procurement] = []
+def _claim(
+    batch: _Batch, claimed: Mapping[int, str], event_for_item: Callable[[Procurement], Event]
+) -> Callable[[dict[Key, int]], Result]:
+    """Claim each due procurement; the changed ones (claimed, or moved on by the claim: an exception over
+    its limit, an offer's next source)."""
+    changed: list[Applied] = []
     for procurement_id, order_no in claimed.items():
         current = _find(batch, order_no, procurement_id)
         if current is None:
             continue
-        applied = _apply(
-            batch, [(current, event)], Source.WORKER if isinstance(event, Claim) else Source.POLL
-        )[0]
+        event = event_for_item(current)
+        source = Source.WORKER if isinstance(event, Claim) else Source.POLL
+        applied = _apply(batch, [(current, event)], source)[0]
         if applied.changed:
-            taken.append(applied.procurement)
-    return lambda ids: taken
+            changed.append(applied)
+    return lambda ids: changed
+
+
+def _source_keys(p: Procurement) -> list[tuple[str, int]]:
+    return [(s.upstream, s.sku_id) for s in p.sources] or [(p.upstream, p.sku_id)]
+
+
+def _mirror_of(
+    p: Procurement, skus: Mapping[tuple[str, int], MirroredSku]
+) -> dict[tuple[str, int], MirroredSku]:
+    return {key: skus[key] for key in _source_keys(p) if key in skus}
+
+
+def _item_sources(item: ItemRequest, offers: Mapping[str, Offer]) -> list[tuple[str, int]]:
+    """The upstream SKUs an item may be bought as: its SKU, or its offer's sources."""
+    if item.offer is not None:
+        offer = offers.get(item.offer)
+        return [] if offer is None else list(offer.sources)
+    assert item.sku_id is not None
+    return [(item.upstream or "", item.sku_id)]
 
 
 def _report(
@@ -332,6 +378,9 @@ def _report(
     current = None if found is None else _find(batch, found.order_no, found.procurement_id)
     if found is None or current is None:
         raise ReportRejected(f"no order {command.number!r} for upstream {command.upstream!r}")
+    if command.upstream != current.upstream and command.number == current.downstream_order_no:
+        # An offer left this upstream after it refused the order: it holds none under the number.
+        raise ReportRejected(f"order {command.number!r} is bought from another upstream now")
     expected = (
         current.upstream_order_id
         if command.number == current.downstream_order_no
@@ -348,7 +397,8 @@ def _intake(
     batch: _Batch,
     command: Intake,
     numbers: Mapping[tuple[str, str], Any],
-    skus: Mapping[tuple[str, int], Any],
+    skus: Mapping[tuple[str, int], MirroredSku],
+    offers: Mapping[str, Offer],
 ) -> Callable[[dict[Key, int]], Result]:
     request = command.request
     order_no = request.order_no
@@ -360,42 +410,44 @@ def _intake(
         return lambda ids: IntakeResult(False, order_view(existing, _with_ids(items, ids)))
     steps: list[tuple[None, Event]] = []
     for position, item in enumerate(request.items):
-        upstream = item.upstream
-        if upstream is None:
-            raise IntakeError(
-                "upstream_required",
-                f"items.{position}.upstream: required when several upstreams are configured",
-            )
-        if upstream not in batch.rules.upstreams:
-            raise IntakeError("unknown_upstream", f"items.{position}.upstream: no upstream {upstream!r}")
-        sku = skus.get((upstream, item.sku_id))
-        if sku is None:
-            raise IntakeError(
-                "sku_not_found",
-                f"items.{position}: no such SKU in the mirrored catalogue (run a catalogue sync?)",
-            )
-        problem = sku.problem(item.manual_form_data)
-        if problem is not None:
-            raise IntakeError(problem[0], f"items.{position}: {problem[1]}")
         number = item_number(order_no, position)
-        if (upstream, number) in numbers or any(
-            added[:2] == (upstream, number) for added in batch.numbers_added
-        ):
-            raise IntakeError(
-                "downstream_order_no_taken",
-                "a downstream order number derived from this order_no is already used by another order",
+        keys = _item_sources(item, offers)
+        if item.offer is not None:
+            if not keys:
+                raise IntakeError("offer_not_found", f"items.{position}.offer: no offer {item.offer!r}")
+            keys = [key for key in keys if key[0] in batch.rules.upstreams]
+            if not keys:
+                raise IntakeError(
+                    "offer_not_found",
+                    f"items.{position}.offer: offer {item.offer!r} has no source on a configured upstream",
+                )
+            in_use, _ = first_available(
+                [SourceRef(u, sku_id) for u, sku_id in keys], 0, skus, item.quantity, item.manual_form_data
             )
+            sources = offer_limits(
+                keys, skus, None if in_use is None else keys[in_use], item.max_unit_price, batch.rules.pricing
+            )
+        else:
+            sources = (_sku_source(batch, position, item, skus),)
+        for upstream, _ in keys:
+            if (upstream, number) in numbers or any(
+                added[:2] == (upstream, number) for added in batch.numbers_added
+            ):
+                raise IntakeError(
+                    "downstream_order_no_taken",
+                    "a downstream order number derived from this order_no is already used by another order",
+                )
         admit = Admit(
             order_no=order_no,
             position=position,
-            upstream=upstream,
-            sku_id=item.sku_id,
             quantity=item.quantity,
             manual_form_data=item.manual_form_data,
             max_unit_price=item.max_unit_price,
             trace_id=request.trace_id,
             downstream_order_no=number,
-            sku=sku,
+            sources=sources,
+            mirror={key: skus[key] for key in keys if key in skus},
+            offer_code=item.offer,
         )
         steps.append((None, admit))
     order = Order(
@@ -417,6 +469,34 @@ def _intake(
         order_view(batch.orders[order_no], _with_ids(tuple(batch.items[order_no]), ids)),
         tuple(_with_id(applied, ids) for applied in admitted),
     )
+
+
+def _sku_source(
+    batch: _Batch, position: int, item: ItemRequest, skus: Mapping[tuple[str, int], MirroredSku]
+) -> SourceRef:
+    """The one source of a SKU item, refused at once when it cannot be bought as asked."""
+    upstream = item.upstream
+    if upstream is None:
+        raise IntakeError(
+            "upstream_required",
+            f"items.{position}.upstream: required when several upstreams are configured",
+        )
+    if upstream not in batch.rules.upstreams:
+        raise IntakeError("unknown_upstream", f"items.{position}.upstream: no upstream {upstream!r}")
+    assert item.sku_id is not None
+    sku = skus.get((upstream, item.sku_id))
+    if sku is None:
+        raise IntakeError(
+            "sku_not_found",
+            f"items.{position}: no such SKU in the mirrored catalogue (run a catalogue sync?)",
+        )
+    problem = sku.problem(item.manual_form_data)
+    if problem is not None:
+        raise IntakeError(problem[0], f"items.{position}: {problem[1]}")
+    limit = item.max_unit_price
+    if limit is None:
+        limit = default_limit(upstream, sku, batch.rules.pricing)
+    return SourceRef(upstream, item.sku_id, limit)
 
 
 def _apply(batch: _Batch, steps: Sequence[tuple[Procurement | None, Event]], source: Source) -> list[Applied]:
@@ -453,7 +533,7 @@ def _apply(batch: _Batch, steps: Sequence[tuple[Procurement | None, Event]], sou
             batch.audit.append((key, row))
         for effect in decision.effects:
             if isinstance(effect, NumberAdded):
-                batch.numbers_added.append((after.upstream, effect.number, key))
+                batch.numbers_added.append((after.upstream, effect.number, key, effect.again))
             elif isinstance(effect, NumberRetired):
                 batch.numbers_retired.append((before.upstream, effect.number, effect.upstream_order_id))
             else:
@@ -503,8 +583,8 @@ def _flush(batch: _Batch) -> dict[Key, int]:
     ids = {_key(p): p.id for p in batch.updated.values()}
     ids.update(zip([_key(p) for p in new], store.insert_procurements(new), strict=True))
     store.update_procurements(list(batch.updated.values()))
-    store.insert_numbers(
-        [
+    for again in (False, True):
+        rows = [
             {
                 "upstream": upstream,
                 "downstream_order_no": number,
@@ -512,9 +592,10 @@ def _flush(batch: _Batch) -> dict[Key, int]:
                 "upstream_order_id": None,
                 "created_at": batch.now,
             }
-            for upstream, number, key in batch.numbers_added
+            for upstream, number, key, added_again in batch.numbers_added
+            if added_again is again
         ]
-    )
+        store.insert_numbers(rows, again=again)
     store.retire_numbers(batch.numbers_retired)
     store.insert_audit([replace(row, procurement_id=ids[key]) for key, row in batch.audit])
     store.update_orders(

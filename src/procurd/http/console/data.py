@@ -1,9 +1,5 @@
 """What each console page shows: one function per page, reading through the same service and stores as the
 JSON API.
-
-Parts that other work has not built yet are :class:`Unavailable`: the page says so and shows the rest. Each
-such part is one function in the last section of this module; plugging a feature in is replacing that
-function's body (the templates already render a list where there is one).
 """
 
 from __future__ import annotations
@@ -12,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from procurd import offers
 from procurd.alerts import alert_view
 from procurd.catalog import pricing
 from procurd.config import UpstreamSettings
@@ -27,14 +24,6 @@ T = TypeVar("T")
 ORDER_STATUSES = ("paid", "fulfilling", "partially_delivered", "delivered", "canceled")
 AUDIT_PAGE_SIZE = 50
 HIDDEN_FULFILLMENT_FIELDS = ("payload", "delivery_data")
-
-
-@dataclass(frozen=True, slots=True)
-class Unavailable:
-    """A part of a page whose feature is not in this build yet."""
-
-    feature: str
-    detail: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,8 +176,6 @@ def _goods_hidden(item: Mapping[str, Any]) -> dict[str, Any]:
 class CatalogPage:
     products: Paged[dict[str, Any]]
     skus: dict[tuple[str, int], list[dict[str, Any]]]
-    selling_prices: bool  # the mirror has selling prices (the pricing work)
-    holds: bool  # ... and price holds
     upstreams: list[str]
 
 
@@ -202,8 +189,6 @@ async def catalog_page(
     return CatalogPage(
         Paged(found.products, found.total, page, page_size),
         found.skus,
-        selling_prices="sell_price" in found.columns,
-        holds="price_held_at" in found.columns,
         upstreams=runtime.service.upstream_names,
     )
 
@@ -215,7 +200,6 @@ async def catalog_page(
 class SyncPage:
     runs: Paged[dict[str, Any]]
     upstreams: list[str]
-    kinds: bool  # runs record their kind (full or incremental)
 
 
 async def sync_page(runtime: Runtime, upstream: str | None, page: int, page_size: int) -> SyncPage:
@@ -226,7 +210,6 @@ async def sync_page(runtime: Runtime, upstream: str | None, page: int, page_size
     return SyncPage(
         Paged(runs, total, page, page_size),
         runtime.service.upstream_names,
-        kinds=any("kind" in run for run in runs),
     )
 
 
@@ -259,10 +242,10 @@ async def alerts_page(runtime: Runtime, page: int, page_size: int) -> Paged[dict
     return Paged([alert_view(alert) for alert in found], total, page, page_size)
 
 
-async def offers_page(runtime: Runtime, page: int, page_size: int) -> Paged[dict[str, Any]] | Unavailable:
+async def offers_page(runtime: Runtime, page: int, page_size: int) -> Paged[dict[str, Any]]:
     """Offers with their sources in priority order and the source in use (``GET /api/v1/offers``)."""
-    del runtime, page, page_size
-    return Unavailable("offers", "storefront offers land with the offers work")
+    total, items = await offers.offers_page(runtime.database, page, page_size)
+    return Paged(items, total, page, page_size)
 
 
 async def reconcile_page(runtime: Runtime, page: int, page_size: int) -> Paged[dict[str, Any]]:

@@ -17,7 +17,6 @@ from aiohttp import web
 
 from procurd import __version__
 from procurd.http.console.context import CONSOLE, FLASH, SESSION, with_query
-from procurd.http.console.data import Unavailable
 
 TITLE_LANGUAGES = ("en-US", "en", "zh-CN", "zh-TW")
 _UNITS = (("day", 86_400), ("hour", 3_600), ("minute", 60))
@@ -111,10 +110,6 @@ def compact_json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(", ", ": "), default=str)
 
 
-def is_unavailable(value: Any) -> bool:
-    return isinstance(value, Unavailable)
-
-
 def page_context(request: web.Request) -> dict[str, Any]:
     """What every page's layout needs: the session's CSRF token, sign-in state, the flash message."""
     console = request.app[CONSOLE]
@@ -152,4 +147,3 @@ def setup_templates(app: web.Application) -> None:
         ago=ago, utc=utc, iso=iso, title=title_text, duration=duration, plural=plural,
         pretty_json=pretty_json, compact_json=compact_json,
     )  # fmt: skip
-    environment.tests["unavailable"] = is_unavailable

@@ -143,6 +143,50 @@ def upgrade() -> None:
     op.create_index("ix_reconcile_findings_run", "reconcile_findings", ["run_id"])
 
     _upgrade_catalogue()
+    _upgrade_offers()
+
+
+def _upgrade_offers() -> None:
+    with op.batch_alter_table("procurements") as batch_op:
+        batch_op.add_column(sa.Column("unit_limit", sa.String(length=40), nullable=True))
+        batch_op.add_column(sa.Column("offer_code", sa.String(length=64), nullable=True))
+        batch_op.add_column(sa.Column("sources", JSON_DOCUMENT, nullable=True))
+        batch_op.add_column(sa.Column("source_position", sa.Integer(), nullable=False, server_default="0"))
+        batch_op.add_column(sa.Column("failovers", JSON_DOCUMENT, nullable=True))
+    # An item accepted before limits were kept on their own is limited by what it asked for.
+    op.execute("UPDATE procurements SET unit_limit = max_unit_price")
+    op.create_table(
+        "offers",
+        sa.Column("code", sa.String(64), nullable=False),
+        sa.Column("created_at", UTC_DATETIME, nullable=False),
+        sa.Column("updated_at", UTC_DATETIME, nullable=False),
+        sa.PrimaryKeyConstraint("code", name=op.f("pk_offers")),
+    )
+    op.create_table(
+        "offer_sources",
+        sa.Column("code", sa.String(64), nullable=False),
+        sa.Column("position", sa.Integer(), nullable=False),
+        sa.Column("upstream", sa.String(64), nullable=False),
+        sa.Column("sku_id", sa.BigInteger(), nullable=False),
+        sa.ForeignKeyConstraint(
+            ["code"], ["offers.code"], name=op.f("fk_offer_sources_code_offers"), ondelete="CASCADE"
+        ),
+        sa.PrimaryKeyConstraint("code", "position", name=op.f("pk_offer_sources")),
+        sa.UniqueConstraint("code", "upstream", "sku_id", name="uq_offer_sources_sku"),
+    )
+    op.create_index("ix_offer_sources_sku", "offer_sources", ["upstream", "sku_id"])
+
+
+def _downgrade_offers() -> None:
+    op.drop_index("ix_offer_sources_sku", table_name="offer_sources")
+    op.drop_table("offer_sources")
+    op.drop_table("offers")
+    with op.batch_alter_table("procurements") as batch_op:
+        batch_op.drop_column("failovers")
+        batch_op.drop_column("source_position")
+        batch_op.drop_column("sources")
+        batch_op.drop_column("offer_code")
+        batch_op.drop_column("unit_limit")
 
 
 def _upgrade_catalogue() -> None:
@@ -188,6 +232,7 @@ def _downgrade_catalogue() -> None:
 
 
 def downgrade() -> None:
+    _downgrade_offers()
     _downgrade_catalogue()
     op.drop_index("ix_reconcile_findings_run", table_name="reconcile_findings")
     op.drop_table("reconcile_findings")
