@@ -112,6 +112,12 @@ INVALID_BODIES: dict[str, tuple[Any, int, str]] = {
     "sku_id as fraction": (lambda s: b'{"order_no": "V1", "items": [{"sku_id": 1.0, "quantity": 1}]}', 400,
                            "invalid_request"),
     "manual without form data": (lambda s: order_body("V1", s.manual_sku), 422, "manual_form_data_required"),
+    "manual form lacks a required field": (
+        lambda s: order_body("V1", s.manual_sku, manual_form_data={"note": "x"}), 400,
+        "manual_form_data_invalid"),
+    "manual form's required field blank": (
+        lambda s: order_body("V1", s.manual_sku, manual_form_data={"account": " "}), 400,
+        "manual_form_data_invalid"),
     "max_unit_price not a number": (lambda s: order_body("V1", s.auto_sku, max_unit_price="cheap"), 400,
                                     "invalid_request"),
     "max_unit_price negative": (lambda s: order_body("V1", s.auto_sku, max_unit_price="-1"), 400,
@@ -127,6 +133,16 @@ INVALID_BODIES: dict[str, tuple[Any, int, str]] = {
     "NaN": (lambda s: b'{"order_no": "V1", "items": [{"sku_id": NaN, "quantity": 1}]}', 400, "invalid_json"),
     "oversize": (lambda s: b"[" + b" " * MAX_BODY_BYTES + b"]", 413, "payload_too_large"),
 }  # fmt: skip
+
+
+async def test_a_missing_required_form_field_is_named(shop: Shop) -> None:
+    """A manual item whose form data lacks a field the mirrored manual_form_schema marks required is refused
+    at intake naming the field, never sent to fail upstream."""
+    body = order_body("V9", shop.manual_sku, manual_form_data={"note": "hello"})
+    answer = await shop.stack.admin("POST", "/api/v1/orders", body)
+    assert (answer.status, answer.body["error_code"]) == (400, "manual_form_data_invalid")
+    assert "'account'" in answer.body["error_message"]
+    assert shop.stack.sandbox.request_counts["orders.create"] == 0
 
 
 @pytest.mark.parametrize("case", list(INVALID_BODIES), ids=list(INVALID_BODIES))

@@ -32,6 +32,7 @@ from procurd.http.public import make_public_app
 from procurd.procurement.poller import Poller
 from procurd.procurement.submitter import Submitter
 from procurd.reconcile import reconcile
+from procurd.retention import prune
 from procurd.runtime import Runtime
 from procurd.status import ping_upstream
 from procurd.systemd import Notifier
@@ -44,6 +45,8 @@ log = structlog.get_logger("procurd.daemon")
 
 EXIT_WORKER_FAILED = 1
 CHECKS_INTERVAL_SECONDS = 60.0
+RETENTION_INTERVAL_SECONDS = 86400.0  # [retention] is applied daily, first a few minutes after start
+RETENTION_FIRST_DELAY_SECONDS = 300.0
 BALANCE_CODES = frozenset({"payment_failed", "insufficient_balance"})
 
 
@@ -175,6 +178,8 @@ class Daemon:
         self._schedule(
             "reconcile", self._reconcile_job, reconcile_every, now + timedelta(seconds=reconcile_every)
         )
+        first_prune = now + timedelta(seconds=RETENTION_FIRST_DELAY_SECONDS)
+        self._schedule("retention", self._retention_job, RETENTION_INTERVAL_SECONDS, first_prune)
         self.scheduler.add_listener(self._job_failed, EVENT_JOB_ERROR)
         self.scheduler.start()
 
@@ -242,6 +247,9 @@ class Daemon:
             window_seconds=settings.window_seconds,
             repair=settings.repair,
         )
+
+    async def _retention_job(self) -> None:
+        await prune(self.runtime.database, self.settings.retention, self.runtime.instance)
 
     async def _checks_job(self) -> None:
         """Orders stuck at the upstream."""

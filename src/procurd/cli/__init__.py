@@ -13,6 +13,7 @@ from procurd.cli import (  # noqa: F401
     offers,
     orders,
     ping,
+    prune,
     reconcile,
     run,
     status,

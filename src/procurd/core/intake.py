@@ -41,7 +41,7 @@ class IntakeError(Exception):
 
 # Why intake refuses an order: the request itself is malformed, it cannot be bought as asked, or it
 # collides with an order taken in before.
-MALFORMED = frozenset({"invalid_request"})
+MALFORMED = frozenset({"invalid_request", "manual_form_data_invalid"})
 UNPROCESSABLE = frozenset(
     {
         "upstream_required",

@@ -200,7 +200,10 @@ def _admit(event: Admit, now: datetime) -> Decision:
     position: int | None = 0
     skipped: list[Skipped] = []
     if event.offer_code is not None:
-        position, skipped = first_available(sources, 0, event.mirror, event.quantity, event.manual_form_data)
+        given = event.max_unit_price is not None
+        position, skipped = first_available(
+            sources, 0, event.mirror, event.quantity, event.manual_form_data, given
+        )
     source = sources[position or 0]
     sku = event.mirror.get((source.upstream, source.sku_id))
     procurement = Procurement(
@@ -242,7 +245,7 @@ def _admit(event: Admit, now: datetime) -> Decision:
         opened = ExceptionOpened(Reason.NO_SOURCE_AVAILABLE, Reason.NO_SOURCE_AVAILABLE, message)
         return Decision(refused, "no_source_available", detail, effects=(*effects, opened))
     assert sku is not None
-    problem = over_limit(sku.price_amount, source.limit)
+    problem = over_limit(sku.price_amount, source.limit, event.max_unit_price is not None)
     if problem is not None:
         refused = _exception(procurement, Reason.PRICE_ABOVE_LIMIT, message=problem[1])
         opened = ExceptionOpened(Reason.PRICE_ABOVE_LIMIT, Reason.PRICE_ABOVE_LIMIT, problem[1])
@@ -299,7 +302,8 @@ def _fail_over(
         position: int | None = start if start < len(p.sources) else None
         skipped: list[Skipped] = []
     else:
-        position, skipped = first_available(p.sources, start, mirror, p.quantity, p.manual_form_data)
+        given = p.max_unit_price is not None
+        position, skipped = first_available(p.sources, start, mirror, p.quantity, p.manual_form_data, given)
     failovers = (*failovers, *(_hop(skip.source, skip.reason, skip.message, number, now) for skip in skipped))
     detail: dict[str, Any] = {
         "from": _hop_detail(left, reason),
@@ -356,10 +360,11 @@ def _claim(p: Procurement, event: Claim, now: datetime) -> Decision:
     sku = event.mirror.get((p.upstream, p.sku_id))
     if sku is not None:
         if p.offer_code is not None and not may_exist:
-            problem = source_problem(_current_source(p), sku, p.quantity, p.manual_form_data)
+            given = p.max_unit_price is not None
+            problem = source_problem(_current_source(p), sku, p.quantity, p.manual_form_data, given)
             if problem is not None:
                 return _fail_over(p, *problem, now, event.mirror)
-        problem = over_limit(sku.price_amount, p.unit_limit)
+        problem = over_limit(sku.price_amount, p.unit_limit, p.max_unit_price is not None)
         if problem is not None:
             # Checked at every attempt: the cost may have risen since the order was accepted.
             refused = _exception(

@@ -195,7 +195,7 @@ class MirroredSku:
             ]
             if missing:
                 return (
-                    "manual_form_data_required",
+                    "manual_form_data_invalid",
                     f"product {self.product_id} is manual: manual_form_data lacks required "
                     + ", ".join(repr(key) for key in missing),
                 )

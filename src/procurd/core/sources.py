@@ -25,9 +25,11 @@ class Skipped:
     message: str
 
 
-def over_limit(price: str, limit: str | None) -> tuple[str, str] | None:
+def over_limit(price: str, limit: str | None, given: bool = False) -> tuple[str, str] | None:
+    """``price_above_limit`` when ``price`` is above ``limit`` (``given``: the item's own max_unit_price)."""
     if limit is not None and Decimal(price) > Decimal(limit):
-        return "price_above_limit", f"mirrored unit price {price} is above the limit {limit}"
+        what = "max_unit_price" if given else "the limit from the selling price"
+        return "price_above_limit", f"mirrored unit price {price} is above {what} {limit}"
     return None
 
 
@@ -36,6 +38,7 @@ def source_problem(
     sku: MirroredSku | None,
     quantity: int,
     manual_form_data: Mapping[str, Any] | None,
+    limit_given: bool = False,
 ) -> tuple[str, str] | None:
     """Why ``source`` cannot be bought now as the mirror knows it, or ``None``."""
     if sku is None:
@@ -43,7 +46,7 @@ def source_problem(
     return (
         sku.problem(manual_form_data)
         or sku.stock_problem(quantity)
-        or over_limit(sku.price_amount, source.limit)
+        or over_limit(sku.price_amount, source.limit, limit_given)
     )
 
 
@@ -63,13 +66,14 @@ def first_available(
     mirror: Mapping[tuple[str, int], MirroredSku],
     quantity: int,
     manual_form_data: Mapping[str, Any] | None,
+    limit_given: bool = False,
 ) -> tuple[int | None, list[Skipped]]:
     """The position of the first source from ``start`` on that can be bought, and the ones passed over."""
     skipped: list[Skipped] = []
     for position in range(start, len(sources)):
         source = sources[position]
         sku = mirror.get((source.upstream, source.sku_id))
-        problem = source_problem(source, sku, quantity, manual_form_data)
+        problem = source_problem(source, sku, quantity, manual_form_data, limit_given)
         if problem is None:
             return position, skipped
         skipped.append(Skipped(source, *problem))

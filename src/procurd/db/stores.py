@@ -16,6 +16,7 @@ from procurd.db.mirror_store import MirrorStore
 from procurd.db.offer_store import OfferStore
 from procurd.db.procurement_store import ProcurementStore
 from procurd.db.reconcile_store import ReconcileStore
+from procurd.db.retention_store import RetentionStore
 
 
 class Tx:
@@ -60,6 +61,10 @@ class Tx:
     @cached_property
     def offers(self) -> OfferStore:
         return OfferStore(self.connection)
+
+    @cached_property
+    def retention(self) -> RetentionStore:
+        return RetentionStore(self.connection)
 
     @cached_property
     def console(self) -> ConsoleStore:
