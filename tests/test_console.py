@@ -30,6 +30,7 @@ from console_support import (
     order,
     sandbox_control,
 )
+from procurd import offers
 from procurd.db.schema import audit_log
 from procurd.db.stores import Tx
 from procurd.http.console.data import Paged
@@ -573,13 +574,19 @@ async def finished_runs(runtime: Runtime, count: int) -> bool:
     return total >= count and all(row["status"] != "running" for row in rows)
 
 
-async def test_offers_page_says_it_is_not_available_yet(shop: Shop) -> None:
-    """Offers are in the navigation and say they are not available yet."""
+async def test_offers_page_lists_offers_with_the_source_in_use(shop: Shop) -> None:
+    """The offers page lists each offer with its sources in order and the one in use now."""
     await shop.client.login()
+    empty = await shop.client.get("/ui/offers")
+    assert "No offers." in empty.text
+    assert 'href="/ui/offers" aria-current="page"' in empty.text
+    runtime = shop.stack.runtime
+    names = runtime.service.upstream_names
+    await offers.put_offer(runtime.database, "GIFT", [("main", shop.sku), ("second", shop.sku)], names)
     page = await shop.client.get("/ui/offers")
-    assert page.status == 200
-    assert "Not available yet" in page.text
-    assert 'href="/ui/offers" aria-current="page"' in page.text
+    row = page.text[page.text.index("<code>GIFT</code>") :]
+    assert re.search(r'<li class="in-use">main · SKU \d+</li>\s*<li>second · SKU \d+</li>', row), row[:800]
+    assert re.search(r'data-label="In use">main · SKU \d+</td>', row)
 
 
 async def test_alerts_page_and_overview_show_recorded_alerts(shop: Shop) -> None:
@@ -704,8 +711,10 @@ BAD_REQUESTS: dict[str, tuple[str, str, dict[str, str] | None, int, str]] = {
     "unknown procurement": ("POST", "/ui/exceptions/999/retry", {}, 404, "procurement_not_found"),
     "note too long": ("POST", "/ui/exceptions/1/retry", {"note": "n" * 4001}, 400, "invalid_request"),
     "NUL in a note": ("POST", "/ui/exceptions/1/retry", {"note": "a\x00b"}, 400, "invalid_request"),
-    "bulk limit 0": ("POST", "/ui/exceptions/retry", {"reason": "price_above_limit", "limit": "0"}, 400, "invalid_request"),
-    "limit a word": ("POST", "/ui/exceptions/retry", {"reason": "price_above_limit", "limit": "a"}, 400, "invalid_request"),
+    "bulk limit 0": ("POST", "/ui/exceptions/retry", {"reason": "price_above_limit", "limit": "0"}, 400,
+                     "invalid_request"),
+    "limit a word": ("POST", "/ui/exceptions/retry", {"reason": "price_above_limit", "limit": "a"}, 400,
+                     "invalid_request"),
     "bulk of unknown upstream": ("POST", "/ui/exceptions/retry", {"upstream": "x"}, 400, "unknown_upstream"),
     "reveal without id": ("POST", "/ui/orders/A1/reveal", {}, 400, "invalid_id"),
     "cancel unknown order": ("POST", "/ui/orders/NOPE/cancel", {}, 404, "order_not_found"),

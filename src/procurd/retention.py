@@ -62,10 +62,10 @@ async def prune(
     now: datetime | None = None,
     batch_rows: int = BATCH_ROWS,
 ) -> PruneReport:
-    """Delete what ``settings`` no longer keeps; how many rows of each table went."""
-    now = now or utcnow()
-    report = PruneReport(cutoffs(settings, now))
-    if not await database.write(lambda tx: tx.leases.acquire(LEASE, holder, now, LEASE_SECONDS)):
+    """Delete what ``settings`` no longer keeps on ``now`` (the clock's time by default); how many rows of
+    each table went."""
+    report = PruneReport(cutoffs(settings, now or utcnow()))
+    if not await database.write(lambda tx: tx.leases.acquire(LEASE, holder, utcnow(), LEASE_SECONDS)):
         log.info("retention.skipped", reason="another instance is pruning")
         report.skipped = True
         return report

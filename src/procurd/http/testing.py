@@ -249,6 +249,7 @@ async def procurd_stack(
     callback_url: str | None = None,
     callback_path: str = CALLBACK_PATH,
     pricing: Mapping[str, Any] | None = None,
+    webhook_url: str = "",
 ) -> AsyncIterator[Stack]:
     """The sandbox, a runtime on ``database_url`` and both listeners; stops everything on exit.
 
@@ -268,6 +269,7 @@ async def procurd_stack(
                 admin_token=admin_token,
                 upstreams=upstreams,
                 pricing=pricing,
+                webhook_url=webhook_url,
             )
             runtime = Runtime.build(settings, instance="test-instance")
             try:
