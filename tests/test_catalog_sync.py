@@ -574,7 +574,7 @@ async def test_losing_the_lease_fails_the_sync_before_it_writes(
     )
 
     async def lease_lost_noticed() -> bool:
-        return any("catalog_sync_lease_lost" in record.getMessage() for record in caplog.records)
+        return any("catalog.sync_lease_lost" in record.getMessage() for record in caplog.records)
 
     await eventually(lease_lost_noticed)
     gate.set()

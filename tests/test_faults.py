@@ -476,7 +476,7 @@ async def test_clock_90_seconds_off(database_url: str, caplog: pytest.LogCapture
     assert "check this machine's clock" in ping_error, ping_error
     assert names_the_offset(ping_error), ping_error
     records = log_records(caplog)
-    hints = [r["hint"] for r in records if r["event"] == "upstream refused our credentials"]
+    hints = [r["hint"] for r in records if r["event"] == "upstream.auth_refused"]
     assert hints, records
     assert all(names_the_offset(hint) for hint in hints), hints
     refusals = [r["detail"] for r in records if r["event"] == "callback.rejected"]

@@ -5,11 +5,14 @@ from __future__ import annotations
 import io
 import json
 import logging
+import pathlib
+import re
 from collections.abc import Iterator
 
 import pytest
 import structlog
 
+import procurd
 from procurd.logs import REDACTED, bind, configure_logging, register_secret
 
 
@@ -103,3 +106,17 @@ def test_console_tracebacks_show_no_locals() -> None:
     configure_logging("warning", "json", io.StringIO())
     assert "RuntimeError" in stream.getvalue()
     assert payload not in stream.getvalue()
+
+
+def test_every_log_event_is_named_in_one_style() -> None:
+    """Every event procurd logs is named ``area.what_happened`` (lowercase words with underscores, a dot
+    between the parts), so that operators can filter on a prefix."""
+    call = re.compile(r"\.(?:debug|info|warning|error|exception|critical)\(\s*\"([^\"]*)\"", re.S)
+    style = re.compile(r"[a-z_]+(\.[a-z_]+)+")
+    names = {
+        name: str(path)
+        for path in pathlib.Path(procurd.__file__).parent.rglob("*.py")
+        for name in call.findall(path.read_text(encoding="utf-8"))
+    }
+    assert len(names) > 50
+    assert {name: path for name, path in names.items() if not style.fullmatch(name)} == {}

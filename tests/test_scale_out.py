@@ -219,11 +219,11 @@ async def test_one_catalogue_sync_at_a_time(database_url: str, engine: AsyncEngi
 
 
 def started_runs(daemon: DaemonProcess) -> set[int]:
-    return {int(record["run_id"]) for record in daemon.log_events("catalog_sync_started")}
+    return {int(record["run_id"]) for record in daemon.log_events("catalog.sync_started")}
 
 
 def skipped(daemons: list[DaemonProcess]) -> list[dict[str, Any]]:
-    return [record for daemon in daemons for record in daemon.log_events("catalog_sync_skipped")]
+    return [record for daemon in daemons for record in daemon.log_events("catalog.sync_skipped")]
 
 
 async def sync_run_rows(engine: AsyncEngine) -> list[Any]:

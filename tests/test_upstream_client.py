@@ -501,7 +501,7 @@ async def test_failing_observer_does_not_change_the_outcome(
         with pytest.raises(BusinessError):
             await client.get_order(1)
     assert [line["event"] for line in debug_logs if line["log_level"] == "error"] == [
-        "request observer failed"
+        "upstream.observer_failed"
     ] * 2
 
 

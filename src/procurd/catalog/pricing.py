@@ -63,7 +63,7 @@ async def upstream_currency(database: Database, upstream: str, client: CurrencyS
     try:
         answer = await client.ping(priority=Priority.CATALOG)
     except UpstreamError as exc:
-        log.warning("pricing_currency_unknown", upstream=upstream, error=str(exc))
+        log.warning("pricing.currency_unknown", upstream=upstream, error=str(exc))
         return None
     now = utcnow()
     await database.write(lambda tx: tx.health.update(upstream, {"currency": answer.currency}, now))
@@ -139,10 +139,10 @@ async def reprice_upstream(
         )
         report.add(repricing)
     for problem in report.problems:
-        log.warning("pricing_problem", upstream=upstream, problem=problem)
+        log.warning("pricing.problem", upstream=upstream, problem=problem)
     for hold in report.new_holds:
         log.warning(
-            "price_held",
+            "pricing.held",
             upstream=upstream,
             sku_id=hold.sku_id,
             sell_price=hold.sell_price,
@@ -198,7 +198,7 @@ async def release_hold(
 
     released = await database.write(release)
     if released is not None:
-        log.info("price_hold_released", upstream=upstream, sku_id=sku_id, sell_price=released.sell_price)
+        log.info("pricing.hold_released", upstream=upstream, sku_id=sku_id, sell_price=released.sell_price)
     return released
 
 

@@ -279,7 +279,7 @@ async def run_sync(
         run_id = await database.write(
             lambda tx: tx.mirror.record_skipped(upstream_name, now, kind, SKIPPED_BUSY)
         )
-        log.info("catalog_sync_skipped", upstream=upstream_name, reason=SKIPPED_BUSY, run_id=run_id)
+        log.info("catalog.sync_skipped", upstream=upstream_name, reason=SKIPPED_BUSY, run_id=run_id)
         return SyncReport(
             run_id, upstream_name, "skipped", 0, 0, 0, 0, 0, 0, 0, 0, [], SKIPPED_BUSY, now, now, kind
         )
@@ -313,7 +313,7 @@ async def _release(database: Database, name: str, holder: str) -> None:
         await database.write(lambda tx: tx.leases.release(name, holder))
     except DatabaseError as exc:
         # The lease expires on its own; a failed release only delays the next pass.
-        log.warning("catalog_sync_lease_release_failed", lease=name, error=describe_error(exc))
+        log.warning("catalog.sync_lease_release_failed", lease=name, error=describe_error(exc))
 
 
 @dataclass(frozen=True, slots=True)
@@ -514,7 +514,7 @@ class _SyncPass:
         if self._plan.updated_after is not None:
             await self._record_kind()
         log.info(
-            "catalog_sync_started",
+            "catalog.sync_started",
             upstream=self._upstream,
             run_id=self._run_id,
             kind=self._plan.kind,
@@ -645,11 +645,11 @@ class _SyncPass:
                 renewed = await self._database.write(_renew, self._lease, utcnow())
             except DatabaseError as exc:
                 log.warning(
-                    "catalog_sync_lease_renewal_failed", upstream=self._upstream, error=describe_error(exc)
+                    "catalog.sync_lease_renewal_failed", upstream=self._upstream, error=describe_error(exc)
                 )
                 continue
             if not renewed:
-                log.warning("catalog_sync_lease_lost", upstream=self._upstream, lease=self._lease.name)
+                log.warning("catalog.sync_lease_lost", upstream=self._upstream, lease=self._lease.name)
                 self._abort(LeaseLost(f"lease {self._lease.name} was taken by another instance"))
                 return
 
@@ -706,7 +706,7 @@ class _SyncPass:
             return False
         if not self._ignored_updated_after:
             log.warning(
-                "catalog_sync_updated_after_ignored",
+                "catalog.updated_after_ignored",
                 upstream=self._upstream,
                 evidence=evidence,
                 mode=self._options.incremental,
@@ -749,7 +749,7 @@ class _SyncPass:
         self._listing.pages_total = max(1, math.ceil(max(first.total, 0) / self._listing.page_size))
         if self._listing.page_size != self._page_size:
             log.info(
-                "catalog_sync_page_size_clamped",
+                "catalog.page_size_clamped",
                 upstream=self._upstream,
                 asked=self._page_size,
                 answered=self._listing.page_size,
@@ -957,7 +957,7 @@ class _SyncPass:
             allowed=self._allow_mass_removal,
         )
         if guard.reason is not None:
-            log.warning("catalog_sync_mass_removal", upstream=self._upstream, reason=guard.reason)
+            log.warning("catalog.sync_mass_removal_blocked", upstream=self._upstream, reason=guard.reason)
         if guard.blocked:
             self._removals_blocked = products_removed
             self._blocked_reason = guard.reason
@@ -969,7 +969,7 @@ class _SyncPass:
             self._violations_left_out += 1
             return
         self._totals.violations.append(text)
-        log.warning("catalog_violation", upstream=self._upstream, violation=text)
+        log.warning("catalog.violation", upstream=self._upstream, violation=text)
 
 
 def _outcome(result: T | BaseException) -> T:

@@ -128,12 +128,12 @@ class SignedApi:
         except ApiError as error:
             response = json_response(error.body(), error.status)
         except Exception:  # any bug becomes the API's own 500 body, and is logged
-            log.exception("sandbox request failed", path=request.path)
+            log.exception("sandbox.request_failed", path=request.path)
             response = json_response(ApiError(500, "internal_error", "internal server error").body(), 500)
         # The site's own clock, offset included, as a real site's Date header shows it.
         response.headers[hdrs.DATE] = formatdate(self.state.now(), usegmt=True)
         log.debug(
-            "sandbox request",
+            "sandbox.request",
             method=request.method,
             path=request.path,
             endpoint=route.endpoint if route else None,

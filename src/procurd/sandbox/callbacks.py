@@ -70,7 +70,7 @@ class TaskTracker:
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
-            log.error("sandbox background task failed", error=type(task.exception()).__name__)
+            log.error("sandbox.task_failed", error=type(task.exception()).__name__)
         if not self._tasks:
             self._idle.set()
 
@@ -134,7 +134,7 @@ class CallbackSender:
             return
         if self.faults.take_callback_drop():
             self.stats["dropped"] += 1
-            log.info("sandbox callback dropped", order_id=order.order_id, status=order.status)
+            log.info("sandbox.callback_dropped", order_id=order.order_id, status=order.status)
             return
         job = _Job(
             order_id=order.order_id,
@@ -170,7 +170,7 @@ class CallbackSender:
                 delays = self.config.callback_retry_delays
                 if attempt > len(delays):
                     self.stats["abandoned"] += 1
-                    log.warning("sandbox callback abandoned", order_id=job.order_id, attempts=attempt)
+                    log.warning("sandbox.callback_abandoned", order_id=job.order_id, attempts=attempt)
                     return
                 await asyncio.sleep(delays[attempt - 1])
                 attempt += 1
@@ -231,7 +231,7 @@ class CallbackSender:
             )
         )
         log.info(
-            "sandbox callback",
+            "sandbox.callback",
             order_id=job.order_id,
             status=job.status,
             attempt=attempt,

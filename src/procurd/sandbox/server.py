@@ -71,7 +71,7 @@ class Sandbox(SandboxSite):
         self._runner = runner
         bound_port = runner.addresses[0][1]
         self.base_url = f"http://{_url_host(host)}:{bound_port}"
-        log.info("sandbox listening", base_url=self.base_url, products=self.config.products)
+        log.info("sandbox.listening", base_url=self.base_url, products=self.config.products)
         return self.base_url
 
     async def close(self) -> None:

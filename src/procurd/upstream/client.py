@@ -272,7 +272,7 @@ class UpstreamClient:
         try:
             self._observer(self.name, endpoint, outcome, seconds, error)
         except Exception:  # noqa: BLE001 - a metrics hook must never change the outcome of a request
-            self._log.exception("request observer failed", endpoint=endpoint)
+            self._log.exception("upstream.observer_failed", endpoint=endpoint)
 
     async def _exchange(self, call: _Call, started: float) -> _Answer:
         session = self._open_session()
@@ -333,7 +333,7 @@ class UpstreamClient:
         finally:
             seconds = time.perf_counter() - started
             self._log.debug(
-                "upstream request",
+                "upstream.request",
                 method=call.method,
                 path=path,
                 status=status,
@@ -359,14 +359,14 @@ class UpstreamClient:
         if isinstance(exc, RateLimited):
             self._limiter.pause_for(exc.retry_after)
             self._log.warning(
-                "upstream rate limited us",
+                "upstream.rate_limited",
                 endpoint=exc.endpoint,
                 http_status=exc.http_status,
                 retry_after=exc.retry_after,
             )
         elif isinstance(exc, AuthError):
             self._log.warning(
-                "upstream refused our credentials",
+                "upstream.auth_refused",
                 endpoint=exc.endpoint,
                 http_status=exc.http_status,
                 code=exc.code,
