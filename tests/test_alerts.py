@@ -6,27 +6,34 @@ posts each message to it as ``{"title", "message", "type"}``.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 from aiohttp import web
+from click.testing import CliRunner
 
+from procurd.cli import main
 from procurd.config import Settings
 from procurd.core.intake import parse_order_request
 from procurd.daemon import Daemon
 from procurd.db.instance_store import Instance
 from procurd.db.types import utcnow
-from procurd.http.testing import reserve_port, serve, url_of
+from procurd.http.testing import procurd_stack, reserve_port, serve, url_of
+from procurd.logs import configure_logging
 from procurd.runtime import Runtime
 from procurd.sandbox import Sandbox, SandboxConfig
 from procurd.sandbox.testing import SignedClient
-from support import AdminClient, mirror, running_daemon, settings_for, wait_until
+from support import AdminClient, free_port, mirror, running_daemon, settings_for, wait_until
+from test_cli_orders import write_config
 
 REPEAT_AFTER = 2.0
 
@@ -310,3 +317,46 @@ async def test_filters_of_the_alert_list(shop: Shop) -> None:
     status, body = await shop.admin.call("GET", "/api/v1/alerts?kind=exception_open")
     assert (status, body["error_code"]) == (400, "unknown_kind")
     assert "exception_opened" in body["error_message"]
+
+
+async def test_alerts_from_the_command_line(database_url: str, tmp_path: Path) -> None:
+    """``procurd alerts list`` shows what was raised (an empty list says so; a kind that does not exist
+    is a usage error naming the kinds); ``procurd alerts test`` sends a test message to every URL, says
+    which failed and exits 1 when one did."""
+    async with procurd_stack(database_url, upstreams=("main",)) as stack, receiving() as receiver:
+        await stack.sync("main")
+        config = write_config(tmp_path / "procurd.toml", stack)
+        dead = f"json://127.0.0.1:{free_port()}/alerts"
+        with config.open("a", encoding="utf-8") as text:
+            text.write(f'\n[alerts]\nurls = ["{receiver.url}", "{dead}"]\n')
+        empty = await run_cli(config, "alerts", "list")
+        assert empty.stdout.strip() == "no alerts"
+        sku = stack.sandbox.state.first_sku("auto").id
+        body = {"order_no": "AL1", "items": [{"sku_id": sku, "quantity": 1, "max_unit_price": "0.01"}]}
+        assert (await stack.admin("POST", "/api/v1/orders", body)).status == 202
+        listed = await run_cli(config, "alerts", "list")
+        assert listed.exit_code == 0, listed.stderr
+        assert "exception_opened" in listed.stdout
+        assert "AL1" in listed.stdout
+        as_json = json.loads((await run_cli(config, "alerts", "list", "--json")).stdout)
+        assert [item["key"] for item in as_json["items"]] == ["exception_opened:AL1"]
+        typo = await run_cli(config, "alerts", "list", "--kind", "low_balances")
+        assert typo.exit_code == 2
+        assert "low_balance" in typo.stderr
+        tested = await run_cli(config, "alerts", "test")
+        assert tested.exit_code == 1
+        assert tested.stdout.splitlines()[-1] == "1 URL reached, 1 failed"
+        assert [message["title"] for message in receiver.messages] == ["procurd test alert"]
+
+
+async def run_cli(config: Path, *args: str) -> Any:
+    runner = CliRunner()
+    try:
+        result = await asyncio.to_thread(
+            runner.invoke, main, ["--config", str(config), *args], env={"COLUMNS": "200"}
+        )
+    finally:
+        configure_logging("warning", "json")
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result

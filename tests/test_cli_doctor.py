@@ -15,6 +15,7 @@ from procurd.cli.doctor import (
 )
 from procurd.sandbox import Sandbox, SandboxConfig
 from support import free_port, run_procurd
+from test_alerts import receiving
 
 SECRET = "sandbox-secret"
 
@@ -112,3 +113,25 @@ async def test_a_missing_secret_file_fails_the_configuration(tmp_path: Path, dat
     assert f"file {tmp_path / 'credentials' / 'main'} not found" in lines[0]
     assert lines[2].startswith("✔ database: reachable")
     assert lines[3] == "✗ upstream main: not checked"
+
+
+async def test_alert_urls_are_checked_without_sending(tmp_path: Path, database_url: str) -> None:
+    """Each [alerts] url is checked: a host that answers is ✔, one that refuses the connection is ✗ with
+    what to do; no message is sent; a password in a URL is never printed."""
+    async with (
+        Sandbox(SandboxConfig(products=1)) as sandbox,
+        receiving() as receiver,
+    ):
+        dead = f"json://user:hunter2-secret@127.0.0.1:{free_port()}/alerts"
+        config = write_config(tmp_path, database_url, sandbox.base_url, f'api_secret = "{SECRET}"')
+        with config.open("a", encoding="utf-8") as text:
+            text.write(f'\n[alerts]\nurls = ["{receiver.url}", "{dead}"]\n')
+        code, lines, err = await doctor(config)
+    assert code == 1
+    alert_lines = [line for line in lines if "alerts json://" in line]
+    assert alert_lines[0].startswith("✔ alerts json://127.0.0.1:")
+    assert alert_lines[0].endswith("reachable")
+    assert alert_lines[1].startswith("✗ alerts json://")
+    assert "[alerts] urls" in lines[lines.index(alert_lines[1]) + 1]
+    assert receiver.messages == []
+    assert "hunter2-secret" not in "\n".join(lines) + err

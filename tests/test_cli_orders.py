@@ -17,6 +17,8 @@ import pytest
 from click.testing import CliRunner, Result
 
 from procurd.cli import main
+from procurd.db.instance_store import Instance
+from procurd.db.types import utcnow
 from procurd.http.testing import Stack, procurd_stack
 from procurd.logs import configure_logging
 from support import run_procurd, screen_lines
@@ -298,6 +300,30 @@ async def test_status_for_people_and_machines(shell: Shell) -> None:
     assert "main" in table.stdout
     assert "never" in table.stdout  # never pinged
     assert "no events pending" in table.stdout
+
+
+async def test_status_says_in_words_when_no_daemon_runs(shell: Shell) -> None:
+    """With no daemon on the database, status says first that nothing is being procured (whatever the
+    upstreams' health) and the JSON report has daemon_alive false; an instance that stopped cleanly is
+    named with its last heartbeat."""
+    queued = await shell.run("order", "submit", "--order-no", "N1", "--sku", str(shell.sku))
+    assert queued.exit_code == 0
+    never = await shell.run("status")
+    assert never.stdout.splitlines()[1].startswith(
+        "daemon: NOT RUNNING: no procurd daemon is alive (none has ever run on this database)"
+    )
+    assert "not procured until `procurd run`" in " ".join(never.stdout.split())
+    now = utcnow()
+    old = Instance(id="old:1", host="old", pid=1, version="0.1.0", started_at=now, heartbeat_at=now)
+    database = shell.stack.runtime.database
+    await database.write(lambda tx: tx.instances.register(old))
+    await database.write(lambda tx: tx.instances.stopped("old:1", now))
+    stopped = await shell.run("status", "--json")
+    data = parsed(stopped)
+    assert data["daemon_alive"] is False
+    assert [(i["id"], i["alive"]) for i in data["instances"]] == [("old:1", False)]
+    words = await shell.run("status")
+    assert "the last heartbeat was" in words.stdout.splitlines()[1]
 
 
 async def test_unmigrated_database_and_bad_configuration(shell: Shell, tmp_path: Path) -> None:

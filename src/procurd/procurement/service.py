@@ -403,6 +403,15 @@ def _log(applied: Applied) -> None:
             code=p.last_error_code,
             error=p.last_error_message,
         )
+    elif decision.event == "failover":
+        log.info(
+            "procurement.failover",
+            **fields,
+            offer=p.offer_code,
+            left=decision.detail.get("from"),
+            to=decision.detail.get("to"),
+            skipped=decision.detail.get("skipped"),
+        )
     elif decision.event == "retry_scheduled":
         log.info(
             "procurement.retry_scheduled",

@@ -365,7 +365,7 @@ class UpstreamClient:
                 retry_after=exc.retry_after,
             )
         elif isinstance(exc, AuthError):
-            self._log.warning(
+            self._log.error(
                 "upstream.auth_refused",
                 endpoint=exc.endpoint,
                 http_status=exc.http_status,
