@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from decimal import Decimal
@@ -158,3 +159,40 @@ async def test_failing_catalogue_job_does_not_stop_the_daemon(database_url: str)
             status, _ = await admin.call("GET", "/healthz")
             assert status == 200
             assert all(not task.done() for task in daemon.supervisor.tasks)
+
+
+async def test_shutdown_cuts_a_catalogue_pass_short_but_lets_a_submission_finish(database_url: str) -> None:
+    """Stopping while a catalogue pass waits on a listing that never answers and an order submission is in
+    flight: the pass is cancelled at once (recorded as cut short, it resumes on the next schedule) while
+    the submission completes and is committed. Shutdown ends long before its timeout (a deadline here, so
+    a shutdown that waited the timeout out fails the test)."""
+    async with Sandbox(sandbox_config()) as sandbox:
+        settings = settings_for(
+            database_url,
+            ("main", sandbox),
+            server={"shutdown_timeout_seconds": 600},
+            upstream={"timeout_seconds": 600},
+            catalog={"sync_interval_seconds": 3600},
+        )
+        await mirror(settings)
+        sandbox.faults.hang_next("products", count=100)
+        sandbox.faults.delay_next("orders.create", count=1, seconds=1.0)
+        daemon = Daemon(settings, notifier=Notifier({}))
+        await daemon.start()
+        async with aiohttp.ClientSession() as session:
+            admin = AdminClient(settings, session)
+            await wait_until(lambda: sandbox.request_counts["products"] >= 1)
+            await admin.submit("SIG1", {"sku_id": sandbox.state.first_sku("auto").id, "quantity": 1})
+            await wait_until(lambda: sandbox.request_counts["orders.create"] >= 1)
+            await asyncio.wait_for(daemon.shutdown(), timeout=60)
+        runtime = Runtime.build(settings)
+        try:
+            order = await runtime.service.order("SIG1")
+            runs = await runtime.database.read(lambda tx: tx.console.sync_runs("main", 1, 10))
+        finally:
+            await runtime.close()
+    assert order is not None
+    assert order["procurements"][0]["state"] in ("submitted", "delivered")
+    assert len(sandbox.orders_for(order["procurements"][0]["downstream_order_no"])) == 1
+    _, rows = runs
+    assert (rows[0]["status"], rows[0]["error"]) == ("failed", "cancelled before it finished")
