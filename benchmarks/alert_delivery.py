@@ -133,7 +133,7 @@ async def main_async(orders: int) -> None:
     dead_p50, dead_p99 = summary(dead)
     alerted = orders - len(baseline)
     delivered = len(baseline)
-    print(f"{orders} orders per run, {IN_FLIGHT} at a time: {delivered} delivered, {alerted} refused at intake")
+    print(f"{orders} orders per run, {IN_FLIGHT} at a time: {delivered} delivered, {alerted} refused")
     print(f"alerts to the dead URL: {failing} failing to send when the run ended (none sent)")
     print(f"{'run':<34}{'p50 ms':>10}{'p99 ms':>10}")
     print(f"{'no alert URL (baseline)':<34}{base_p50 * 1000:>10.1f}{base_p99 * 1000:>10.1f}")
