@@ -14,15 +14,19 @@ import termios
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any, TypeVar
 
 import aiohttp
+from click.testing import CliRunner, Result
 from sqlalchemy import Executable, Row
 
 from procurd.catalog.sync import run_sync
+from procurd.cli import main
 from procurd.config import Settings
 from procurd.daemon import Daemon
 from procurd.db.database import Database, open_database
+from procurd.logs import configure_logging
 from procurd.runtime import Runtime
 from procurd.sandbox import Sandbox
 from procurd.systemd import Notifier
@@ -259,3 +263,19 @@ class AdminClient:
             return order if all(p["state"] == state for p in order["procurements"]) else None
 
         return await wait_until(reached, timeout)
+
+
+async def run_cli(config: Path, *args: str, columns: int = 200) -> Result:
+    """``procurd --config CONFIG ARGS`` in a worker thread (its own event loop, as from a shell) while this
+    test's loop keeps serving; the click result (exit code, stdout, stderr)."""
+    runner = CliRunner()
+    try:
+        result = await asyncio.to_thread(
+            runner.invoke, main, ["--config", str(config), *args], env={"COLUMNS": str(columns)}
+        )
+    finally:
+        # The command pointed logging at the runner's (now closed) stderr.
+        configure_logging("warning", "json")
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result

@@ -6,7 +6,6 @@ posts each message to it as ``{"title", "message", "type"}``.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
@@ -19,20 +18,17 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
-from click.testing import CliRunner
 
-from procurd.cli import main
 from procurd.config import Settings
 from procurd.core.intake import parse_order_request
 from procurd.daemon import Daemon
 from procurd.db.instance_store import Instance
 from procurd.db.types import utcnow
 from procurd.http.testing import procurd_stack, reserve_port, serve, url_of
-from procurd.logs import configure_logging
 from procurd.runtime import Runtime
 from procurd.sandbox import Sandbox, SandboxConfig
 from procurd.sandbox.testing import SignedClient
-from support import AdminClient, free_port, mirror, running_daemon, settings_for, wait_until
+from support import AdminClient, free_port, mirror, run_cli, running_daemon, settings_for, wait_until
 from test_cli_orders import write_config
 
 REPEAT_AFTER = 2.0
@@ -347,16 +343,3 @@ async def test_alerts_from_the_command_line(database_url: str, tmp_path: Path) -
         assert tested.exit_code == 1
         assert tested.stdout.splitlines()[-1] == "1 URL reached, 1 failed"
         assert [message["title"] for message in receiver.messages] == ["procurd test alert"]
-
-
-async def run_cli(config: Path, *args: str) -> Any:
-    runner = CliRunner()
-    try:
-        result = await asyncio.to_thread(
-            runner.invoke, main, ["--config", str(config), *args], env={"COLUMNS": "200"}
-        )
-    finally:
-        configure_logging("warning", "json")
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result

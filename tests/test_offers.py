@@ -4,7 +4,6 @@ sandbox upstreams, and the limit every item is bought under (its own, or its sel
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator
 from decimal import Decimal
@@ -13,13 +12,10 @@ from typing import Any
 
 import aiohttp
 import pytest
-from click.testing import CliRunner
 
-from procurd.cli import main
 from procurd.http.testing import Stack, procurd_stack
-from procurd.logs import configure_logging
 from procurd.sandbox import Sandbox, SandboxConfig
-from support import AdminClient, mirror, running_daemon, settings_for, wait_until
+from support import AdminClient, mirror, run_cli, running_daemon, settings_for, wait_until
 from test_cli_orders import write_config
 
 FAST_CALLBACKS = (0.1, 0.2, 0.3, 0.5)
@@ -276,19 +272,6 @@ async def test_a_given_limit_wins_and_is_checked_at_intake(database_url: str) ->
 
 
 # --- the command line ---------------------------------------------------------------------------------------
-
-
-async def run_cli(config: Path, *args: str) -> Any:
-    runner = CliRunner()
-    try:
-        result = await asyncio.to_thread(
-            runner.invoke, main, ["--config", str(config), *args], env={"COLUMNS": "250"}
-        )
-    finally:
-        configure_logging("warning", "json")
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result
 
 
 async def test_offers_from_the_command_line(stack: Stack, tmp_path: Path) -> None:

@@ -4,7 +4,6 @@ path; with repair off it is only reported."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator
 from decimal import Decimal
@@ -12,14 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner
 
 from console_support import delivered_order, order
-from procurd.cli import main
 from procurd.core.alerts import Kind
 from procurd.http.testing import Stack, procurd_stack
-from procurd.logs import configure_logging
 from procurd.reconcile import ReconcileReport, reconcile
+from support import run_cli
 from test_cli_orders import write_config
 
 WEEK = 7 * 24 * 3600.0
@@ -138,26 +135,13 @@ async def test_reconcile_from_the_command_line(stack: Stack, tmp_path: Path) -> 
     view = await delivered_order(stack, "CL1", sku_of(stack))
     stack.sandbox.refund(view["procurements"][0]["upstream_order_id"])
     config = write_config(tmp_path / "procurd.toml", stack)
-    report_only = await cli(config, "reconcile", "--no-repair", "--json")
+    report_only = await run_cli(config, "reconcile", "--no-repair", "--json")
     assert report_only.exit_code == 0, report_only.stderr
     body = json.loads(report_only.stdout)
     assert (body["mismatches"], body["repaired"], body["findings"][0]["order_no"]) == (1, 0, "CL1")
     assert (await item_of(stack, "CL1"))["state"] == "delivered"
-    repaired = await cli(config, "reconcile")
+    repaired = await run_cli(config, "reconcile")
     assert repaired.exit_code == 0, repaired.stderr
     assert "1 order checked, 1 mismatch, 1 repaired" in repaired.stdout
     assert "CL1" in repaired.stdout
     assert (await item_of(stack, "CL1"))["exception_reason"] == "upstream_refunded"
-
-
-async def cli(config: Path, *args: str) -> Any:
-    runner = CliRunner()
-    try:
-        result = await asyncio.to_thread(
-            runner.invoke, main, ["--config", str(config), *args], env={"COLUMNS": "200"}
-        )
-    finally:
-        configure_logging("warning", "json")
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result

@@ -3,19 +3,15 @@ sandbox (audit entries, storefront events), catalogue passes (mirror changes, sy
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 import pytest
-from click.testing import CliRunner
 from sqlalchemy import func, select
 
 from console_support import delivered_order
-from procurd.cli import main
 from procurd.config import RetentionSettings
 from procurd.core.alerts import Kind, Occurrence
 from procurd.daemon import RETENTION_INTERVAL_SECONDS
@@ -23,10 +19,9 @@ from procurd.db.schema import alerts, audit_log, mirror_changes, outbox, sync_ru
 from procurd.db.stores import Tx
 from procurd.db.types import utcnow
 from procurd.http.testing import Stack, procurd_stack
-from procurd.logs import configure_logging
 from procurd.retention import LEASE, prune
 from procurd.sandbox import Sandbox, SandboxConfig
-from support import running_daemon, settings_for, sql_rows
+from support import run_cli, running_daemon, settings_for, sql_rows
 from test_cli_orders import write_config
 
 TABLES = {"audit_log": audit_log, "mirror_changes": mirror_changes, "outbox": outbox, "sync_runs": sync_runs,
@@ -118,26 +113,15 @@ async def test_prune_from_the_command_line(filled: Stack, tmp_path: Path) -> Non
     counts. Nothing is old enough yet: nothing goes."""
     config = write_config(tmp_path / "procurd.toml", filled)
     before = await counts(filled)
-    human = await run(config, "prune")
+    human = await run_cli(config, "prune")
     assert human.exit_code == 0, human.stderr
     lines = human.stdout.splitlines()
     assert lines[0].split() == ["table", "deleted", "rows", "written"]
     assert any(line.split()[:2] == ["audit_log", "0"] for line in lines)
     assert lines[-1] == "0 rows deleted"
-    as_json = await run(config, "prune", "--json")
+    as_json = await run_cli(config, "prune", "--json")
     assert json.loads(as_json.stdout)["total"] == 0
     assert await counts(filled) == before
-
-
-async def run(config: Path, *args: str) -> Any:
-    runner = CliRunner()
-    try:
-        result = await asyncio.to_thread(runner.invoke, main, ["--config", str(config), *args])
-    finally:
-        configure_logging("warning", "json")
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result
 
 
 async def test_the_daemon_prunes_daily(database_url: str) -> None:
