@@ -139,7 +139,7 @@ def daemon_settings(
     )
 
 
-async def rows_of(database: Database, statement: Executable) -> list[Row[Any]]:
+async def rows_of(database: Database, statement: Executable) -> list[Row[*tuple[Any, ...]]]:
     return await database.read(lambda tx: list(tx.connection.execute(statement).all()))
 
 

@@ -45,10 +45,9 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from procurd.db.engine import create_engine
 from sqlalchemy import and_, func, select
 from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from procurd.db.schema import mirror_products, mirror_skus, procurements
 
@@ -599,7 +598,7 @@ def print_parameters(options: argparse.Namespace, database_url: str) -> None:
 async def soak(options: argparse.Namespace, database_url: str, directory: Path) -> bool:
     sandbox = SandboxProcess(directory, options.products)
     instances: list[Instance] = []
-    engine = create_engine(database_url)
+    engine = create_async_engine(database_url)  # raw reads only: the daemons own the schema and the writes
     try:
         await sandbox.start()
         instances = [Instance(f"d{n + 1}", directory, database_url, sandbox.base_url, options.workers)

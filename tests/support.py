@@ -15,7 +15,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import aiohttp
 from click.testing import CliRunner, Result
@@ -35,23 +35,38 @@ T = TypeVar("T")
 DEFAULT_TIMEOUT = 20.0
 
 
+@overload
 async def wait_until(
-    predicate: Callable[[], Awaitable[T] | T], timeout: float = DEFAULT_TIMEOUT, interval: float = 0.02
+    predicate: Callable[[], Awaitable[T | None]], timeout: float = ..., interval: float = ...
+) -> T: ...
+@overload
+async def wait_until(predicate: Callable[[], T | None], timeout: float = ..., interval: float = ...) -> T: ...
+async def wait_until(
+    predicate: Callable[[], Awaitable[T | None] | T | None],
+    timeout: float = DEFAULT_TIMEOUT,
+    interval: float = 0.02,
 ) -> T:
-    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` seconds."""
+    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` seconds.
+
+    ``predicate`` is a plain function or returns an awaitable (a coroutine function); the first truthy
+    value, awaited if need be, is the result, typed without the ``None`` that means "not yet".
+    """
     deadline = time.monotonic() + timeout
     while True:
-        value = predicate()
-        if asyncio.iscoroutine(value) or isinstance(value, Awaitable):
-            value = await value
+        result = predicate()
+        value: T | None
+        if asyncio.iscoroutine(result) or isinstance(result, Awaitable):
+            value = await result
+        else:
+            value = result
         if value:
-            return value  # type: ignore[return-value]
+            return value
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout} s")
         await asyncio.sleep(interval)
 
 
-async def sql_rows(database: Database | str, statement: Executable) -> list[Row[Any]]:
+async def sql_rows(database: Database | str, statement: Executable) -> list[Row[*tuple[Any, ...]]]:
     """The rows of one SELECT, read in its own transaction (``database`` may be a URL)."""
     return await _on(database, lambda connection: list(connection.execute(statement).all()), write=False)
 
@@ -112,7 +127,7 @@ async def run_procurd(
 
 
 def _read_until_closed(fd: int) -> bytes:
-    chunks = []
+    chunks: list[bytes] = []
     while True:
         try:
             chunk = os.read(fd, 65536)

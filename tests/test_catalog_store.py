@@ -7,7 +7,9 @@ from typing import Any
 from sqlalchemy import func, select, text
 
 from procurd.core.catalog import (
+    Entity,
     PassHistory,
+    PassKind,
     Plan,
     Snapshot,
     apply_plan,
@@ -66,8 +68,12 @@ async def _run(database: Database, upstream: str = "main") -> int:
     return await database.write(lambda tx: tx.mirror.start_run(upstream, now))
 
 
-async def _snapshot(database: Database, upstream: str = "main") -> dict[str, Snapshot]:
+async def _snapshot(database: Database, upstream: str = "main") -> dict[Entity, Snapshot]:
     return await database.read(lambda tx: dict(tx.mirror.load_snapshot(upstream)))
+
+
+def _finish_run(tx: Tx, run_id: int, outcome: RunOutcome) -> None:
+    tx.mirror.finish_run(run_id, outcome)
 
 
 async def _write(database: Database, run_id: int, *plans: Plan, upstream: str = "main") -> int:
@@ -237,14 +243,15 @@ async def test_pass_history_tells_the_last_complete_and_full_passes(database: Da
     upstream ignore updated_after are told apart."""
     assert await database.read(lambda tx: tx.mirror.pass_history("main")) == PassHistory()
     runs = []
-    for status, kind, ignored in (
+    passes: tuple[tuple[str, PassKind, bool], ...] = (
         ("ok", "full", False),
         ("suspicious", "incremental", True),
         ("failed", "full", False),
-    ):
+    )
+    for status, kind, ignored in passes:
         run_id = await _run(database)
         outcome = RunOutcome(status, kind, utcnow(), RunTotals(), None, ignored_updated_after=ignored)
-        await database.write(lambda tx, run_id=run_id, outcome=outcome: tx.mirror.finish_run(run_id, outcome))
+        await database.write(_finish_run, run_id, outcome)
         runs.append(await database.read(lambda tx: tx.mirror.last_run("main")))
     history = await database.read(lambda tx: tx.mirror.pass_history("main"))
     full, incremental, _ = runs

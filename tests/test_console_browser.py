@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 from aiohttp import web
-from playwright.async_api import Browser, ConsoleMessage, Dialog, Page, async_playwright, expect
+from playwright.async_api import Browser, ConsoleMessage, Dialog, Page, ViewportSize, async_playwright, expect
 
 from console_support import ADMIN_TOKEN, delivered_order, order, sandbox_control
 from procurd.http.testing import Stack, procurd_stack, serve
@@ -32,8 +32,8 @@ CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
 ]  # fmt: skip
-LAPTOP = {"width": 1280, "height": 860}
-PHONE = {"width": 390, "height": 844}
+LAPTOP: ViewportSize = {"width": 1280, "height": 860}
+PHONE: ViewportSize = {"width": 390, "height": 844}
 
 pytestmark = [
     pytest.mark.browser,

@@ -228,7 +228,7 @@ async def test_upstream_down_then_back(database_url: str) -> None:
 
             async def refused_repeatedly() -> bool:
                 rows = await procurement_rows(database_url)
-                return sum(row.attempts >= 4 for row in rows if row.order_no in during) == len(during)
+                return sum(1 for row in rows if row.order_no in during and row.attempts >= 4) == len(during)
 
             await wait_until(refused_repeatedly)
             refused = run.requests("orders.create", "network_error")
@@ -386,7 +386,7 @@ async def test_callbacks_replayed(database_url: str) -> None:
             await sandbox.wait_callbacks_idle()
             before = await procurement_rows(database_url)
             audit_before = await audit_events(database_url)
-            answers: list[tuple[int, str]] = []
+            answers: list[tuple[int, dict[str, Any]]] = []
             async with callback_signer(run) as signer:
                 for index, number in enumerate(orders):
                     (upstream,) = sandbox.orders_for(number)
@@ -514,7 +514,7 @@ async def ping_now(run: Run, *, healthy: bool) -> dict[str, Any]:
 
 async def _count_in(run: Run, state: str, count: int) -> bool:
     rows = await procurement_rows(run.database_url)
-    return sum(row.state == state for row in rows) == count
+    return sum(1 for row in rows if row.state == state) == count
 
 
 def log_records(caplog: pytest.LogCaptureFixture) -> list[dict[str, Any]]:

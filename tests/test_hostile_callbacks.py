@@ -283,7 +283,7 @@ def target_settings(
             "webhook_api_key": "shop",
             "webhook_secret": WEBHOOK_SECRET,
         },
-    )  # type: ignore[arg-type]
+    )
 
 
 def sandbox_config(api_key: str, api_secret: str, header_prefix: str) -> SandboxConfig:

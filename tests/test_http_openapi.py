@@ -162,7 +162,7 @@ def test_request_limits_are_documented() -> None:
     excludes NUL, and the documented maxima are the server's own."""
     from procurd.core.intake import MAX_QUANTITY
     from procurd.core.numbers import MAX_ID
-    from procurd.http.admin import MAX_PAGE
+    from procurd.http.operations import MAX_PAGE
 
     document = load_document()
     checked = 0

@@ -69,10 +69,9 @@ async def test_signed_delivery_callback_is_applied_and_answered_received(stack: 
     item = order["procurements"][0]
     assert order["status"] == "delivered"
     assert item["state"] == "delivered"
-    assert (
-        item["fulfillment"]["payload"]
-        == stack.sandbox.state.order(procurement["upstream_order_id"]).fulfillment.payload
-    )
+    fulfillment = stack.sandbox.state.order(procurement["upstream_order_id"]).fulfillment
+    assert fulfillment is not None
+    assert item["fulfillment"]["payload"] == fulfillment.payload
     status = (await stack.admin("GET", "/api/v1/status")).body
     assert status["upstreams"][0]["callbacks"] == {"accepted": 1, "rejected": 0}
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
@@ -96,7 +97,7 @@ def accepted(status: str = "paid", worker: str = "w1") -> SubmitAccepted:
     return SubmitAccepted(worker, 101, "DJ1", status, "9.90", "CNY")
 
 
-def report(status: str, fulfillment: dict[str, object] | None = None) -> UpstreamReport:
+def report(status: str, fulfillment: Mapping[str, object] | None = None) -> UpstreamReport:
     return UpstreamReport(order_id=101, status=status, order_no="DJ1", fulfillment=fulfillment)
 
 
@@ -175,6 +176,7 @@ def test_unavailable_retries_with_backoff_then_gives_up() -> None:
     """Network errors requeue with backoff until max_attempts, then max_attempts_exceeded."""
     first = decide(QUEUED_CLAIMED, SubmitUnavailable("w1", "timeout", "t"), NOW, POLICY, random.Random(1))
     assert first.procurement.state is State.QUEUED
+    assert first.procurement.next_attempt_at is not None
     assert NOW < first.procurement.next_attempt_at <= NOW + timedelta(seconds=1)
     assert first.procurement.upstream_may_exist is True
     last = decide(replace(QUEUED_CLAIMED, attempts=3), SubmitUnavailable("w1", "timeout", "t"), NOW, POLICY)

@@ -229,11 +229,14 @@ async def test_daemon_sends_ready_watchdog_and_stopping(
     messages: list[str] = []
     async with Sandbox(SandboxConfig(products=3, allow_private_callbacks=True)) as sandbox:
         settings = settings_for(database_url, ("main", sandbox))
+
+        def heard(text: str) -> bool:
+            messages.extend(received(sock))
+            return any(text in m for m in messages)
+
         async with running_daemon(settings, notifier):
-            await wait_until(lambda: messages.extend(received(sock)) or any("READY=1" in m for m in messages))
-            await wait_until(
-                lambda: messages.extend(received(sock)) or any("WATCHDOG=1" in m for m in messages)
-            )
+            await wait_until(lambda: heard("READY=1"))
+            await wait_until(lambda: heard("WATCHDOG=1"))
         messages.extend(received(sock))
     assert any(m.startswith("READY=1") for m in messages)
     assert any(m.startswith("STOPPING=1") for m in messages)
