@@ -25,6 +25,7 @@ class Priority(IntEnum):
     PING = 1
     POLL = 2
     CATALOG = 3
+    RECONCILE = 4  # the lowest: reconciliation looks for what everything else missed
 
 
 class PriorityRateLimiter:
