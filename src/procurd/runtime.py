@@ -13,13 +13,14 @@ from procurd.alerts import Alerts
 from procurd.config import Settings
 from procurd.db.database import Database, open_database
 from procurd.db.errors import DatabaseError
+from procurd.db.rate_budget import SharedBudget, budget_key
 from procurd.db.types import utcnow
 from procurd.instance import instance_id
 from procurd.metrics import Metrics
 from procurd.procurement.service import ProcurementService, Wakeups
 from procurd.upstream.client import UpstreamClient
 from procurd.upstream.errors import AuthError
-from procurd.upstream.ratelimit import PriorityRateLimiter
+from procurd.upstream.ratelimit import PriorityRateLimiter, RateLimiter, SharedRateLimiter
 from procurd.watch import HealthWatch, RejectionWatch
 
 log = structlog.get_logger("procurd.runtime")
@@ -61,6 +62,24 @@ JobTrigger = Callable[[str], None]
 """Runs a scheduled job (``catalog-sync:NAME``, ``ping:NAME`` ...) now; raises KeyError for no such job."""
 
 
+def rate_limiters(settings: Settings, database: Database, instance: str) -> dict[str, RateLimiter]:
+    """Each upstream's limiter, one per API key: on PostgreSQL the budget every instance shares, on SQLite
+    (one process) a bucket in memory."""
+    by_key: dict[str, RateLimiter] = {}
+    limiters: dict[str, RateLimiter] = {}
+    for upstream in settings.upstreams:
+        key = budget_key(upstream.api_root, upstream.api_key)
+        if key not in by_key:
+            rate = upstream.max_requests_per_second
+            if database.dialect == "postgresql":
+                budget = SharedBudget(database, key, upstream.name, instance, rate)
+                by_key[key] = SharedRateLimiter(budget, rate)
+            else:
+                by_key[key] = PriorityRateLimiter(rate)
+        limiters[upstream.name] = by_key[key]
+    return limiters
+
+
 @dataclass
 class Runtime:
     settings: Settings
@@ -81,6 +100,7 @@ class Runtime:
         cls, settings: Settings, *, database: Database | None = None, instance: str | None = None
     ) -> Runtime:
         database = database or open_database(settings.database.url)
+        instance = instance or instance_id()
         metrics = Metrics()
         health = HealthWatch(settings.alerts.unhealthy_after_seconds, {u.name: u for u in settings.upstreams})
 
@@ -88,10 +108,9 @@ class Runtime:
             metrics.observe_upstream_request(upstream, endpoint, outcome, seconds)
             health.observe(upstream, endpoint, outcome, seconds, error)
 
+        limiters = rate_limiters(settings, database, instance)
         clients = {
-            upstream.name: UpstreamClient(
-                upstream, limiter=PriorityRateLimiter(upstream.max_requests_per_second), observer=observe
-            )
+            upstream.name: UpstreamClient(upstream, limiter=limiters[upstream.name], observer=observe)
             for upstream in settings.upstreams
         }
         alerts = Alerts(database, settings.alerts, metrics)
@@ -106,7 +125,7 @@ class Runtime:
             alerts,
             health,
             RejectionWatch(),
-            instance or instance_id(),
+            instance,
         )
 
     def client(self, upstream: str) -> UpstreamClient:
@@ -145,4 +164,6 @@ class Runtime:
             log.warning("callbacks.count_not_saved", reason=exc.reason)
         for client in self.clients.values():
             await client.close()
+        for limiter in {id(client.limiter): client.limiter for client in self.clients.values()}.values():
+            await limiter.close()
         await self.database.close()

@@ -13,6 +13,7 @@ from procurd.db.instance_store import InstanceStore
 from procurd.db.leases import LeaseStore
 from procurd.db.mirror_store import MirrorStore
 from procurd.db.procurement_store import ProcurementStore
+from procurd.db.rate_budget import RateBudgetStore
 from procurd.db.reconcile_store import ReconcileStore
 
 
@@ -54,3 +55,7 @@ class Tx:
     @cached_property
     def reconcile(self) -> ReconcileStore:
         return ReconcileStore(self.connection)
+
+    @cached_property
+    def rate_budget(self) -> RateBudgetStore:
+        return RateBudgetStore(self.connection)
