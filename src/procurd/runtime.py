@@ -20,7 +20,7 @@ from procurd.metrics import Metrics
 from procurd.procurement.service import ProcurementService, Wakeups
 from procurd.upstream.client import UpstreamClient
 from procurd.upstream.errors import AuthError
-from procurd.upstream.ratelimit import PriorityRateLimiter, RateLimiter, SharedRateLimiter
+from procurd.upstream.ratelimit import PriorityRateLimiter, RateLimiter, SharedRateLimiter, sending_rate
 from procurd.watch import HealthWatch, RejectionWatch
 
 log = structlog.get_logger("procurd.runtime")
@@ -64,13 +64,13 @@ JobTrigger = Callable[[str], None]
 
 def rate_limiters(settings: Settings, database: Database, instance: str) -> dict[str, RateLimiter]:
     """Each upstream's limiter, one per API key: on PostgreSQL the budget every instance shares, on SQLite
-    (one process) a bucket in memory."""
+    (one process) a bucket in memory; both send a hair slower than the budget (:func:`sending_rate`)."""
     by_key: dict[str, RateLimiter] = {}
     limiters: dict[str, RateLimiter] = {}
     for upstream in settings.upstreams:
         key = budget_key(upstream.api_root, upstream.api_key)
         if key not in by_key:
-            rate = upstream.max_requests_per_second
+            rate = sending_rate(upstream.max_requests_per_second)
             if database.dialect == "postgresql":
                 budget = SharedBudget(database, key, upstream.name, instance, rate)
                 by_key[key] = SharedRateLimiter(budget, rate)

@@ -40,7 +40,6 @@ RETRY_MARGIN_SECONDS = 0.001  # ask again this long after the moment the budget 
 DEMAND_TTL_SPACINGS = 2  # a waiting instance's demand outlives its next attempt by this many spacings
 DEMAND_TTL_SECONDS = 1.0  # plus this
 UNAVAILABLE_BACKOFF = (0.5, 1.0, 2.0, 5.0)
-SPACING_GUARD_SECONDS = 0.0
 
 _TAKE = text(
     """
@@ -197,10 +196,8 @@ class SharedBudget:
     """One upstream key's budget as one instance sees it: what :class:`procurd.upstream.ratelimit.
     SharedRateLimiter` asks, answered from the database.
 
-    Two requests of the key start at least ``1 / rate_per_second`` apart, plus a guard against the
-    variation in how long a request takes to reach the upstream (see :data:`SPACING_GUARD_SECONDS`). A
-    database that cannot be reached refuses with a growing wait (nothing is sent while the budget cannot be
-    checked).
+    Two requests of the key start at least ``1 / rate_per_second`` apart. A database that cannot be reached
+    refuses with a growing wait (nothing is sent while the budget cannot be checked).
     """
 
     def __init__(
@@ -210,7 +207,7 @@ class SharedBudget:
         self.key = key
         self.upstream = upstream
         self.instance = instance
-        self.spacing_seconds = 1 / rate_per_second + SPACING_GUARD_SECONDS
+        self.spacing_seconds = 1 / rate_per_second
         self.demand_ttl_seconds = DEMAND_TTL_SPACINGS * self.spacing_seconds + DEMAND_TTL_SECONDS
         self._created = False
         self._failures = 0

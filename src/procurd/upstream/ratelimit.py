@@ -24,6 +24,13 @@ import structlog
 
 log = structlog.get_logger("procurd.upstream")
 
+# Requests take unevenly long to reach the upstream (event loop, network), and a site counts arrivals in a
+# sliding window: sent exactly 1/rate apart, the 61st request of a minute can arrive inside the first one's
+# minute. Each request therefore waits this much longer than 1/rate after the one before (at most a tenth of
+# 1/rate), which absorbs that many milliseconds of unevenness per request of a window.
+ARRIVAL_GUARD_SECONDS = 0.002
+ARRIVAL_GUARD_MAX_FRACTION = 0.1
+
 # Timers may fire a hair early and float refills may land a hair short of a whole token.
 _EPSILON = 1e-9
 _MIN_TIMER_DELAY = 0.0005
@@ -37,6 +44,13 @@ class Priority(IntEnum):
     POLL = 2
     CATALOG = 3
     RECONCILE = 4  # the lowest: reconciliation looks for what everything else missed
+
+
+def sending_rate(rate_per_second: float) -> float:
+    """The rate requests are sent at for a budget of ``rate_per_second``: spaced
+    :data:`ARRIVAL_GUARD_SECONDS` more than the budget's interval, so that they arrive within it."""
+    interval = 1 / rate_per_second
+    return 1 / (interval + min(ARRIVAL_GUARD_SECONDS, interval * ARRIVAL_GUARD_MAX_FRACTION))
 
 
 class RateLimiter(Protocol):
