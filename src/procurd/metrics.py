@@ -11,7 +11,7 @@ that Prometheus can take one of them (``max without (instance) (...)``). Gauges 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime
 from decimal import Decimal, InvalidOperation
 from enum import IntEnum
@@ -25,7 +25,7 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
-from prometheus_client.metrics_core import Metric
+from prometheus_client.metrics_core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
@@ -55,11 +55,29 @@ class _WithLabel(Collector):
             yield labelled
 
 
+class _DatabaseCounts(Collector):
+    def __init__(self, counts: Callable[[], Mapping[str, int]]) -> None:
+        self.counts = counts
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "procurd_database_transactions",
+            "Database transactions of this instance, by kind (autocommit: one statement in one round trip, "
+            "as the shared request budget takes its slots).",
+            labels=["kind"],
+        )
+        for kind, count in self.counts().items():
+            family.add_metric([kind], count)
+        yield family
+
+
 class Metrics:
-    def __init__(self, instance: str) -> None:
+    def __init__(self, instance: str, database_counts: Callable[[], Mapping[str, int]] | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         of_this_instance = CollectorRegistry(auto_describe=True)
         self.registry.register(_WithLabel(of_this_instance, "instance", instance))
+        if database_counts is not None:
+            of_this_instance.register(_DatabaseCounts(database_counts))
         r = of_this_instance
         self.upstream_requests = Counter(
             "procurd_upstream_requests", "Requests sent to upstreams, by outcome (ok or error code).",
@@ -145,12 +163,10 @@ class Metrics:
     def observe_http(self, listener: str, route: str, status: int) -> None:
         self.http_requests.labels(listener, route, str(status)).inc()
 
-    def set_waiting(self, upstream: str, waiting: Mapping[Any, int]) -> None:
-        """How many requests wait for ``upstream``'s budget here, per priority (an ``IntEnum`` or name)."""
+    def set_waiting(self, upstream: str, waiting: Mapping[IntEnum, int]) -> None:
+        """How many requests wait for ``upstream``'s budget here, per priority."""
         for priority, count in waiting.items():
-            self.requests_waiting.labels(upstream, getattr(priority, "name", str(priority)).lower()).set(
-                count
-            )
+            self.requests_waiting.labels(upstream, priority.name.lower()).set(count)
 
     def set_status(self, report: Mapping[str, Any]) -> None:
         """Set the database-derived gauges from :func:`procurd.status.status_report`'s answer."""

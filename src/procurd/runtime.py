@@ -101,7 +101,7 @@ class Runtime:
     ) -> Runtime:
         database = database or open_database(settings.database.url)
         instance = instance or instance_id()
-        metrics = Metrics(instance)
+        metrics = Metrics(instance, database.counts.transactions)
         health = HealthWatch(settings.alerts.unhealthy_after_seconds, {u.name: u for u in settings.upstreams})
 
         def observe(upstream: str, endpoint: str, outcome: str, seconds: float, error: object) -> None:

@@ -69,6 +69,10 @@ class TransactionCounts:
     def count_statement(self, *_: Any) -> None:
         self.statements += 1
 
+    def transactions(self) -> dict[str, int]:
+        """Transactions by kind: ``read``, ``write``, ``autocommit``."""
+        return {"read": self.reads, "write": self.writes, "autocommit": self.autocommits}
+
 
 class Database(ABC):
     """Runs store functions as transactions. Build one with :func:`open_database`."""
