@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime
 from decimal import Decimal, InvalidOperation
-from enum import IntEnum
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import (
@@ -30,6 +29,7 @@ from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
     from procurd.procurement.transitions import Applied
+    from procurd.upstream.ratelimit import Priority
 
 # *_created series double the output and say nothing an operator needs.
 disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -163,7 +163,7 @@ class Metrics:
     def observe_http(self, listener: str, route: str, status: int) -> None:
         self.http_requests.labels(listener, route, str(status)).inc()
 
-    def set_waiting(self, upstream: str, waiting: Mapping[IntEnum, int]) -> None:
+    def set_waiting(self, upstream: str, waiting: Mapping[Priority, int]) -> None:
         """How many requests wait for ``upstream``'s budget here, per priority."""
         for priority, count in waiting.items():
             self.requests_waiting.labels(upstream, priority.name.lower()).set(count)
