@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("procurd.upstream")
 
-ORDER_PRIORITY = 0
+RESERVE_BELOW = 1  # requests of a priority below this (order submissions) may reserve a slot ahead
 LONG_AGO = datetime(2000, 1, 1, tzinfo=UTC)
 RETRY_MARGIN_SECONDS = 0.001  # ask again this long after the moment the budget named, not before it
 DEMAND_TTL_SPACINGS = 2  # a waiting instance's demand outlives its next attempt by this many spacings
@@ -61,7 +61,7 @@ budget AS (
 decision AS (
     SELECT greatest(budget.next_slot_at, budget.paused_until, budget.now) AS slot,
            budget.next_slot_at, budget.paused_until, budget.ahead, budget.now,
-           (params.priority = CAST(:order_priority AS integer)
+           (params.priority < CAST(:reserve_below AS integer)
             OR (budget.next_slot_at <= budget.now AND budget.paused_until <= budget.now
                 AND coalesce(budget.ahead >= params.priority, true))) AS granted
       FROM budget, params
@@ -147,11 +147,13 @@ class RateBudgetStore:
         then: int | None,
         spacing_seconds: float,
         demand_ttl_seconds: float,
+        reserve_below: int = RESERVE_BELOW,
     ) -> Attempt | None:
         """Try to take a slot for a request of ``priority``; ``None`` when the budget's row is missing.
 
         ``then`` is the best priority this instance still has waiting once this request is served: the
         demand recorded when a slot is granted (none when ``None``); when refused, ``priority`` is recorded.
+        A priority below ``reserve_below`` gets the next slot even when it lies ahead.
         """
         row = self.connection.execute(
             _TAKE,
@@ -160,7 +162,7 @@ class RateBudgetStore:
                 "instance": instance,
                 "priority": priority,
                 "then": then,
-                "order_priority": ORDER_PRIORITY,
+                "reserve_below": reserve_below,
                 "spacing": spacing_seconds,
                 "demand_ttl": demand_ttl_seconds,
             },
@@ -196,14 +198,24 @@ class SharedBudget:
     """One upstream key's budget as one instance sees it: what :class:`procurd.upstream.ratelimit.
     SharedRateLimiter` asks, answered from the database.
 
-    Two requests of the key start at least ``1 / rate_per_second`` apart. A database that cannot be reached
-    refuses with a growing wait (nothing is sent while the budget cannot be checked).
+    Two requests of the key start at least ``1 / rate_per_second`` apart. Priorities below ``reserve_below``
+    (order submissions) reserve the next slot wherever it lies; ``reserve_below=0`` makes every request wait
+    for a free slot, the design this one was measured against (``benchmarks/cluster.py``). A database that
+    cannot be reached refuses with a growing wait (nothing is sent while the budget cannot be checked).
     """
 
     def __init__(
-        self, database: Database, key: str, upstream: str, instance: str, rate_per_second: float
+        self,
+        database: Database,
+        key: str,
+        upstream: str,
+        instance: str,
+        rate_per_second: float,
+        *,
+        reserve_below: int = RESERVE_BELOW,
     ) -> None:
         self.database = database
+        self.reserve_below = reserve_below
         self.key = key
         self.upstream = upstream
         self.instance = instance
@@ -233,7 +245,15 @@ class SharedBudget:
         return False, self.spacing_seconds / 2
 
     async def _attempt(self, priority: int, then: int | None) -> Attempt:
-        args = (self.key, self.instance, priority, then, self.spacing_seconds, self.demand_ttl_seconds)
+        args = (
+            self.key,
+            self.instance,
+            priority,
+            then,
+            self.spacing_seconds,
+            self.demand_ttl_seconds,
+            self.reserve_below,
+        )
         attempt = (
             await self.database.autocommit(lambda tx: tx.rate_budget.take(*args)) if self._created else None
         )
