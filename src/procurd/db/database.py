@@ -310,13 +310,16 @@ class PostgresDatabase(Database):
                         kept = await self._engine.connect()
                         self._kept = await kept.execution_options(isolation_level="AUTOCOMMIT")
                     return await self._kept.run_sync(_in_tx, fn, *args, **kwargs)
-            except DatabaseError:
+            except BaseException:
+                # A statement that failed or was interrupted leaves the connection in doubt.
                 await self._drop_kept()
                 raise
 
     async def _drop_kept(self) -> None:
         kept, self._kept = self._kept, None
         if kept is not None:
+            with contextlib.suppress(Exception):
+                await kept.invalidate()
             with contextlib.suppress(Exception):
                 await kept.close()
 
