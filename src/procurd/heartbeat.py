@@ -110,8 +110,7 @@ class Heartbeat(Worker):
                 f"{instance.started_at.isoformat()}) stopped without a clean shutdown; last heartbeat "
                 f"{instance.heartbeat_at.isoformat()}. "
                 "Its claimed submissions and its singleton jobs were released to the other instances. "
-                "Check the host and the "
-                "service's journal (journalctl -u procurd).",
+                "Check the host and the service's journal (journalctl -u procurd).",
             )
             for instance in down
         ]
@@ -119,7 +118,7 @@ class Heartbeat(Worker):
             "instance.down",
             instances=[instance.id for instance in down],
             released=len(released),
-            singletons=survey.leases,
+            leases=survey.freed_leases,
         )
         await runtime.alerts.raise_(*occurrences)
         return next_stale
@@ -135,20 +134,20 @@ class Heartbeat(Worker):
 
 
 @dataclass(frozen=True, slots=True)
-class _Survey:
+class _TakenOver:
     down: list[Instance]
-    oldest_heartbeat: datetime | None
-    leases: list[str]
+    oldest_heartbeat: datetime | None  # of the instances still alive
+    freed_leases: list[str]
 
 
-def _mark_down(tx: Tx, stale_before: datetime, now: datetime, also: list[str]) -> _Survey:
+def _mark_down(tx: Tx, stale_before: datetime, now: datetime, also: list[str]) -> _TakenOver:
     """Mark the vanished instances down, free the leases they held and forget what they waited for, in one
     transaction."""
     survey = tx.instances.mark_down(stale_before, now, also)
-    down = [instance.id for instance in survey.down]
-    leases = tx.leases.release_held_by(down)
-    tx.rate_budget.forget(down)
-    return _Survey(survey.down, survey.oldest_heartbeat, leases)
+    gone = [instance.id for instance in survey.down]
+    freed = tx.leases.release_held_by(gone)
+    tx.rate_budget.forget(gone)
+    return _TakenOver(survey.down, survey.oldest_heartbeat, freed)
 
 
 def _process_alive(pid: int) -> bool:
