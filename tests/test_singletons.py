@@ -3,6 +3,9 @@ instance stops or vanishes; the heartbeat frees what a vanished instance held.""
 
 from __future__ import annotations
 
+import asyncio
+import socket
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
@@ -184,5 +187,33 @@ async def test_heartbeat_looks_again_when_the_next_instance_could_turn_stale(dat
             delay = await heartbeat.step()
             assert delay is not None
             assert 0.3 < delay < 0.6
+        finally:
+            await runtime.close()
+
+
+async def test_a_restarted_daemon_takes_over_from_its_dead_predecessor_at_once(database_url: str) -> None:
+    """At start-up, an instance recorded on this host whose process is gone is marked down and its leases
+    freed at once, however fresh its last heartbeat."""
+    finished = await asyncio.create_subprocess_exec(sys.executable, "-c", "pass")
+    await finished.wait()
+    predecessor = f"{socket.gethostname()}:{finished.pid}"
+    async with Sandbox(SandboxConfig(products=2)) as sandbox:
+        runtime = Runtime.build(settings_for(database_url, ("main", sandbox)))
+        try:
+            now = utcnow()
+            await sql_execute(
+                runtime.database,
+                insert(instances).values(
+                    id=predecessor, host=socket.gethostname(), pid=finished.pid, version="0", started_at=now,
+                    heartbeat_at=now,
+                ),
+            )  # fmt: skip
+            assert await runtime.database.write(
+                lambda tx: tx.leases.acquire("job:poll:main", predecessor, now, 600)
+            )
+            await Heartbeat(runtime).start()
+            (row,) = await sql_rows(runtime.database, select(instances).where(instances.c.id == predecessor))
+            assert row.down_at is not None
+            assert await lease_holders(runtime.database) == {}
         finally:
             await runtime.close()
