@@ -25,7 +25,7 @@ from support import sql_rows, wait_until
 pytestmark = pytest.mark.postgres
 
 KEY = budget_key("http://upstream.example/api/v1/upstream", "key")
-RATE = 20.0  # requests a second: 50 ms apart
+RATE = 10.0  # requests a second: 100 ms apart
 SPACING = 1 / RATE
 
 
@@ -88,7 +88,8 @@ async def test_an_order_on_one_instance_goes_ahead_of_catalogue_pages_on_another
     waited = time.monotonic() - asked
     served.append("order")
     await asyncio.gather(*pages)
-    assert waited < 2.5 * SPACING, waited
+    # The page under way holds the current interval; the order takes the next slot (plus timer lateness).
+    assert waited < 1.5 * SPACING, waited
     assert served.index("order") < len(served) - 4, served
 
 
