@@ -240,7 +240,8 @@ async def test_singletons_run_on_one_instance_and_move_when_it_dies(
 ) -> None:
     """With two instances pinging every half second, pings reach the upstream from one instance at a time
     (about one per interval, not two); once that instance is killed, the other takes the pings and the
-    fallback polls over within three heartbeats and pings go on."""
+    fallback polls over within three heartbeats and pings go on; a clean stop records the instance as
+    stopped and gives its jobs up."""
     heartbeat, interval = 0.5, 0.5
     async with Sandbox(fault_sandbox_config()) as sandbox:
         configs = {
@@ -279,8 +280,16 @@ async def test_singletons_run_on_one_instance_and_move_when_it_dies(
             moved_seconds = time.monotonic() - killed_at
             after = sandbox.request_counts.get("ping", 0)
             await wait_until(lambda: sandbox.request_counts.get("ping", 0) >= after + 3, timeout=20)
-            await survivor.stop()
+            assert await survivor.stop() == 0
+            ended = {
+                row.id: (row.stopped_at is not None, row.down_at is not None)
+                for row in await sql_rows(database_url, select(instances))
+            }
+            held = await holders()
     report("cluster_singletons", pings=pings, steady_seconds=round(steady_seconds, 1), moved=moved_seconds)
+    # The killed instance was found down; the one stopped cleanly recorded it and gave its jobs up.
+    assert ended == {instance_id(holder): (False, True), instance_id(survivor): (True, False)}, ended
+    assert held == {}, held
     assert pings <= steady_seconds / interval + 2, (pings, steady_seconds)
     # Stale three beats after the kill at most; then each job is taken when it next falls due (the poller
     # stands by looking once a beat).
