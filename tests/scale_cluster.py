@@ -20,8 +20,7 @@ import aiohttp
 import pytest
 
 from procurd.config import Settings
-from procurd.sandbox import Sandbox
-from support import config_data, wait_until
+from support import UpstreamSite, config_data, wait_until
 
 POSTGRES_URL = os.environ.get("PROCURD_TEST_POSTGRES_URL", "")
 requires_postgres = [
@@ -36,7 +35,9 @@ STOP_TIMEOUT = 30.0
 CALLBACK_PATH = "/api/v1/upstream/callback"
 
 
-def instance_config(database_url: str, sandbox: Sandbox, **sections: Mapping[str, Any]) -> dict[str, Any]:
+def instance_config(
+    database_url: str, sandbox: UpstreamSite, **sections: Mapping[str, Any]
+) -> dict[str, Any]:
     """One instance's configuration (as the TOML file holds it): loopback ports, fast schedules.
 
     ``sections`` update the defaults section by section (``upstream`` updates the one upstream block).
@@ -98,6 +99,7 @@ class DaemonProcess:
         self.config_path = directory / f"procurd-{name}.toml"
         self.log_path = directory / f"procurd-{name}.log"
         self.process: asyncio.subprocess.Process | None = None
+        self.killed = False  # by the test, on purpose
 
     @property
     def admin_url(self) -> str:
@@ -150,8 +152,10 @@ class DaemonProcess:
         return await asyncio.wait_for(self.process.wait(), STOP_TIMEOUT)
 
     async def kill(self) -> None:
+        """SIGKILL: no drain, no commit, claims and leases left behind."""
         if self.process is not None and self.process.returncode is None:
             self.process.kill()
+            self.killed = True
             await self.process.wait()
 
     def log_lines(self) -> list[str]:
@@ -213,7 +217,8 @@ async def cluster(
 
 
 async def stop_all(daemons: Sequence[DaemonProcess]) -> None:
-    """Stop every instance at once; each must drain and exit 0."""
-    codes = await asyncio.gather(*(daemon.stop() for daemon in daemons))
-    for daemon, code in zip(daemons, codes, strict=True):
+    """Stop every instance at once; each must drain and exit 0 (unless the test killed it)."""
+    alive = [daemon for daemon in daemons if not daemon.killed]
+    codes = await asyncio.gather(*(daemon.stop() for daemon in alive))
+    for daemon, code in zip(alive, codes, strict=True):
         assert code == 0, f"instance {daemon.name} exited with {code}:\n{daemon.log_tail()}"

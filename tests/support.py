@@ -15,7 +15,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, TypeVar, overload
+from typing import Any, Protocol, TypeVar, overload
 
 import aiohttp
 from click.testing import CliRunner, Result
@@ -28,7 +28,7 @@ from procurd.daemon import Daemon
 from procurd.db.database import Database, open_database
 from procurd.logs import configure_logging
 from procurd.runtime import Runtime
-from procurd.sandbox import Sandbox
+from procurd.sandbox import SandboxConfig
 from procurd.systemd import Notifier
 
 T = TypeVar("T")
@@ -156,13 +156,25 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def settings_for(database_url: str, *sandboxes: tuple[str, Sandbox], **sections: dict[str, Any]) -> Settings:
+class UpstreamSite(Protocol):
+    """What procurd's configuration needs of a sandbox (one in this process, or in another)."""
+
+    @property
+    def base_url(self) -> str: ...
+
+    @property
+    def config(self) -> SandboxConfig: ...
+
+
+def settings_for(
+    database_url: str, *sandboxes: tuple[str, UpstreamSite], **sections: dict[str, Any]
+) -> Settings:
     """Settings for a procurd on loopback with fast schedules, one upstream per named sandbox."""
     return Settings(**config_data(database_url, *sandboxes, **sections))
 
 
 def config_data(
-    database_url: str, *sandboxes: tuple[str, Sandbox], **sections: Mapping[str, Any]
+    database_url: str, *sandboxes: tuple[str, UpstreamSite], **sections: Mapping[str, Any]
 ) -> dict[str, Any]:
     """:func:`settings_for`'s configuration as the TOML file holds it.
 

@@ -252,8 +252,10 @@ async def test_rejections_are_counted_for_the_upstream_whose_key_was_used(stack:
     counts = {upstream["name"]: upstream["callbacks"] for upstream in status["upstreams"]}
     assert counts == {"main": {"accepted": 1, "rejected": 1}, "second": {"accepted": 0, "rejected": 0}}
     metrics = (await stack.admin("GET", "/metrics")).text
-    assert 'procurd_callbacks_total{result="rejected",upstream="main"} 1.0' in metrics
-    assert 'procurd_callback_rejections_total{reason="invalid_api_key",upstream="unknown"} 1.0' in metrics
+    instance = f'instance="{stack.runtime.instance}"'
+    assert f'procurd_callbacks_total{{{instance},result="rejected",upstream="main"}} 1.0' in metrics
+    rejections = "procurd_callback_rejections_total"
+    assert f'{rejections}{{{instance},reason="invalid_api_key",upstream="unknown"}} 1.0' in metrics
 
 
 async def test_streamed_oversize_body_is_refused_with_413(stack: Stack) -> None:

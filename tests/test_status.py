@@ -106,13 +106,15 @@ async def test_ping_balance_keeps_its_exact_text(stack: Stack) -> None:
 
 
 async def test_metrics_expose_the_procurd_series(stack: Stack) -> None:
-    """/metrics is Prometheus text with procurd_ series, the database gauges refreshed for the scrape."""
+    """/metrics is Prometheus text with procurd_ series, the database gauges refreshed for the scrape; what
+    this instance counted carries its ``instance`` label, the cluster-wide gauges carry none."""
     await ping_upstream(stack.runtime, "main")
     await order(stack, "M1")
     answer = await stack.admin("GET", "/metrics")
     assert answer.status == 200
     assert answer.headers["Content-Type"].startswith("text/plain")
     metrics = answer.text
+    instance = f'instance="{stack.runtime.instance}"'
     for line in (
         'procurd_procurements{state="queued",upstream="main"} 1.0',
         'procurd_procurements{state="delivered",upstream="second"} 0.0',
@@ -120,20 +122,31 @@ async def test_metrics_expose_the_procurd_series(stack: Stack) -> None:
         'procurd_upstream_healthy{upstream="second"} 0.0',
         'procurd_upstream_balance{currency="CNY",upstream="main"} 1000.0',
         "procurd_storefront_events_pending 0.0",
-        "procurd_orders_accepted_total 1.0",
+        f"procurd_orders_accepted_total{{{instance}}} 1.0",
         'procurd_catalog_last_sync_ok{upstream="main"} 1.0',
         'procurd_oldest_queued_seconds{upstream="main"}',
-        'procurd_upstream_requests_total{endpoint="ping",outcome="ok",upstream="main"} 1.0',
-        'procurd_http_requests_total{listener="admin",route="/api/v1/orders",status="202"} 1.0',
+        f'procurd_upstream_requests_total{{endpoint="ping",{instance},outcome="ok",upstream="main"}} 1.0',
+        f'procurd_http_requests_total{{{instance},listener="admin",route="/api/v1/orders",status="202"}} 1.0',
+        f'procurd_upstream_requests_waiting{{{instance},priority="order",upstream="main"}} 0.0',
+        f'procurd_database_transactions_total{{{instance},kind="autocommit"}} ',
     ):
         assert line in metrics, line
+    cluster_wide = (
+        "procurd_procurements{", "procurd_oldest_queued_seconds", "procurd_upstream_healthy",
+        "procurd_upstream_balance", "procurd_upstream_last_ping", "procurd_catalog_last_sync",
+        "procurd_storefront_events_pending",
+    )  # fmt: skip
+    for line in metrics.splitlines():
+        if line.startswith("procurd_"):
+            assert (instance in line) != line.startswith(cluster_wide), line
     assert await stack.submit_due()
     await stack.sandbox.wait_callbacks_idle()
     metrics = (await stack.admin("GET", "/metrics")).text
     assert 'procurd_procurements{state="queued",upstream="main"} 0.0' in metrics
     assert 'procurd_procurements{state="delivered",upstream="main"} 1.0' in metrics
-    assert 'procurd_callbacks_total{result="accepted",upstream="main"} 1.0' in metrics
+    assert f'procurd_callbacks_total{{{instance},result="accepted",upstream="main"}} 1.0' in metrics
+    transitions = "procurd_procurement_transitions_total"
     assert (
-        'procurd_procurement_transitions_total{from_state="submitted",source="callback",to_state="delivered"}'
-        in (metrics)
+        f'{transitions}{{from_state="submitted",{instance},source="callback",to_state="delivered"}}'
+        in metrics
     )

@@ -114,6 +114,7 @@ async def test_waiters_are_served_by_priority_then_arrival() -> None:
             ("catalog-2", Priority.CATALOG),
             ("poll-1", Priority.POLL),
             ("catalog-3", Priority.CATALOG),
+            ("reconcile-1", Priority.RECONCILE),
             ("order-1", Priority.ORDER),
             ("ping-1", Priority.PING),
             ("order-2", Priority.ORDER),
@@ -121,7 +122,9 @@ async def test_waiters_are_served_by_priority_then_arrival() -> None:
         served,
     )
     await asyncio.wait_for(asyncio.gather(*tasks), DEADLINE_SECONDS)
-    assert served == ["order-1", "order-2", "ping-1", "poll-1", "catalog-1", "catalog-2", "catalog-3"]
+    assert served == [
+        "order-1", "order-2", "ping-1", "poll-1", "catalog-1", "catalog-2", "catalog-3", "reconcile-1"
+    ]  # fmt: skip
 
 
 async def test_late_order_overtakes_waiting_catalogue_pages() -> None:
@@ -226,8 +229,9 @@ def test_waiting_lists_every_priority() -> None:
 
 
 def test_priorities_are_ordered() -> None:
-    """Orders go before pings, pings before polls, polls before catalogue pages."""
-    assert Priority.ORDER < Priority.PING < Priority.POLL < Priority.CATALOG
+    """Orders go before pings, pings before polls, polls before catalogue pages, and reconciliation (which
+    looks for what everything else missed) comes last."""
+    assert Priority.ORDER < Priority.PING < Priority.POLL < Priority.CATALOG < Priority.RECONCILE
 
 
 @pytest.mark.parametrize(("rate", "burst"), [(0, 1), (-1, 1), (1, 0)])

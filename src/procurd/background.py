@@ -7,22 +7,31 @@ worker looks again only at its ``idle_seconds`` (work other processes may have q
 
 A database that cannot be reached is waited out with backoff. Any other failure is a bug: the
 :class:`Supervisor` logs it and stops the daemon, which exits non-zero so that systemd restarts it.
+
+Work that must run on one instance of a cluster at a time (pings, fallback polls, catalogue passes, the
+periodic checks) goes through :class:`Singletons`: a scheduled job wrapped by :meth:`Singletons.job`, or a
+worker wrapped by :meth:`Singletons.worker`, runs only while this instance holds the lease ``job:<name>``.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+import time
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import structlog
 
 from procurd.aio import wait_for_any
-from procurd.db.errors import DatabaseUnavailable
+from procurd.db.database import Database
+from procurd.db.errors import DatabaseError, DatabaseUnavailable
+from procurd.db.types import utcnow
 
 log = structlog.get_logger("procurd.background")
 
 UNAVAILABLE_BACKOFF = (0.5, 1.0, 2.0, 5.0, 10.0)
+JOB_LEASE_PREFIX = "job:"
+LEASE_BEATS = 3  # a singleton's lease lasts this many renewal periods
 
 
 class Worker:
@@ -105,3 +114,109 @@ class Supervisor:
         if pending:
             await asyncio.wait(pending)
         return sorted(task.get_name() for task in pending)
+
+
+class Singletons(Worker):
+    """The singletons this instance runs: it holds their leases ``job:<name>`` and renews them.
+
+    A singleton's lease is taken when the singleton is due and free (nobody holds it, or its holder let it
+    expire); it is then renewed every ``renew_seconds`` and lasts three times that, so when this
+    instance dies another one takes over within that time at the singleton's next due moment (sooner when the
+    heartbeat finds this instance dead and frees its leases at once). Leases are given up when the daemon
+    stops. ``claim`` answers from memory while a lease is known to be held, so a worker that checks before
+    each step costs no database work.
+    """
+
+    name = "singletons"
+
+    def __init__(self, database: Database, holder: str, renew_seconds: float) -> None:
+        super().__init__()
+        self.database = database
+        self.holder = holder
+        self.idle_seconds = renew_seconds
+        self.ttl_seconds = LEASE_BEATS * renew_seconds
+        self._held: dict[str, float] = {}  # lease name to the monotonic time its lease runs out
+
+    def holds(self, name: str) -> bool:
+        """Whether this instance holds singleton ``name``'s lease right now, as far as it knows."""
+        return self._held.get(JOB_LEASE_PREFIX + name, 0.0) > time.monotonic()
+
+    async def claim(self, name: str) -> bool:
+        """Whether this instance may run singleton ``name`` now: it holds the lease, or just took it."""
+        if self.holds(name):
+            return True
+        lease = JOB_LEASE_PREFIX + name
+        started = time.monotonic()
+        now = utcnow()
+        taken = await self.database.write(
+            lambda tx: tx.leases.acquire(lease, self.holder, now, self.ttl_seconds)
+        )
+        if taken:
+            if lease not in self._held:
+                log.info("singleton.taken", singleton=name, instance=self.holder)
+            self._held[lease] = started + self.ttl_seconds
+        else:
+            self._held.pop(lease, None)
+        return taken
+
+    async def step(self) -> float | None:
+        """Renew every lease held; a lease found taken by another instance is dropped."""
+        if not self._held:
+            return None
+        started = time.monotonic()
+        now = utcnow()
+        names = set(self._held)
+        renewed = await self.database.write(
+            lambda tx: tx.leases.renew_all(names, self.holder, now, self.ttl_seconds)
+        )
+        for lease in names:
+            if lease in renewed:
+                self._held[lease] = started + self.ttl_seconds
+            else:
+                log.warning("singleton.lost", singleton=lease.removeprefix(JOB_LEASE_PREFIX))
+                self._held.pop(lease, None)
+        return None
+
+    async def drain(self) -> None:
+        """Give every lease up, so that another instance takes over at once."""
+        names, self._held = list(self._held), {}
+        try:
+            await self.database.write(lambda tx: [tx.leases.release(lease, self.holder) for lease in names])
+        except DatabaseError as exc:
+            log.warning("singleton.release_failed", singletons=names, reason=exc.reason)
+
+    def job(self, name: str, job: Callable[[], Awaitable[None]]) -> Callable[[], Awaitable[None]]:
+        """``job`` run only on the instance that holds singleton ``name`` (skipped elsewhere)."""
+
+        async def run_if_held() -> None:
+            if await self.claim(name):
+                await job()
+
+        return run_if_held
+
+    def worker(self, worker: Worker, name: str | None = None) -> Worker:
+        """``worker`` stepping only on the instance that holds singleton ``name`` (default: its name)."""
+        return _SingletonWorker(worker, self, name or worker.name)
+
+
+class _SingletonWorker(Worker):
+    def __init__(self, inner: Worker, singletons: Singletons, singleton: str) -> None:
+        self.inner = inner
+        self.singletons = singletons
+        self.singleton = singleton
+        self.name = inner.name
+        self.wakeup = inner.wakeup
+
+    @property
+    def idle_seconds(self) -> float:  # type: ignore[override]
+        # An instance standing by looks at the lease once per renewal period.
+        held = self.singletons.holds(self.singleton)
+        return self.inner.idle_seconds if held else self.singletons.idle_seconds
+
+    async def step(self) -> float | None:
+        if not await self.singletons.claim(self.singleton):
+            return None
+        return await self.inner.step()
+
+    async def drain(self) -> None:
+        await self.inner.drain()

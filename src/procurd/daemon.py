@@ -2,9 +2,13 @@
 
 Continuous work (submitters, pollers, storefront events, the heartbeat) runs as supervised
 :class:`procurd.background.Worker` loops that wake on their own due times or on a signal; a worker that
-dies stops the daemon with a non-zero exit. Periodic work (catalogue passes, pings) runs as APScheduler
-jobs: a failed job is logged and runs again on its schedule, and stopping the daemon cuts a running pass
-short (it resumes on the next schedule) while order submissions in flight finish.
+dies stops the daemon with a non-zero exit. Periodic work (catalogue passes, pings, checks) runs as
+APScheduler jobs: a failed job is logged and runs again on its schedule, and stopping the daemon cuts a
+running pass short (it resumes on the next schedule) while order submissions in flight finish.
+
+In a cluster every scheduled job and every poller is a singleton (:class:`procurd.background.Singletons`):
+it runs on the one instance that holds its lease, and moves to another instance when that one dies. A job
+run now on purpose (:meth:`Daemon.run_now`) runs on the instance asked.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from apscheduler.events import EVENT_JOB_ERROR, JobExecutionEvent
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from procurd.alerts import AlertDispatcher
-from procurd.background import Supervisor, Worker
+from procurd.background import Singletons, Supervisor, Worker
 from procurd.config import Settings
 from procurd.core.alerts import Kind, Occurrence
 from procurd.db.errors import DatabaseError
@@ -86,7 +90,11 @@ class Daemon:
         self.runners: list[web.AppRunner] = []
         self.scheduler = AsyncIOScheduler(timezone=UTC)
         self.job_tasks: set[asyncio.Task[object]] = set()
+        self.jobs_asked_for: set[str] = set()
         self.workers: dict[str, Worker] = {}
+        self.singletons = Singletons(
+            self.runtime.database, self.runtime.instance, settings.server.heartbeat_seconds
+        )
         self.public_port: int | None = None
         self.admin_port: int | None = None
 
@@ -143,9 +151,10 @@ class Daemon:
                     idle_seconds=idle,
                 )
             )
-            workers.append(
-                Poller(runtime.service, client, settings.procurement.poll_give_up_seconds, idle_seconds=idle)
+            poller = Poller(
+                runtime.service, client, settings.procurement.poll_give_up_seconds, idle_seconds=idle
             )
+            workers.append(self.singletons.worker(poller, f"poll:{upstream.name}"))
         if settings.storefront.webhook_url:
             dispatcher = WebhookDispatcher(
                 runtime.database,
@@ -157,7 +166,7 @@ class Daemon:
             workers.append(dispatcher)
         if runtime.alerts.delivering:
             workers.append(AlertDispatcher(runtime.alerts, runtime.instance))
-        workers.append(self.heartbeat)
+        workers += [self.heartbeat, self.singletons]
         for worker in workers:
             self.workers[worker.name] = worker
             self.supervisor.start(worker)
@@ -186,12 +195,19 @@ class Daemon:
     def _schedule(
         self, job_id: str, job: Callable[[], Awaitable[None]], seconds: float, first: datetime
     ) -> None:
+        """Run ``job`` every ``seconds`` from ``first``, as singleton ``job_id`` of the cluster."""
+        on_one_instance = self.singletons.job(job_id, job)
+
         async def run() -> None:
             task = asyncio.current_task()
             assert task is not None
             self.job_tasks.add(task)
             try:
-                await job()
+                if job_id in self.jobs_asked_for:
+                    self.jobs_asked_for.discard(job_id)
+                    await job()
+                else:
+                    await on_one_instance()
             finally:
                 self.job_tasks.discard(task)
 
@@ -208,10 +224,12 @@ class Daemon:
         )
 
     def run_now(self, job_id: str) -> None:
-        """Run scheduled job ``job_id`` (``catalog-sync:NAME``, ``ping:NAME``) now, unless it is running."""
+        """Run scheduled job ``job_id`` (``catalog-sync:NAME``, ``ping:NAME``) now on this instance, unless it
+        is running (a catalogue pass still skips while another instance's pass holds the upstream's lease)."""
         job = self.scheduler.get_job(job_id)
         if job is None:
             raise KeyError(job_id)
+        self.jobs_asked_for.add(job_id)
         job.modify(next_run_time=datetime.now(UTC))
 
     @staticmethod
@@ -223,7 +241,7 @@ class Daemon:
 
     def _sync_job(self, upstream: str) -> Callable[[], Awaitable[None]]:
         async def job() -> None:
-            report = await self.runtime.sync_catalog(upstream)
+            report = await self.runtime.sync_catalog(upstream, lease_ttl_seconds=self.singletons.ttl_seconds)
             log.info(
                 "catalog.synced",
                 upstream=upstream,

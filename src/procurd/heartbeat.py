@@ -2,16 +2,20 @@
 alerts its watches found, and finds instances that vanished without a clean shutdown.
 
 An instance whose heartbeat is older than three ``heartbeat_seconds`` is down: an ``instance_down`` alert is
-raised and the submissions it had claimed are released at once, so another instance sends them without
-waiting for the claims to expire. A daemon restarted on the same host recognises its dead predecessors at
-start-up, by their process ids.
+raised, the submissions it had claimed are released at once, so another instance sends them without
+waiting for the claims to expire, and the singletons it ran are freed for another instance to take. The
+heartbeat looks again right when the oldest heartbeat of the others turns stale, so a vanished instance is
+found about three beats after its last one. A daemon restarted on the same host recognises its dead
+predecessors at start-up, by their process ids.
 """
 
 from __future__ import annotations
 
 import os
 import socket
-from datetime import timedelta
+import time
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 import structlog
 
@@ -20,12 +24,14 @@ from procurd.background import Worker
 from procurd.core.alerts import Kind, Occurrence
 from procurd.db.errors import DatabaseError
 from procurd.db.instance_store import Instance
+from procurd.db.stores import Tx
 from procurd.db.types import utcnow
 from procurd.runtime import Runtime
 
 log = structlog.get_logger("procurd.heartbeat")
 
 STALE_AFTER_BEATS = 3
+STALE_CHECK_DELAY = 0.05  # seconds past the moment a heartbeat turns stale before looking
 
 
 def this_instance(runtime: Runtime) -> Instance:
@@ -47,6 +53,7 @@ class Heartbeat(Worker):
         super().__init__()
         self.runtime = runtime
         self.idle_seconds = runtime.settings.server.heartbeat_seconds
+        self.next_beat = 0.0  # monotonic
 
     async def start(self) -> None:
         """Record this instance, and take over from predecessors on this host that died."""
@@ -64,6 +71,16 @@ class Heartbeat(Worker):
         await self._take_over(dead)
 
     async def step(self) -> float | None:
+        if time.monotonic() >= self.next_beat:
+            self.next_beat = time.monotonic() + self.idle_seconds
+            await self._beat()
+        next_stale = await self._take_over([])
+        until_beat = self.next_beat - time.monotonic()
+        if next_stale is None:
+            return until_beat
+        return min(until_beat, (next_stale - utcnow()).total_seconds() + STALE_CHECK_DELAY)
+
+    async def _beat(self) -> None:
         runtime = self.runtime
         now = utcnow()
         if not await runtime.database.write(lambda tx: tx.instances.heartbeat(runtime.instance, now)):
@@ -72,16 +89,18 @@ class Heartbeat(Worker):
             await self.start()
         await runtime.save_callback_counts()
         await runtime.alerts.raise_(*runtime.health.due(), *runtime.rejections.due())
-        await self._take_over([])
-        return self.idle_seconds
 
-    async def _take_over(self, also: list[str]) -> None:
+    async def _take_over(self, also: list[str]) -> datetime | None:
+        """Mark down the instances found dead and take their work over; when the next one could turn
+        stale."""
         runtime = self.runtime
         now = utcnow()
-        stale_before = now - timedelta(seconds=STALE_AFTER_BEATS * self.idle_seconds)
-        down = await runtime.database.write(lambda tx: tx.instances.mark_down(stale_before, now, also))
+        stale_after = timedelta(seconds=STALE_AFTER_BEATS * self.idle_seconds)
+        survey = await runtime.database.write(_mark_down, now - stale_after, now, also)
+        next_stale = None if survey.oldest_heartbeat is None else survey.oldest_heartbeat + stale_after
+        down = survey.down
         if not down:
-            return
+            return next_stale
         released = await runtime.service.release_claims([instance.id for instance in down])
         occurrences = [
             Occurrence(
@@ -90,13 +109,19 @@ class Heartbeat(Worker):
                 f"instance {instance.id} (procurd {instance.version}, started "
                 f"{instance.started_at.isoformat()}) stopped without a clean shutdown; last heartbeat "
                 f"{instance.heartbeat_at.isoformat()}. "
-                "Its claimed submissions were released to the other instances. Check the host and the "
-                "service's journal (journalctl -u procurd).",
+                "Its claimed submissions and its singleton jobs were released to the other instances. "
+                "Check the host and the service's journal (journalctl -u procurd).",
             )
             for instance in down
         ]
-        log.error("instance.down", instances=[instance.id for instance in down], released=len(released))
+        log.error(
+            "instance.down",
+            instances=[instance.id for instance in down],
+            released=len(released),
+            leases=survey.freed_leases,
+        )
         await runtime.alerts.raise_(*occurrences)
+        return next_stale
 
     async def drain(self) -> None:
         """A clean shutdown: the instance is marked stopped (not down)."""
@@ -106,6 +131,23 @@ class Heartbeat(Worker):
             await runtime.database.write(lambda tx: tx.instances.stopped(runtime.instance, now))
         except DatabaseError as exc:
             log.warning("instance.stop_not_recorded", instance=runtime.instance, reason=exc.reason)
+
+
+@dataclass(frozen=True, slots=True)
+class _TakenOver:
+    down: list[Instance]
+    oldest_heartbeat: datetime | None  # of the instances still alive
+    freed_leases: list[str]
+
+
+def _mark_down(tx: Tx, stale_before: datetime, now: datetime, also: list[str]) -> _TakenOver:
+    """Mark the vanished instances down, free the leases they held and forget what they waited for, in one
+    transaction."""
+    survey = tx.instances.mark_down(stale_before, now, also)
+    gone = [instance.id for instance in survey.down]
+    freed = tx.leases.release_held_by(gone)
+    tx.rate_budget.forget(gone)
+    return _TakenOver(survey.down, survey.oldest_heartbeat, freed)
 
 
 def _process_alive(pid: int) -> bool:

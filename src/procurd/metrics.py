@@ -1,14 +1,17 @@
 """Prometheus metrics (``procurd_`` prefix), one registry per running instance.
 
-Counters are counted as things happen in this process. Gauges derived from the database (queue depths,
-oldest queued age, upstream health, pending storefront events, last catalogue sync) are set from the
-status report by :meth:`Metrics.set_status` right before each scrape, so every instance on a shared database
-reports the same picture.
+Counters and histograms are counted as things happen in this process: they carry the label ``instance``
+(``host:pid``), so that the series of several instances are told apart and summed. Gauges derived from the
+database (queue depths, oldest queued age, upstream health, pending storefront events, last catalogue sync)
+are set from the status report by :meth:`Metrics.set_status` right before each scrape: every instance on a
+shared database reports the same cluster-wide values, without an ``instance`` label of procurd's own, so
+that Prometheus can take one of them (``max without (instance) (...)``). Gauges of the process itself
+(requests waiting for the budget) carry ``instance`` too.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime
 from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING, Any
@@ -21,9 +24,12 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
+from prometheus_client.metrics_core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
     from procurd.procurement.transitions import Applied
+    from procurd.upstream.ratelimit import Priority
 
 # *_created series double the output and say nothing an operator needs.
 disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -32,10 +38,47 @@ REQUEST_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 15, 30)
 UNKNOWN_UPSTREAM = "unknown"
 
 
+class _WithLabel(Collector):
+    """Every series of ``source`` with one more label."""
+
+    def __init__(self, source: CollectorRegistry, name: str, value: str) -> None:
+        self.source = source
+        self.name = name
+        self.value = value
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self.source.collect():
+            labelled = Metric(family.name, family.documentation, family.type, family.unit)
+            for sample in family.samples:
+                labels = {**sample.labels, self.name: self.value}
+                labelled.add_sample(sample.name, labels, sample.value, sample.timestamp, sample.exemplar)
+            yield labelled
+
+
+class _DatabaseCounts(Collector):
+    def __init__(self, counts: Callable[[], Mapping[str, int]]) -> None:
+        self.counts = counts
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "procurd_database_transactions",
+            "Database transactions of this instance, by kind (autocommit: one statement in one round trip, "
+            "as the shared request budget takes its slots).",
+            labels=["kind"],
+        )
+        for kind, count in self.counts().items():
+            family.add_metric([kind], count)
+        yield family
+
+
 class Metrics:
-    def __init__(self) -> None:
+    def __init__(self, instance: str, database_counts: Callable[[], Mapping[str, int]] | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
+        of_this_instance = CollectorRegistry(auto_describe=True)
+        self.registry.register(_WithLabel(of_this_instance, "instance", instance))
+        if database_counts is not None:
+            of_this_instance.register(_DatabaseCounts(database_counts))
+        r = of_this_instance
         self.upstream_requests = Counter(
             "procurd_upstream_requests", "Requests sent to upstreams, by outcome (ok or error code).",
             ["upstream", "endpoint", "outcome"], registry=r,
@@ -63,6 +106,12 @@ class Metrics:
             "procurd_http_requests", "HTTP requests answered, by listener, route and status.",
             ["listener", "route", "status"], registry=r,
         )  # fmt: skip
+        self.requests_waiting = Gauge(
+            "procurd_upstream_requests_waiting",
+            "Requests of this instance waiting for the upstream's request budget, by priority.",
+            ["upstream", "priority"], registry=r,
+        )  # fmt: skip
+        r = self.registry  # the cluster-wide gauges below are the same on every instance
         self.queue_depth = Gauge(
             "procurd_procurements", "Procurements by upstream and state.", ["upstream", "state"], registry=r
         )
@@ -122,6 +171,11 @@ class Metrics:
 
     def observe_http(self, listener: str, route: str, status: int) -> None:
         self.http_requests.labels(listener, route, str(status)).inc()
+
+    def set_waiting(self, upstream: str, waiting: Mapping[Priority, int]) -> None:
+        """How many requests wait for ``upstream``'s budget here, per priority."""
+        for priority, count in waiting.items():
+            self.requests_waiting.labels(upstream, priority.name.lower()).set(count)
 
     def set_status(self, report: Mapping[str, Any]) -> None:
         """Set the database-derived gauges from :func:`procurd.status.status_report`'s answer."""

@@ -18,13 +18,14 @@ from procurd.config import Settings
 from procurd.core.alerts import Kind, Occurrence
 from procurd.db.database import Database, open_database
 from procurd.db.errors import DatabaseError
+from procurd.db.rate_budget import SharedBudget, budget_key
 from procurd.db.types import utcnow
 from procurd.instance import instance_id
 from procurd.metrics import Metrics
 from procurd.procurement.service import ProcurementService, Wakeups
 from procurd.upstream.client import UpstreamClient
 from procurd.upstream.errors import AuthError
-from procurd.upstream.ratelimit import PriorityRateLimiter
+from procurd.upstream.ratelimit import PriorityRateLimiter, RateLimiter, SharedRateLimiter, sending_rate
 from procurd.watch import HealthWatch, RejectionWatch
 
 log = structlog.get_logger("procurd.runtime")
@@ -66,6 +67,24 @@ JobTrigger = Callable[[str], None]
 """Runs a scheduled job (``catalog-sync:NAME``, ``ping:NAME`` ...) now; raises KeyError for no such job."""
 
 
+def rate_limiters(settings: Settings, database: Database, instance: str) -> dict[str, RateLimiter]:
+    """Each upstream's limiter, one per API key: on PostgreSQL the budget every instance shares, on SQLite
+    (one process) a bucket in memory; both send a hair slower than the budget (:func:`sending_rate`)."""
+    by_key: dict[str, RateLimiter] = {}
+    limiters: dict[str, RateLimiter] = {}
+    for upstream in settings.upstreams:
+        key = budget_key(upstream.api_root, upstream.api_key)
+        if key not in by_key:
+            rate = sending_rate(upstream.max_requests_per_second)
+            if database.dialect == "postgresql":
+                budget = SharedBudget(database, key, upstream.name, instance, rate)
+                by_key[key] = SharedRateLimiter(budget, rate)
+            else:
+                by_key[key] = PriorityRateLimiter(rate)
+        limiters[upstream.name] = by_key[key]
+    return limiters
+
+
 @dataclass
 class Runtime:
     settings: Settings
@@ -87,17 +106,17 @@ class Runtime:
         cls, settings: Settings, *, database: Database | None = None, instance: str | None = None
     ) -> Runtime:
         database = database or open_database(settings.database.url)
-        metrics = Metrics()
+        instance = instance or instance_id()
+        metrics = Metrics(instance, database.counts.transactions)
         health = HealthWatch(settings.alerts.unhealthy_after_seconds, {u.name: u for u in settings.upstreams})
 
         def observe(upstream: str, endpoint: str, outcome: str, seconds: float, error: object) -> None:
             metrics.observe_upstream_request(upstream, endpoint, outcome, seconds)
             health.observe(upstream, endpoint, outcome, seconds, error)
 
+        limiters = rate_limiters(settings, database, instance)
         clients = {
-            upstream.name: UpstreamClient(
-                upstream, limiter=PriorityRateLimiter(upstream.max_requests_per_second), observer=observe
-            )
+            upstream.name: UpstreamClient(upstream, limiter=limiters[upstream.name], observer=observe)
             for upstream in settings.upstreams
         }
         alerts = Alerts(database, settings.alerts, metrics)
@@ -112,7 +131,7 @@ class Runtime:
             alerts,
             health,
             RejectionWatch(),
-            instance or instance_id(),
+            instance,
         )
 
     def client(self, upstream: str) -> UpstreamClient:
@@ -141,9 +160,17 @@ class Runtime:
             raise
 
     async def sync_catalog(
-        self, upstream: str, *, full: bool = False, allow_mass_removal: bool = False
+        self,
+        upstream: str,
+        *,
+        full: bool = False,
+        allow_mass_removal: bool = False,
+        lease_ttl_seconds: float | None = None,
     ) -> SyncReport:
-        """One catalogue pass of ``upstream`` as configured (what the daemon's scheduled job runs)."""
+        """One catalogue pass of ``upstream`` as configured (what the daemon's scheduled job runs).
+
+        ``lease_ttl_seconds``: how long the pass's lease outlives a holder that dies (the daemon passes its
+        singleton lease's, so that another instance takes the catalogue over as soon as it takes the job)."""
         report = await run_sync(
             self.database,
             self.client(upstream),
@@ -152,6 +179,7 @@ class Runtime:
             full=full,
             allow_mass_removal=allow_mass_removal,
             holder=self.instance,
+            lease_ttl_seconds=lease_ttl_seconds,
         )
         await self.alerts.raise_(*catalogue_alerts(report.alerts()))
         return report
@@ -204,6 +232,8 @@ class Runtime:
             log.warning("callbacks.count_not_saved", reason=exc.reason)
         for client in self.clients.values():
             await client.close()
+        for limiter in {id(client.limiter): client.limiter for client in self.clients.values()}.values():
+            await limiter.close()
         await self.database.close()
 
 

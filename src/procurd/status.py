@@ -191,9 +191,12 @@ def _last_sync(sync: SyncReport | None) -> dict[str, Any]:
 
 
 async def refresh_metrics(runtime: Runtime) -> dict[str, Any]:
-    """Set the database-derived Prometheus gauges from a fresh status report, and return the report."""
+    """Set the database-derived Prometheus gauges from a fresh status report, and this instance's gauges;
+    return the report."""
     report = await status_report(runtime)
     runtime.metrics.set_status(report)
+    for name, client in runtime.clients.items():
+        runtime.metrics.set_waiting(name, client.limiter.waiting)
     return report
 
 

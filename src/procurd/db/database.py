@@ -33,7 +33,7 @@ from procurd.db.errors import DatabaseError, translate
 from procurd.instance import instance_id
 
 if TYPE_CHECKING:
-    from sqlalchemy.ext.asyncio import AsyncEngine
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
     from procurd.db.stores import Tx
 
@@ -63,10 +63,15 @@ class TransactionCounts:
 
     reads: int = 0
     writes: int = 0
+    autocommits: int = 0
     statements: int = 0
 
     def count_statement(self, *_: Any) -> None:
         self.statements += 1
+
+    def transactions(self) -> dict[str, int]:
+        """Transactions by kind: ``read``, ``write``, ``autocommit``."""
+        return {"read": self.reads, "write": self.writes, "autocommit": self.autocommits}
 
 
 class Database(ABC):
@@ -85,6 +90,12 @@ class Database(ABC):
     @abstractmethod
     async def write(self, fn: TxFunction[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """Run ``fn(tx, ...)`` in a write transaction; commit when it returns, roll back when it raises."""
+
+    async def autocommit(self, fn: TxFunction[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        """Run ``fn(tx, ...)`` with each statement its own transaction: for a single statement that must not
+        wait for a connection or pay for BEGIN and COMMIT (on PostgreSQL one round trip, on a connection kept
+        for these calls). The default runs it as a write transaction."""
+        return await self.write(fn, *args, **kwargs)
 
     @abstractmethod
     async def close(self) -> None:
@@ -268,6 +279,8 @@ class PostgresDatabase(Database):
         self._reader = self._engine.execution_options(
             isolation_level="REPEATABLE READ", postgresql_readonly=True
         )
+        self._kept: AsyncConnection | None = None
+        self._kept_lock = asyncio.Lock()
 
     @property
     def sync_engine(self) -> Engine:
@@ -288,7 +301,31 @@ class PostgresDatabase(Database):
             async with self._engine.begin() as connection:
                 return await connection.run_sync(_in_tx, fn, *args, **kwargs)
 
+    async def autocommit(self, fn: TxFunction[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        async with self._kept_lock:
+            self.counts.autocommits += 1
+            try:
+                with _translating():
+                    if self._kept is None:
+                        kept = await self._engine.connect()
+                        self._kept = await kept.execution_options(isolation_level="AUTOCOMMIT")
+                    return await self._kept.run_sync(_in_tx, fn, *args, **kwargs)
+            except BaseException:
+                # A statement that failed or was interrupted leaves the connection in doubt.
+                await self._drop_kept()
+                raise
+
+    async def _drop_kept(self) -> None:
+        kept, self._kept = self._kept, None
+        if kept is not None:
+            with contextlib.suppress(Exception):
+                await kept.invalidate()
+            with contextlib.suppress(Exception):
+                await kept.close()
+
     async def close(self) -> None:
+        async with self._kept_lock:
+            await self._drop_kept()
         with contextlib.suppress(Exception):
             await self._engine.dispose()
 

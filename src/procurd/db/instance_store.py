@@ -22,6 +22,15 @@ class Instance:
     down_at: datetime | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Survey:
+    """What :meth:`InstanceStore.mark_down` found: the instances it marked down, and the oldest heartbeat
+    among those still alive (the next that could turn stale)."""
+
+    down: list[Instance]
+    oldest_heartbeat: datetime | None
+
+
 class InstanceStore:
     def __init__(self, connection: Connection) -> None:
         self.connection = connection
@@ -55,22 +64,18 @@ class InstanceStore:
         """A clean shutdown."""
         self.connection.execute(update(instances).where(instances.c.id == instance_id).values(stopped_at=now))
 
-    def mark_down(
-        self, stale_before: datetime, now: datetime, also: list[str] | None = None
-    ) -> list[Instance]:
+    def mark_down(self, stale_before: datetime, now: datetime, also: list[str] | None = None) -> Survey:
         """Instances that stopped beating before ``stale_before`` without a clean shutdown (and those named in
         ``also``: found dead another way), marked down now; only the caller that marks one gets it back."""
         candidates = select(instances).where(instances.c.stopped_at.is_(None), instances.c.down_at.is_(None))
-        stale = [
-            Instance(**row)
-            for row in self.connection.execute(candidates.with_for_update()).mappings()
-            if row["heartbeat_at"] < stale_before or row["id"] in (also or [])
-        ]
+        live = [Instance(**row) for row in self.connection.execute(candidates.with_for_update()).mappings()]
+        stale = [i for i in live if i.heartbeat_at < stale_before or i.id in (also or [])]
         for instance in stale:
             self.connection.execute(
                 update(instances).where(instances.c.id == instance.id).values(down_at=now)
             )
-        return stale
+        beats = [instance.heartbeat_at for instance in live if instance not in stale]
+        return Survey(stale, min(beats, default=None))
 
     def all(self) -> list[Instance]:
         statement = select(instances).order_by(instances.c.started_at.desc(), instances.c.id)

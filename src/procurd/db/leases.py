@@ -3,10 +3,15 @@
 A lease is taken with one conditional statement pair inside one transaction: an ``INSERT`` when the name is
 new, else an ``UPDATE ... WHERE expires_at < now OR holder = me``. On PostgreSQL the loser's ``UPDATE``
 re-checks the condition after the winner's commit; on SQLite writers are serialised.
+
+A holder is an instance's id (``host:pid``), or that id followed by ``#`` and a token when one instance holds
+several leases of one name in turn (catalogue passes): :meth:`LeaseStore.release_held_by` frees everything
+an instance held once it is found dead.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from datetime import datetime, timedelta
 
 from sqlalchemy import Connection, delete, or_, select, update
@@ -47,6 +52,29 @@ class LeaseStore:
             .values(expires_at=_expiry(now, ttl_seconds))
         )
         return result.rowcount == 1
+
+    def renew_all(self, names: Collection[str], holder: str, now: datetime, ttl_seconds: float) -> set[str]:
+        """Extend every lease of ``names`` that ``holder`` still holds; the names renewed."""
+        if not names:
+            return set()
+        result = self.connection.execute(
+            update(leases)
+            .where(leases.c.name.in_(sorted(names)), leases.c.holder == holder)
+            .values(expires_at=_expiry(now, ttl_seconds))
+            .returning(leases.c.name)
+        )
+        return {str(row.name) for row in result}
+
+    def release_held_by(self, instances: Collection[str]) -> list[str]:
+        """Free every lease held by one of ``instances`` (under its id, or its id and a token)."""
+        held = [
+            or_(leases.c.holder == instance, leases.c.holder.startswith(f"{instance}#", autoescape=True))
+            for instance in instances
+        ]
+        if not held:
+            return []
+        result = self.connection.execute(delete(leases).where(or_(*held)).returning(leases.c.name))
+        return sorted(str(row.name) for row in result)
 
     def release(self, name: str, holder: str) -> bool:
         """Give the lease up if ``holder`` holds it; returns whether there was anything to release."""

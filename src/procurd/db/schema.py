@@ -174,6 +174,27 @@ leases = Table(
     Column("acquired_at", UtcDateTime(), nullable=False),
 )
 
+# One request budget per upstream API key, shared by every instance on the database (PostgreSQL).
+rate_budgets = Table(
+    "rate_budgets",
+    metadata,
+    Column("key", String(64), primary_key=True),  # digest of the upstream's API root and key
+    Column("upstream", String(64), nullable=False),  # the name it is configured under, for people
+    Column("next_slot_at", UtcDateTime(), nullable=False),  # the earliest start of the next request
+    Column("paused_until", UtcDateTime(), nullable=False),  # after a rate-limit answer
+    Column("granted", BigInteger, nullable=False),  # requests allowed so far
+)
+
+# The best priority each instance has waiting for a budget's next request, while it waits.
+rate_demand = Table(
+    "rate_demand",
+    metadata,
+    Column("key", String(64), primary_key=True),
+    Column("instance", String(128), primary_key=True),
+    Column("priority", Integer, nullable=False),
+    Column("expires_at", UtcDateTime(), nullable=False),
+)
+
 upstream_health = Table(
     "upstream_health",
     metadata,

@@ -15,6 +15,7 @@ from procurd.db.leases import LeaseStore
 from procurd.db.mirror_store import MirrorStore
 from procurd.db.offer_store import OfferStore
 from procurd.db.procurement_store import ProcurementStore
+from procurd.db.rate_budget import RateBudgetStore
 from procurd.db.reconcile_store import ReconcileStore
 from procurd.db.retention_store import RetentionStore
 
@@ -69,3 +70,7 @@ class Tx:
     @cached_property
     def console(self) -> ConsoleStore:
         return ConsoleStore(self.connection)
+
+    @cached_property
+    def rate_budget(self) -> RateBudgetStore:
+        return RateBudgetStore(self.connection)

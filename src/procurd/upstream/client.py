@@ -44,7 +44,7 @@ from procurd.upstream.models import (
     UpstreamModel,
     UpstreamOrder,
 )
-from procurd.upstream.ratelimit import Priority, PriorityRateLimiter
+from procurd.upstream.ratelimit import Priority, PriorityRateLimiter, RateLimiter
 
 LOGGER_NAME = "procurd.upstream"
 
@@ -89,12 +89,12 @@ class UpstreamClient:
         self,
         settings: UpstreamSettings,
         *,
-        limiter: PriorityRateLimiter | None = None,
+        limiter: RateLimiter | None = None,
         clock: Callable[[], float] = time.time,
         observer: RequestObserver | None = None,
     ) -> None:
         self._settings = settings
-        self._limiter = limiter or PriorityRateLimiter(settings.max_requests_per_second)
+        self._limiter: RateLimiter = limiter or PriorityRateLimiter(settings.max_requests_per_second)
         self._clock = clock
         self._observer = observer
         self._header_names = HeaderNames.for_prefix(settings.header_prefix)
@@ -116,7 +116,7 @@ class UpstreamClient:
         return self._settings
 
     @property
-    def limiter(self) -> PriorityRateLimiter:
+    def limiter(self) -> RateLimiter:
         return self._limiter
 
     async def __aenter__(self) -> Self:

@@ -1,17 +1,35 @@
-"""A token-bucket rate limiter that serves waiters strictly by priority, then by arrival.
+"""Rate limiters that serve waiters strictly by priority, then by arrival.
 
-One limiter is shared by everything that talks to one upstream (one API key). Waiters wait on futures;
-a single timer handle on the event loop wakes the queue when the next token is due, so nothing polls.
+One limiter is shared by everything in a process that talks to one upstream API key.
+
+* :class:`PriorityRateLimiter` is a token bucket in the process (one process on SQLite). Waiters wait on
+  futures; a single timer handle on the event loop wakes the queue when the next token is due.
+* :class:`SharedRateLimiter` takes its slots from a budget that every instance of a cluster shares
+  (:class:`SharedBudget`, in PostgreSQL): it holds at most one slot at a time, asks the budget for the next
+  one with the priority of its best waiter, and hands each slot to the best waiter when the slot starts.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import itertools
 import time
 from collections.abc import Callable
 from enum import IntEnum
+from typing import Protocol
+
+import structlog
+
+log = structlog.get_logger("procurd.upstream")
+
+# Requests take unevenly long to reach the upstream (event loop, network), and a site counts arrivals in a
+# sliding window: sent exactly 1/rate apart, the 61st request of a minute can arrive inside the first one's
+# minute. Each request therefore waits this much longer than 1/rate after the one before (at most a tenth of
+# 1/rate), which absorbs that many milliseconds of unevenness per request of a window.
+ARRIVAL_GUARD_SECONDS = 0.002
+ARRIVAL_GUARD_MAX_FRACTION = 0.1
 
 # Timers may fire a hair early and float refills may land a hair short of a whole token.
 _EPSILON = 1e-9
@@ -26,6 +44,32 @@ class Priority(IntEnum):
     POLL = 2
     CATALOG = 3
     RECONCILE = 4  # the lowest: reconciliation looks for what everything else missed
+
+
+def sending_rate(rate_per_second: float) -> float:
+    """The rate requests are sent at for a budget of ``rate_per_second``: spaced
+    :data:`ARRIVAL_GUARD_SECONDS` more than the budget's interval, so that they arrive within it."""
+    interval = 1 / rate_per_second
+    return 1 / (interval + min(ARRIVAL_GUARD_SECONDS, interval * ARRIVAL_GUARD_MAX_FRACTION))
+
+
+class RateLimiter(Protocol):
+    """What an upstream client needs of its limiter."""
+
+    @property
+    def rate_per_second(self) -> float: ...
+
+    @property
+    def waiting(self) -> dict[Priority, int]: ...
+
+    @property
+    def paused_for(self) -> float: ...
+
+    async def acquire(self, priority: Priority = Priority.CATALOG) -> None: ...
+
+    def pause_for(self, seconds: float) -> None: ...
+
+    async def close(self) -> None: ...
 
 
 class PriorityRateLimiter:
@@ -101,6 +145,9 @@ class PriorityRateLimiter:
         if self._queue:
             self._schedule()
 
+    async def close(self) -> None:
+        """Nothing to release: the bucket lives in memory."""
+
     def _refill(self, now: float) -> None:
         if now <= self._updated:
             return
@@ -150,3 +197,176 @@ class PriorityRateLimiter:
             future.set_result(None)
             self._drop_abandoned_head()
         self._schedule()
+
+
+class SharedBudget(Protocol):
+    """A request budget shared with other processes (:class:`procurd.db.rate_budget.SharedBudget`)."""
+
+    async def take(self, priority: int, then: int | None) -> tuple[bool, float]:
+        """Ask for a slot for a request of ``priority``, ``then`` being the best priority left waiting here
+        once it is served. ``(True, s)``: the slot starts in ``s`` seconds; ``(False, s)``: ask again in
+        ``s`` seconds (sooner only for a better priority)."""
+        ...
+
+    async def pause(self, seconds: float) -> None:
+        """Nobody sends for ``seconds`` from now."""
+        ...
+
+    async def withdraw(self) -> None:
+        """This process waits for nothing any more."""
+        ...
+
+
+class SharedRateLimiter:
+    """Serves this process's waiters by priority, then arrival, from slots of a shared budget.
+
+    One task per limiter talks to the budget, only while somebody waits: it asks for a slot for the best
+    waiter, holds at most one slot, and grants it to whoever is best when the slot starts. A refused request
+    is asked for again when the budget says it is worth it, or at once when a better waiter arrives.
+    ``pause_for`` drops the slot held, stops this process and pauses the shared budget for everybody.
+    """
+
+    def __init__(
+        self, budget: SharedBudget, rate_per_second: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        if rate_per_second <= 0:
+            raise ValueError("rate_per_second must be positive")
+        self._budget = budget
+        self._rate = float(rate_per_second)
+        self._clock = clock
+        self._queue: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._arrivals = itertools.count()
+        self._slot: float | None = None
+        self._paused_until = float("-inf")
+        self._retry_at = float("-inf")
+        self._refused_priority: int | None = None
+        self._demand_recorded = False
+        self._changed = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Task[None]] = set()
+
+    @property
+    def rate_per_second(self) -> float:
+        return self._rate
+
+    @property
+    def waiting(self) -> dict[Priority, int]:
+        """How many callers wait right now, per priority (every priority is present)."""
+        counts = dict.fromkeys(Priority, 0)
+        for priority, _, future in self._queue:
+            if not future.done():
+                counts[Priority(priority)] += 1
+        return counts
+
+    @property
+    def paused_for(self) -> float:
+        """Seconds left of the pause this process knows of (0 when not paused)."""
+        return max(0.0, self._paused_until - self._clock())
+
+    async def acquire(self, priority: Priority = Priority.CATALOG) -> None:
+        """Return when the caller may send one request."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._queue, (int(priority), next(self._arrivals), future))
+        self._changed.set()
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._serve(), name="procurd shared rate limiter")
+        try:
+            await future
+        except asyncio.CancelledError:
+            # Cancelled after its grant, the slot stays unused: handed out late it could come too close to
+            # the next one.
+            self._changed.set()
+            raise
+
+    def pause_for(self, seconds: float) -> None:
+        """Let nobody send for ``seconds`` from now, here at once and on every instance soon after."""
+        until = self._clock() + max(0.0, seconds)
+        if until > self._paused_until:
+            self._paused_until = until
+            self._slot = None
+            self._changed.set()
+        task = asyncio.get_running_loop().create_task(self._budget.pause(seconds))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def close(self) -> None:
+        """Stop asking the budget; waiters still queued are cancelled."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for _, _, future in self._queue:
+            future.cancel()
+        self._queue.clear()
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
+        if self._demand_recorded:
+            self._demand_recorded = False
+            await self._budget.withdraw()
+
+    async def _serve(self) -> None:
+        try:
+            await self._serve_forever()
+        except Exception as exc:
+            log.exception("rate_limiter.failed")
+            for _, _, future in self._queue:
+                if not future.done():
+                    future.set_exception(exc)
+
+    async def _serve_forever(self) -> None:
+        while True:
+            self._drop_served()
+            if not self._queue:
+                if self._demand_recorded:
+                    self._demand_recorded = False
+                    await self._budget.withdraw()
+                    continue
+                self._changed.clear()
+                await self._changed.wait()
+                continue
+            now = self._clock()
+            if now < self._paused_until:
+                await self._sleep(self._paused_until - now)
+            elif self._slot is not None:
+                if self._slot <= now:
+                    self._slot = None
+                    _, _, future = heapq.heappop(self._queue)
+                    future.set_result(None)
+                else:
+                    await self._sleep(self._slot - now)
+            elif now < self._retry_at and not self._better_than_refused():
+                await self._sleep(self._retry_at - now)
+            else:
+                await self._ask()
+
+    async def _ask(self) -> None:
+        best, then = self._best_two()
+        granted, seconds = await self._budget.take(best, then)
+        now = self._clock()
+        if granted:
+            self._demand_recorded = then is not None
+            self._refused_priority = None
+            if now >= self._paused_until:
+                self._slot = now + max(0.0, seconds)
+        else:
+            self._demand_recorded = True
+            self._refused_priority = best
+            self._retry_at = now + max(0.0, seconds)
+
+    def _best_two(self) -> tuple[int, int | None]:
+        best, *second = heapq.nsmallest(2, self._queue)
+        return best[0], second[0][0] if second else None
+
+    def _better_than_refused(self) -> bool:
+        return self._refused_priority is None or self._queue[0][0] < self._refused_priority
+
+    async def _sleep(self, seconds: float) -> None:
+        """Sleep ``seconds``, or until a waiter arrives or leaves or a pause starts."""
+        self._changed.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._changed.wait(), max(seconds, _MIN_TIMER_DELAY))
+
+    def _drop_served(self) -> None:
+        self._queue = [entry for entry in self._queue if not entry[2].done()]
+        heapq.heapify(self._queue)

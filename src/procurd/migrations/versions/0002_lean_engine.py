@@ -141,6 +141,23 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id", name=op.f("pk_reconcile_findings")),
     )
     op.create_index("ix_reconcile_findings_run", "reconcile_findings", ["run_id"])
+    op.create_table(
+        "rate_budgets",
+        sa.Column("key", sa.String(64), nullable=False),
+        sa.Column("upstream", sa.String(64), nullable=False),
+        sa.Column("next_slot_at", UTC_DATETIME, nullable=False),
+        sa.Column("paused_until", UTC_DATETIME, nullable=False),
+        sa.Column("granted", sa.BigInteger(), nullable=False),
+        sa.PrimaryKeyConstraint("key", name=op.f("pk_rate_budgets")),
+    )
+    op.create_table(
+        "rate_demand",
+        sa.Column("key", sa.String(64), nullable=False),
+        sa.Column("instance", sa.String(128), nullable=False),
+        sa.Column("priority", sa.Integer(), nullable=False),
+        sa.Column("expires_at", UTC_DATETIME, nullable=False),
+        sa.PrimaryKeyConstraint("key", "instance", name=op.f("pk_rate_demand")),
+    )
 
     _upgrade_catalogue()
     _upgrade_offers()
@@ -232,6 +249,8 @@ def _downgrade_catalogue() -> None:
 
 
 def downgrade() -> None:
+    op.drop_table("rate_demand")
+    op.drop_table("rate_budgets")
     _downgrade_offers()
     _downgrade_catalogue()
     op.drop_index("ix_reconcile_findings_run", table_name="reconcile_findings")

@@ -1,0 +1,170 @@
+"""The request budget every instance shares on PostgreSQL: spacing, priorities across instances, pauses.
+
+Each "instance" here is a :class:`SharedRateLimiter` with an instance id of its own and a database
+connection pool of its own, on the test's migrated database; they share one budget row as separate daemons
+do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import AsyncExitStack
+
+import pytest
+from sqlalchemy import select
+
+from procurd.db.database import Database, open_database
+from procurd.db.rate_budget import SharedBudget, budget_key
+from procurd.db.schema import rate_budgets, rate_demand
+from procurd.upstream.ratelimit import Priority, SharedRateLimiter
+from support import sql_rows, wait_until
+
+pytestmark = pytest.mark.postgres
+
+KEY = budget_key("http://upstream.example/api/v1/upstream", "key")
+RATE = 10.0  # requests a second: 100 ms apart
+SPACING = 1 / RATE
+
+
+@pytest.fixture
+async def instances(database_url: str) -> AsyncIterator[Callable[[str], SharedRateLimiter]]:
+    """Builds a limiter for an instance id, each with its own database connections; closes them all."""
+    if database_url.startswith("sqlite"):
+        pytest.skip("the shared budget lives in PostgreSQL; SQLite runs one process with a bucket in memory")
+    async with AsyncExitStack() as stack:
+
+        def instance(name: str) -> SharedRateLimiter:
+            database = open_database(database_url)
+            stack.push_async_callback(database.close)
+            limiter = SharedRateLimiter(SharedBudget(database, KEY, "main", name, RATE), RATE)
+            stack.push_async_callback(limiter.close)
+            return limiter
+
+        yield instance
+
+
+async def grant_times(limiter: SharedRateLimiter, priority: Priority, count: int) -> list[float]:
+    """Acquire ``count`` times one after another; the moments each was granted."""
+    granted = []
+    for _ in range(count):
+        await limiter.acquire(priority)
+        granted.append(time.monotonic())
+    return granted
+
+
+async def test_instances_share_one_budget(instances: Callable[[str], SharedRateLimiter]) -> None:
+    """Three instances asking at once get their requests spaced one budget interval apart between them:
+    together they never go faster than the budget."""
+    limiters = [instances(name) for name in ("a", "b", "c")]
+    started = time.monotonic()
+    times = await asyncio.gather(*(grant_times(limiter, Priority.ORDER, 10) for limiter in limiters))
+    merged = sorted(moment for per_instance in times for moment in per_instance)
+    gaps = [later - earlier for earlier, later in itertools.pairwise(merged)]
+    # Grants are the slots' starts on each instance's clock; a timer fires a little late, never early.
+    assert min(gaps) > SPACING * 0.8, gaps
+    assert merged[-1] - started >= SPACING * (len(merged) - 1) * 0.95
+    assert all(len(per_instance) == 10 for per_instance in times)
+
+
+async def test_an_order_on_one_instance_goes_ahead_of_catalogue_pages_on_another(
+    instances: Callable[[str], SharedRateLimiter],
+) -> None:
+    """While one instance has catalogue pages queued, an order on another instance is served within about
+    one interval, ahead of the pages still waiting."""
+    syncing, ordering = instances("syncing"), instances("ordering")
+    served: list[str] = []
+
+    async def page(number: int) -> None:
+        await syncing.acquire(Priority.CATALOG)
+        served.append(f"page-{number}")
+
+    pages = [asyncio.create_task(page(number)) for number in range(8)]
+    await wait_until(lambda: len(served) >= 2)
+    asked = time.monotonic()
+    await ordering.acquire(Priority.ORDER)
+    waited = time.monotonic() - asked
+    served.append("order")
+    await asyncio.gather(*pages)
+    # The page under way holds the current interval; the order takes the next slot (plus timer lateness).
+    assert waited < 1.5 * SPACING, waited
+    assert served.index("order") < len(served) - 4, served
+
+
+async def test_a_better_priority_on_another_instance_goes_first(
+    instances: Callable[[str], SharedRateLimiter],
+) -> None:
+    """An instance waiting with a ping takes the next free slot before an instance waiting with catalogue
+    pages, whichever asked first."""
+    pinging, syncing = instances("pinging"), instances("syncing")
+    order: list[str] = []
+
+    async def sync_pages() -> None:
+        for number in range(6):
+            await syncing.acquire(Priority.CATALOG)
+            order.append(f"page-{number}")
+
+    syncer = asyncio.create_task(sync_pages())
+    await wait_until(lambda: len(order) >= 1)
+
+    async def ping() -> None:
+        await pinging.acquire(Priority.PING)
+        order.append("ping")
+
+    pinged_at = len(order)
+    await ping()
+    await syncer
+    assert order.index("ping") <= pinged_at + 1, order
+
+
+async def test_a_pause_on_one_instance_holds_every_instance(
+    instances: Callable[[str], SharedRateLimiter], database: Database
+) -> None:
+    """After one instance is told "too many requests", another instance sends nothing until the pause ends."""
+    told, other = instances("told"), instances("other")
+    await told.acquire(Priority.ORDER)
+    await other.acquire(Priority.ORDER)
+    pause = 0.5
+    paused_at = time.monotonic()
+    told.pause_for(pause)
+
+    async def pause_shared() -> bool:
+        (row,) = await sql_rows(database, select(rate_budgets.c.paused_until, rate_budgets.c.key))
+        return bool(row.paused_until.timestamp() > time.time())
+
+    await wait_until(pause_shared)
+    await other.acquire(Priority.ORDER)
+    assert time.monotonic() - paused_at >= pause * 0.9
+    assert told.paused_for <= pause
+
+
+async def test_waiting_is_recorded_only_while_waiting(
+    instances: Callable[[str], SharedRateLimiter], database: Database
+) -> None:
+    """An instance's demand is in the database while it has requests waiting and gone once it has none."""
+    limiter = instances("a")
+    await limiter.acquire(Priority.ORDER)
+    waiting = [asyncio.create_task(limiter.acquire(Priority.CATALOG)) for _ in range(3)]
+
+    async def demand_is(*expected: int) -> bool:
+        rows = await sql_rows(database, select(rate_demand.c.priority))
+        return [row.priority for row in rows] == list(expected)
+
+    await wait_until(lambda: demand_is(Priority.CATALOG))
+    await asyncio.gather(*waiting)
+    await wait_until(demand_is)
+
+
+async def test_cancelled_waiters_leave_nothing_behind(instances: Callable[[str], SharedRateLimiter]) -> None:
+    """Waiters cancelled while queued take no slot, and the ones behind them are still served."""
+    limiter = instances("a")
+    await limiter.acquire(Priority.ORDER)
+    doomed = [asyncio.create_task(limiter.acquire(Priority.CATALOG)) for _ in range(3)]
+    survivor = asyncio.create_task(limiter.acquire(Priority.CATALOG))
+    await wait_until(lambda: limiter.waiting[Priority.CATALOG] == 4)
+    for task in doomed:
+        task.cancel()
+    await asyncio.wait_for(survivor, 5)
+    assert sum(limiter.waiting.values()) == 0
