@@ -13,6 +13,8 @@ from typing import Any
 import aiohttp
 import pytest
 
+from procurd.daemon import Daemon
+from procurd.db.stores import Tx
 from procurd.http.testing import Stack, procurd_stack
 from procurd.sandbox import Sandbox, SandboxConfig
 from support import AdminClient, mirror, run_cli, running_daemon, settings_for, wait_until
@@ -195,8 +197,10 @@ async def test_an_offer_fails_over_to_a_second_upstream_with_one_upstream_order(
         await mirror(settings)
         first_sku = first.state.first_sku("auto").id
         second_sku = second.state.first_sku("auto").id
-        await control(first, f"/skus/{first_sku}", {"stock_quantity": 0})
-        async with running_daemon(settings), aiohttp.ClientSession() as session:
+        async with running_daemon(settings) as daemon, aiohttp.ClientSession() as session:
+            # The start-up passes end first: the mirror keeps showing the first source in stock.
+            await wait_until(lambda: passes_finished(daemon, 2))
+            await control(first, f"/skus/{first_sku}", {"stock_quantity": 0})
             admin = AdminClient(settings, session)
             sources = [
                 {"upstream": "main", "sku_id": first_sku},
@@ -222,6 +226,16 @@ async def test_an_offer_fails_over_to_a_second_upstream_with_one_upstream_order(
         events = [entry["event"] for entry in audit["audit"]]
         assert "failover" in events
         assert events.count("submitted") == 1
+
+
+async def passes_finished(daemon: Daemon, count: int) -> bool:
+    """At least ``count`` catalogue passes have ended since the mirror was first filled (one per upstream)."""
+
+    def read(tx: Tx) -> int:
+        _, runs = tx.console.sync_runs(None, 1, 50)
+        return sum(1 for run in runs if run["status"] != "running")
+
+    return await daemon.runtime.database.read(read) >= count + 2
 
 
 # --- limits -------------------------------------------------------------------------------------------------

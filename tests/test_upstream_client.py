@@ -441,7 +441,7 @@ async def test_logs_and_errors_never_carry_secrets(
         ("POST", "/shop/api/v1/upstream/ping", 200),
         ("POST", "/shop/api/v1/upstream/ping", 401),
     ]
-    assert any(line["log_level"] == "warning" and line.get("code") == "timestamp_expired" for line in logs)
+    assert any(line["log_level"] == "error" and line.get("code") == "timestamp_expired" for line in logs)
     assert caught.value.clock_offset_seconds == 90.0
     texts = [json.dumps(logs, default=str), str(caught.value), repr(caught.value), caught.value.hint]
     for text in texts:
