@@ -19,13 +19,15 @@ from typing import Any, Protocol, TypeVar, overload
 
 import aiohttp
 from click.testing import CliRunner, Result
-from sqlalchemy import Executable, Row
+from sqlalchemy import Executable, Row, select
 
 from procurd.catalog.sync import run_sync
 from procurd.cli import main
 from procurd.config import Settings
 from procurd.daemon import Daemon
 from procurd.db.database import Database, open_database
+from procurd.db.schema import leases
+from procurd.db.types import utcnow
 from procurd.logs import configure_logging
 from procurd.runtime import Runtime
 from procurd.sandbox import SandboxConfig
@@ -306,3 +308,11 @@ async def run_cli(config: Path, *args: str, columns: int = 200) -> Result:
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         raise result.exception
     return result
+
+
+async def lease_holder(database: Database, name: str) -> str | None:
+    """Who holds lease ``name`` now, read from its row (``None``: free or expired)."""
+    now = utcnow()
+    statement = select(leases.c.holder).where(leases.c.name == name, leases.c.expires_at >= now)
+    rows = await database.read(lambda tx: tx.connection.execute(statement).all())
+    return str(rows[0].holder) if rows else None

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from catalog_records import product_records
 from procurd.core.catalog import (
     CATEGORY_FIELDS,
     ENTITIES,
@@ -30,7 +31,6 @@ from procurd.core.catalog import (
     digest_of,
     log_changes,
     older_than_asked,
-    product_records,
     removal_guard,
     rfc3339,
     sku_record,

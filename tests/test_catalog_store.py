@@ -6,6 +6,7 @@ from typing import Any
 
 from sqlalchemy import func, select, text
 
+from catalog_records import product_records
 from procurd.core.catalog import (
     Entity,
     PassHistory,
@@ -17,7 +18,6 @@ from procurd.core.catalog import (
     diff_listed,
     diff_unlisted,
     log_changes,
-    product_records,
 )
 from procurd.db.database import Database
 from procurd.db.mirror_store import INTERRUPTED_ERROR, RunOutcome, RunTotals

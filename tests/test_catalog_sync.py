@@ -22,6 +22,7 @@ from procurd.sandbox import Sandbox, SandboxConfig
 from procurd.upstream import UpstreamClient
 from procurd.upstream.models import CatalogPage, PingResult
 from procurd.upstream.ratelimit import Priority
+from support import lease_holder
 
 UPSTREAM = "main"
 LEASE = f"catalog-sync:{UPSTREAM}"
@@ -167,11 +168,6 @@ async def count(database: Database, table: Any) -> int:
 async def take_lease(database: Database, holder: str, ttl: float = 60) -> bool:
     now = utcnow()
     return await database.write(lambda tx: tx.leases.acquire(LEASE, holder, now, ttl))
-
-
-async def lease_holder(database: Database) -> str | None:
-    now = utcnow()
-    return await database.read(lambda tx: tx.leases.holder(LEASE, now))
 
 
 async def test_first_sync_mirrors_exactly_what_the_sandbox_lists(
@@ -494,7 +490,7 @@ async def test_lease_held_elsewhere_skips_the_sync(
     assert (run["id"], run["status"], run["error"]) == (report.run_id, "skipped", SKIPPED_BUSY)
     assert run["finished_at"] is not None
     assert await count(database, mirror_products) == 0
-    assert await lease_holder(database) == "other-host:99"
+    assert await lease_holder(database, LEASE) == "other-host:99"
     assert await last_sync(database, UPSTREAM) is None
 
 
@@ -509,7 +505,7 @@ async def test_concurrent_syncs_of_one_upstream_run_one_at_a_time(
     gate.set()
     reports = [task.result() for task in done] + list(await asyncio.gather(*pending))
     assert sorted(report.status for report in reports) == ["ok", "skipped"]
-    assert await lease_holder(database) is None
+    assert await lease_holder(database, LEASE) is None
     assert sorted(run["status"] for run in await rows(database, sync_runs)) == ["ok", "skipped"]
 
 
@@ -582,7 +578,7 @@ async def test_losing_the_lease_fails_the_sync_before_it_writes(
     assert report.status == "failed"
     assert report.error == f"lease {LEASE} was taken by another instance"
     assert await count(database, mirror_categories) == 0
-    assert await lease_holder(database) == "thief:1"
+    assert await lease_holder(database, LEASE) == "thief:1"
 
 
 async def test_cancelled_sync_is_recorded_as_failed_and_frees_the_lease(

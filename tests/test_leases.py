@@ -12,6 +12,7 @@ from procurd.db.database import Database
 from procurd.db.schema import leases as leases_table
 from procurd.db.stores import Tx
 from procurd.db.types import utcnow
+from support import lease_holder
 
 NAME = "catalog-sync:main"
 
@@ -30,11 +31,6 @@ async def release(database: Database, name: str, holder: str) -> bool:
     return await database.write(lambda tx: tx.leases.release(name, holder))
 
 
-async def holder_of(database: Database, name: str) -> str | None:
-    now = utcnow()
-    return await database.read(lambda tx: tx.leases.holder(name, now))
-
-
 async def _expire(database: Database, name: str) -> None:
     def expire(tx: Tx) -> None:
         tx.connection.execute(
@@ -49,31 +45,31 @@ async def _expire(database: Database, name: str) -> None:
 async def test_free_lease_is_taken(database: Database) -> None:
     """A lease nobody holds is granted and recorded with its holder."""
     assert await acquire(database, NAME, "a", 30)
-    assert await holder_of(database, NAME) == "a"
+    assert await lease_holder(database, NAME) == "a"
 
 
 async def test_held_lease_is_refused_to_others(database: Database) -> None:
     """While one holder's lease is valid, another holder cannot take it."""
     assert await acquire(database, NAME, "a", 30)
     assert not await acquire(database, NAME, "b", 30)
-    assert await holder_of(database, NAME) == "a"
+    assert await lease_holder(database, NAME) == "a"
 
 
 async def test_holder_may_take_its_own_lease_again(database: Database) -> None:
     """Acquiring a lease one already holds succeeds and keeps it."""
     assert await acquire(database, NAME, "a", 30)
     assert await acquire(database, NAME, "a", 30)
-    assert await holder_of(database, NAME) == "a"
+    assert await lease_holder(database, NAME) == "a"
 
 
 async def test_expired_lease_is_taken_over(database: Database) -> None:
     """An expired lease goes to the next contender, and the old holder can no longer renew it."""
     assert await acquire(database, NAME, "a", 30)
     await _expire(database, NAME)
-    assert await holder_of(database, NAME) is None
+    assert await lease_holder(database, NAME) is None
     assert await acquire(database, NAME, "b", 30)
     assert not await renew(database, NAME, "a", 30)
-    assert await holder_of(database, NAME) == "b"
+    assert await lease_holder(database, NAME) == "b"
 
 
 async def test_renew_extends_the_expiry(database: Database) -> None:
@@ -117,7 +113,7 @@ async def test_concurrent_contenders_for_an_expired_lease_get_one_winner(databas
     await _expire(database, NAME)
     results = await asyncio.gather(*(acquire(database, NAME, f"holder-{i}", 30) for i in range(8)))
     assert sum(results) == 1
-    assert await holder_of(database, NAME) != "old"
+    assert await lease_holder(database, NAME) != "old"
 
 
 async def test_non_positive_ttl_is_rejected(database: Database) -> None:

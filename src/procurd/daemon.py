@@ -83,7 +83,6 @@ class Daemon:
     def __init__(self, settings: Settings, runtime: Runtime | None = None, notifier: Notifier | None = None):
         self.settings = settings
         self.runtime = runtime or Runtime.build(settings)
-        self.runtime.run_job = self.run_now
         self.notifier = notifier or Notifier()
         self.stop_event = asyncio.Event()
         self.supervisor = Supervisor(self.stop_event)

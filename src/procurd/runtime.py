@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,10 +62,6 @@ class CallbackCounts:
         return self.unsaved[(upstream, True)], self.unsaved[(upstream, False)]
 
 
-JobTrigger = Callable[[str], None]
-"""Runs a scheduled job (``catalog-sync:NAME``, ``ping:NAME`` ...) now; raises KeyError for no such job."""
-
-
 def rate_limiters(settings: Settings, database: Database, instance: str) -> dict[str, RateLimiter]:
     """Each upstream's limiter, one per API key: on PostgreSQL the budget every instance shares, on SQLite
     (one process) a bucket in memory; both send a hair slower than the budget (:func:`sending_rate`)."""
@@ -98,7 +93,6 @@ class Runtime:
     instance: str = field(default_factory=instance_id)
     callbacks: CallbackCounts = field(default_factory=CallbackCounts)
     # Set by the daemon; ``None`` in a process without a scheduler (the command line).
-    run_job: JobTrigger | None = None
     catalog_tasks: dict[str, asyncio.Task[Any]] = field(default_factory=dict)
 
     @classmethod

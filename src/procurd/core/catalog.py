@@ -367,44 +367,6 @@ def sku_record(payload: Mapping[str, Any], product_id: int, digest: bytes | None
     return _record("sku", payload, digest or sku_digest(payload, product_id), product_id)
 
 
-@dataclass(frozen=True, slots=True)
-class ListedProduct:
-    """A listed Product: its record and its SKUs' records, plus every id listed, usable or not.
-
-    ``record`` is ``None`` (and ``skus`` empty) when the product itself cannot be mirrored; ``problems``
-    says what could not be mirrored. Listed ids count as listed either way, so nothing is marked removed
-    because the upstream sent it incomplete.
-    """
-
-    id: int
-    category_id: int | None
-    record: Record | None
-    skus: list[Record]
-    sku_ids: tuple[int, ...]
-    problems: tuple[str, ...]
-
-
-def product_records(payload: Mapping[str, Any]) -> ListedProduct:
-    """A Product as the upstream sent it (decoded JSON, SKUs under ``skus``) as mirror records."""
-    identity = int(payload["id"])
-    sku_payloads: Sequence[Mapping[str, Any]] = payload.get("skus") or ()
-    sku_ids = tuple(int(sku["id"]) for sku in sku_payloads)
-    category_id = payload.get("category_id")
-    category = category_id if type(category_id) is int else None
-    try:
-        product = product_record(payload)
-    except IncompleteRecord as exc:
-        return ListedProduct(identity, category, None, [], sku_ids, (str(exc),))
-    skus: list[Record] = []
-    problems: list[str] = []
-    for sku in sku_payloads:
-        try:
-            skus.append(sku_record(sku, identity))
-        except IncompleteRecord as exc:
-            problems.append(str(exc))
-    return ListedProduct(identity, category, product, skus, sku_ids, tuple(problems))
-
-
 def _amount_text(value: object) -> str | None:
     """An amount as exact decimal text, or None when it is not one."""
     if type(value) is str:

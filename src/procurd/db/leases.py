@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from datetime import datetime, timedelta
 
-from sqlalchemy import Connection, delete, or_, select, update
+from sqlalchemy import Connection, delete, or_, update
 
 from procurd.db.schema import leases
 
@@ -82,13 +82,6 @@ class LeaseStore:
             delete(leases).where(leases.c.name == name, leases.c.holder == holder)
         )
         return result.rowcount == 1
-
-    def holder(self, name: str, now: datetime) -> str | None:
-        """Who holds lease ``name`` right now (``None`` when it is free or expired)."""
-        row = self.connection.execute(
-            select(leases.c.holder).where(leases.c.name == name, leases.c.expires_at >= now)
-        ).first()
-        return None if row is None else str(row.holder)
 
 
 def _expiry(now: datetime, ttl_seconds: float) -> datetime:
