@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -64,17 +65,34 @@ def postgres_template() -> Iterator[str | None]:
     asyncio.run(_admin_execute([f"DROP DATABASE IF EXISTS {TEMPLATE_DB}"]))
 
 
-@pytest.fixture
-async def database_url(tmp_path: Path, postgres_template: str | None) -> AsyncIterator[str]:
-    """The URL of a fresh, migrated database for this test."""
-    if postgres_template is None:
-        url = f"sqlite+aiosqlite:///{tmp_path / 'procurd.db'}"
-        database = open_database(url)
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path | None:
+    """A SQLite file migrated once per session; each test gets a copy (migrating takes 0.2 s, copying
+    0.3 ms). ``None`` on PostgreSQL."""
+    if POSTGRES_URL:
+        return None
+    path = tmp_path_factory.mktemp("template") / "procurd.db"
+
+    async def build() -> None:
+        database = open_database(f"sqlite+aiosqlite:///{path}")
         try:
             await migrate.upgrade(database)
         finally:
             await database.close()
-        yield url
+
+    asyncio.run(build())
+    return path
+
+
+@pytest.fixture
+async def database_url(
+    tmp_path: Path, postgres_template: str | None, sqlite_template: Path | None
+) -> AsyncIterator[str]:
+    """The URL of a fresh, migrated database for this test."""
+    if sqlite_template is not None:
+        path = tmp_path / "procurd.db"
+        shutil.copyfile(sqlite_template, path)
+        yield f"sqlite+aiosqlite:///{path}"
         return
     name = f"procurd_test_{uuid.uuid4().hex[:12]}"
     await _admin_execute([f"CREATE DATABASE {name} TEMPLATE {postgres_template}"])
