@@ -84,6 +84,8 @@ async def run(orders: int, alert_urls: list[str], label: str) -> tuple[list[floa
             await daemon.start()
             admin = f"http://127.0.0.1:{daemon.admin_port}/api/v1/orders"
             try:
+                stalls: list[float] = []
+                watch = asyncio.create_task(loop_stalls(stalls))
                 gate = asyncio.Semaphore(IN_FLIGHT)
 
                 async def gated(number: int) -> float | None:
@@ -92,11 +94,21 @@ async def run(orders: int, alert_urls: list[str], label: str) -> tuple[list[floa
 
                 async with aiohttp.ClientSession() as session:
                     times = await asyncio.gather(*(gated(n) for n in range(orders)))
+                watch.cancel()
+                print(f"{label}: longest event-loop stall {max(stalls, default=0) * 1000:.1f} ms")
                 _, found = await daemon.runtime.alerts.recent(1, 100)
                 failing = sum(1 for alert in found if alert.error)
             finally:
                 await daemon.shutdown()
     return [t for t in times if t is not None], failing
+
+
+async def loop_stalls(stalls: list[float]) -> None:
+    """How late a 10 ms sleep wakes, again and again: the event loop's stalls (procurd runs on this loop)."""
+    while True:
+        started = time.perf_counter()
+        await asyncio.sleep(0.01)
+        stalls.append(time.perf_counter() - started - 0.01)
 
 
 async def one_order(

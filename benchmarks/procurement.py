@@ -131,6 +131,8 @@ def daemon_settings(
                 "header_prefix": HEADER_PREFIX,
                 "max_requests_per_second": requests_per_second,
                 "ping_interval_seconds": 3600,
+                # Every pass reads every page: run 2 needs the start-up pass's pages queued behind orders.
+                "incremental_sync": "off",
             }
         ],
         catalog={"sync_interval_seconds": 3600, "page_size": 50, "concurrency": 4},

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -35,6 +36,8 @@ log = structlog.get_logger("procurd.alerts")
 SEND_LEASE = timedelta(seconds=120)
 SEND_TIMEOUT_SECONDS = 30.0
 SEND_BATCH = 20
+# Threads that talk to notification services (each send to each URL holds one until it is answered).
+_SENDERS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="procurd-alerts")
 
 
 class Alerts:
@@ -195,6 +198,27 @@ async def _send_one(url: str, title: str, body: str, error: bool) -> SendResult:
 
 
 async def _notify(url: str, shown: str, title: str, body: str, error: bool) -> SendResult:
+    # Apprise is slow to load (its plugins are imported on first use) and its notifiers block, even behind
+    # its async call: the whole send runs on a thread of its own, so that a dead or slow service, or the
+    # first alert of a process, never stalls procurd's event loop.
+    loop = asyncio.get_running_loop()
+    sending = loop.run_in_executor(_SENDERS, _notify_blocking, url, shown, title, body, error)
+    try:
+        return await asyncio.wait_for(sending, SEND_TIMEOUT_SECONDS)
+    except TimeoutError:
+        return SendResult(shown, False, f"no answer within {SEND_TIMEOUT_SECONDS:g} s")
+
+
+def load_notifiers(urls: Sequence[str]) -> None:
+    """Import Apprise and the notifier of each URL (what the first send would otherwise do)."""
+    import apprise
+
+    notifier = apprise.Apprise()
+    for url in urls:
+        notifier.add(url)
+
+
+def _notify_blocking(url: str, shown: str, title: str, body: str, error: bool) -> SendResult:
     import apprise
 
     notifier = apprise.Apprise()
@@ -202,12 +226,7 @@ async def _notify(url: str, shown: str, title: str, body: str, error: bool) -> S
         return SendResult(shown, False, "not a notification URL Apprise knows")
     notify_type = apprise.NotifyType.FAILURE if error else apprise.NotifyType.WARNING
     with apprise.LogCapture(level=logging.WARNING) as captured:  # type: ignore[no-untyped-call]
-        try:
-            ok = await asyncio.wait_for(
-                notifier.async_notify(title=title, body=body, notify_type=notify_type), SEND_TIMEOUT_SECONDS
-            )
-        except TimeoutError:
-            return SendResult(shown, False, f"no answer within {SEND_TIMEOUT_SECONDS:g} s")
+        ok = notifier.notify(title=title, body=body, notify_type=notify_type, timeout=SEND_TIMEOUT_SECONDS)
         log_text = _captured(captured)
     if ok:
         return SendResult(shown, True)

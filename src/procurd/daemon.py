@@ -23,7 +23,7 @@ from aiohttp import web
 from apscheduler.events import EVENT_JOB_ERROR, JobExecutionEvent
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
-from procurd.alerts import AlertDispatcher
+from procurd.alerts import AlertDispatcher, load_notifiers
 from procurd.background import Singletons, Supervisor, Worker
 from procurd.config import Settings
 from procurd.core.alerts import Kind, Occurrence
@@ -101,6 +101,10 @@ class Daemon:
 
     async def start(self) -> None:
         await startup_checks(self.settings, self.runtime)
+        if self.settings.alerts.urls:
+            # Apprise loads its notifiers on first use (about 0.3 s): before anything listens, not on the
+            # first alert.
+            await asyncio.get_running_loop().run_in_executor(None, load_notifiers, self.settings.alerts.urls)
         await self.runtime.start()
         self.heartbeat = Heartbeat(self.runtime)
         await self.heartbeat.start()
