@@ -19,7 +19,7 @@ from procurd.db.schema import alerts, audit_log, mirror_changes, outbox, sync_ru
 from procurd.db.stores import Tx
 from procurd.db.types import utcnow
 from procurd.http.testing import Stack, procurd_stack
-from procurd.retention import LEASE, prune
+from procurd.retention import LEASE, cutoffs, prune
 from procurd.sandbox import Sandbox, SandboxConfig
 from support import run_cli, running_daemon, settings_for, sql_rows
 from test_cli_orders import write_config
@@ -96,6 +96,15 @@ async def test_each_table_keeps_its_own_days(filled: Stack) -> None:
     after = await counts(filled)
     assert after["audit_log"] == before["audit_log"]
     assert (after["mirror_changes"], after["sync_runs"], after["alerts"]) == (0, 1, 0)
+
+
+def test_days_may_be_fractions_and_zero_keeps_forever() -> None:
+    """Half a day keeps twelve hours; 0 leaves the table out of pruning."""
+    now = utcnow()
+    kept = cutoffs(RetentionSettings(outbox_delivered_days=0.5, alerts_days=0), now)
+    assert kept["outbox"] == now - timedelta(hours=12)
+    assert "alerts" not in kept
+    assert kept["audit_log"] == now - timedelta(days=365)
 
 
 async def test_one_instance_prunes_at_a_time(filled: Stack) -> None:

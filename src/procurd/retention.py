@@ -50,7 +50,7 @@ TABLES = {
 
 def cutoffs(settings: RetentionSettings, now: datetime) -> dict[str, datetime]:
     """Each pruned table's cutoff: rows written before it go (tables kept forever are left out)."""
-    days = {name: int(getattr(settings, key)) for name, key in TABLES.items()}
+    days = {name: float(getattr(settings, key)) for name, key in TABLES.items()}
     return {name: now - timedelta(days=kept) for name, kept in days.items() if kept > 0}
 
 
