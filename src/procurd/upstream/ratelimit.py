@@ -72,31 +72,17 @@ class RateLimiter(Protocol):
     async def close(self) -> None: ...
 
 
-class PriorityRateLimiter:
-    """Allow ``rate_per_second`` requests on average, at most ``burst`` back to back.
+class _QueuedLimiter:
+    """What both limiters share: a rate, a queue of waiters by priority and arrival, and a pause."""
 
-    ``await acquire(priority)`` returns when the caller may send. Waiters are served by priority, then in
-    arrival order, so an order that arrives while catalogue pages wait goes next. ``pause_for(seconds)``
-    stops everybody until then (after the upstream answered "too many requests"). A waiter cancelled before
-    it is served takes no slot; one cancelled just after being served gives its slot back.
-    """
-
-    def __init__(
-        self, rate_per_second: float, burst: int = 1, clock: Callable[[], float] = time.monotonic
-    ) -> None:
+    def __init__(self, rate_per_second: float, clock: Callable[[], float]) -> None:
         if rate_per_second <= 0:
             raise ValueError("rate_per_second must be positive")
-        if burst < 1:
-            raise ValueError("burst must be at least 1")
         self._rate = float(rate_per_second)
-        self._burst = burst
         self._clock = clock
-        self._tokens = float(burst)
-        self._updated = clock()
-        self._paused_until = float("-inf")
         self._queue: list[tuple[int, int, asyncio.Future[None]]] = []
         self._arrivals = itertools.count()
-        self._timer: asyncio.TimerHandle | None = None
+        self._paused_until = float("-inf")
 
     @property
     def rate_per_second(self) -> float:
@@ -113,8 +99,29 @@ class PriorityRateLimiter:
 
     @property
     def paused_for(self) -> float:
-        """Seconds left of the current pause (0 when not paused)."""
+        """Seconds left of the pause this process knows of (0 when not paused)."""
         return max(0.0, self._paused_until - self._clock())
+
+
+class PriorityRateLimiter(_QueuedLimiter):
+    """Allow ``rate_per_second`` requests on average, at most ``burst`` back to back.
+
+    ``await acquire(priority)`` returns when the caller may send. Waiters are served by priority, then in
+    arrival order, so an order that arrives while catalogue pages wait goes next. ``pause_for(seconds)``
+    stops everybody until then (after the upstream answered "too many requests"). A waiter cancelled before
+    it is served takes no slot; one cancelled just after being served gives its slot back.
+    """
+
+    def __init__(
+        self, rate_per_second: float, burst: int = 1, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        if burst < 1:
+            raise ValueError("burst must be at least 1")
+        super().__init__(rate_per_second, clock)
+        self._burst = burst
+        self._tokens = float(burst)
+        self._updated = clock()
+        self._timer: asyncio.TimerHandle | None = None
 
     async def acquire(self, priority: Priority = Priority.CATALOG) -> None:
         """Return when the caller may send one request."""
@@ -217,7 +224,7 @@ class SharedBudget(Protocol):
         ...
 
 
-class SharedRateLimiter:
+class SharedRateLimiter(_QueuedLimiter):
     """Serves this process's waiters by priority, then arrival, from slots of a shared budget.
 
     One task per limiter talks to the budget, only while somebody waits: it asks for a slot for the best
@@ -229,39 +236,15 @@ class SharedRateLimiter:
     def __init__(
         self, budget: SharedBudget, rate_per_second: float, clock: Callable[[], float] = time.monotonic
     ) -> None:
-        if rate_per_second <= 0:
-            raise ValueError("rate_per_second must be positive")
+        super().__init__(rate_per_second, clock)
         self._budget = budget
-        self._rate = float(rate_per_second)
-        self._clock = clock
-        self._queue: list[tuple[int, int, asyncio.Future[None]]] = []
-        self._arrivals = itertools.count()
         self._slot: float | None = None
-        self._paused_until = float("-inf")
         self._retry_at = float("-inf")
         self._refused_priority: int | None = None
         self._demand_recorded = False
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
-
-    @property
-    def rate_per_second(self) -> float:
-        return self._rate
-
-    @property
-    def waiting(self) -> dict[Priority, int]:
-        """How many callers wait right now, per priority (every priority is present)."""
-        counts = dict.fromkeys(Priority, 0)
-        for priority, _, future in self._queue:
-            if not future.done():
-                counts[Priority(priority)] += 1
-        return counts
-
-    @property
-    def paused_for(self) -> float:
-        """Seconds left of the pause this process knows of (0 when not paused)."""
-        return max(0.0, self._paused_until - self._clock())
 
     async def acquire(self, priority: Priority = Priority.CATALOG) -> None:
         """Return when the caller may send one request."""
