@@ -94,6 +94,13 @@ def most_in_any_window(arrivals: list[float], window: float) -> int:
     return most
 
 
+def tightest_window(arrivals: list[float], count: int) -> float:
+    """The shortest time in which ``count + 1`` requests arrived: the site's window must be shorter than this
+    for the last of them to be refused."""
+    spans = [arrivals[i + count] - arrivals[i] for i in range(len(arrivals) - count)]
+    return round(min(spans), 3) if spans else float("inf")
+
+
 def instance_id(daemon: DaemonProcess) -> str:
     return f"{socket.gethostname()}:{daemon.pid}"
 
@@ -147,6 +154,7 @@ async def test_three_instances_keep_one_budget_with_orders_first(database_url: s
         "rate_limited": sum(r["rate_limited"] for r in requests),
         "most_in_any_window": most_in_any_window(arrivals, WINDOW_SECONDS),
         "window_limit": WINDOW_REQUESTS,
+        "tightest_window_seconds": tightest_window(arrivals, WINDOW_REQUESTS),
         "orders_per_second": round((len(creates) - 1) / (creates[-1] - creates[0]), 2),
         "budget_per_second": BUDGET,
         "pages_before_burst": sum(1 for at in pages if at < creates[0]),

@@ -1,4 +1,4 @@
-"""The priority rate limiter: strict priority then arrival order, pauses, cancel safety."""
+"""The rate limiters: strict priority then arrival order, pauses, cancel safety, late shared slots."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from procurd.upstream.ratelimit import Priority, PriorityRateLimiter
+from procurd.upstream.ratelimit import MISSED_SLOT_SECONDS, Priority, PriorityRateLimiter, SharedRateLimiter
 
 FAST_RATE = 200.0  # a 5 ms interval keeps real-time tests quick
 DEADLINE_SECONDS = 5.0
@@ -221,6 +221,45 @@ async def test_shorter_pause_does_not_shorten_a_longer_one() -> None:
     limiter.pause_for(30)
     limiter.pause_for(5)
     assert limiter.paused_for == pytest.approx(30)
+
+
+class ScriptedBudget:
+    """A shared budget (what PostgreSQL answers) that grants the slots it is given, one per request."""
+
+    def __init__(self, slot_starts_in: list[float]) -> None:
+        self.slot_starts_in = slot_starts_in
+        self.taken = 0
+
+    async def take(self, priority: int, then: int | None) -> tuple[bool, float]:
+        seconds = self.slot_starts_in[self.taken]
+        self.taken += 1
+        return True, seconds
+
+    async def pause(self, seconds: float) -> None:
+        raise AssertionError("nothing is rate-limited here")
+
+    async def withdraw(self) -> None:
+        """Nothing is recorded."""
+
+
+async def test_a_shared_slot_that_started_too_long_ago_is_let_go() -> None:
+    """A slot of the shared schedule that could only be handed out late (here the budget's answer arrives
+    after the slot began) is not used: its request could arrive just before the next instance's. The limiter
+    asks for another slot and sends on that one."""
+    budget = ScriptedBudget([-(MISSED_SLOT_SECONDS + 0.5), 0.0])
+    limiter = SharedRateLimiter(budget, 1.0, clock=FakeClock())
+    await asyncio.wait_for(limiter.acquire(Priority.ORDER), DEADLINE_SECONDS)
+    assert (budget.taken, limiter.missed_slots) == (2, 1)
+    await limiter.close()
+
+
+async def test_a_shared_slot_handed_out_on_time_is_used() -> None:
+    """A slot that has just begun (the database's clock ran a hair ahead) is used at once."""
+    budget = ScriptedBudget([-0.001])
+    limiter = SharedRateLimiter(budget, 1.0, clock=FakeClock())
+    await asyncio.wait_for(limiter.acquire(Priority.ORDER), DEADLINE_SECONDS)
+    assert (budget.taken, limiter.missed_slots) == (1, 0)
+    await limiter.close()
 
 
 def test_waiting_lists_every_priority() -> None:

@@ -27,9 +27,14 @@ log = structlog.get_logger("procurd.upstream")
 # Requests take unevenly long to reach the upstream (event loop, network), and a site counts arrivals in a
 # sliding window: sent exactly 1/rate apart, the 61st request of a minute can arrive inside the first one's
 # minute. Each request therefore waits this much longer than 1/rate after the one before (at most a tenth of
-# 1/rate), which absorbs that many milliseconds of unevenness per request of a window.
-ARRIVAL_GUARD_SECONDS = 0.002
+# 1/rate), which absorbs that many milliseconds of unevenness per request of a window: 300 ms in a window of
+# 60 requests, for 0.5 % of the budget at one request a second.
+ARRIVAL_GUARD_SECONDS = 0.005
 ARRIVAL_GUARD_MAX_FRACTION = 0.1
+# A shared slot is a fixed moment in the cluster's schedule: handed out later than this (a stalled event loop,
+# a slow database round trip), its request could arrive right before the next instance's, so it is let go
+# unused and a new one is asked for. A bucket in one process moves its schedule with a late grant instead.
+MISSED_SLOT_SECONDS = 20 * ARRIVAL_GUARD_SECONDS
 
 # Timers may fire a hair early and float refills may land a hair short of a whole token.
 _EPSILON = 1e-9
@@ -228,7 +233,8 @@ class SharedRateLimiter(_QueuedLimiter):
     """Serves this process's waiters by priority, then arrival, from slots of a shared budget.
 
     One task per limiter talks to the budget, only while somebody waits: it asks for a slot for the best
-    waiter, holds at most one slot, and grants it to whoever is best when the slot starts. A refused request
+    waiter, holds at most one slot, and grants it to whoever is best when the slot starts (a slot it could
+    only grant :data:`MISSED_SLOT_SECONDS` late is let go and another asked for). A refused request
     is asked for again when the budget says it is worth it, or at once when a better waiter arrives.
     ``pause_for`` drops the slot held, stops this process and pauses the shared budget for everybody.
     """
@@ -245,6 +251,7 @@ class SharedRateLimiter(_QueuedLimiter):
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
+        self.missed_slots = 0  # slots let go because they came too late to be used
 
     async def acquire(self, priority: Priority = Priority.CATALOG) -> None:
         """Return when the caller may send one request."""
@@ -312,7 +319,11 @@ class SharedRateLimiter(_QueuedLimiter):
             if now < self._paused_until:
                 await self._sleep(self._paused_until - now)
             elif self._slot is not None:
-                if self._slot <= now:
+                if now - self._slot > MISSED_SLOT_SECONDS:
+                    log.info("rate_limiter.slot_missed", late_ms=round((now - self._slot) * 1000))
+                    self._slot = None
+                    self.missed_slots += 1
+                elif self._slot <= now:
                     self._slot = None
                     _, _, future = heapq.heappop(self._queue)
                     future.set_result(None)
@@ -331,7 +342,7 @@ class SharedRateLimiter(_QueuedLimiter):
             self._demand_recorded = then is not None
             self._refused_priority = None
             if now >= self._paused_until:
-                self._slot = now + max(0.0, seconds)
+                self._slot = now + seconds
         else:
             self._demand_recorded = True
             self._refused_priority = best
