@@ -106,6 +106,10 @@ class Metrics:
             "procurd_http_requests", "HTTP requests answered, by listener, route and status.",
             ["listener", "route", "status"], registry=r,
         )  # fmt: skip
+        # The labelled children of the counters every request touches (finding one costs a lock and a hash
+        # of its labels; their label values are few: configured upstreams, routes, statuses).
+        self._http_counted: dict[tuple[str, str, int], Counter] = {}
+        self._callbacks_counted: dict[tuple[str, bool], Counter] = {}
         self.requests_waiting = Gauge(
             "procurd_upstream_requests_waiting",
             "Requests of this instance waiting for the upstream's request budget, by priority.",
@@ -165,12 +169,21 @@ class Metrics:
     def observe_callback(self, upstream: str | None, accepted: bool, reason: str | None = None) -> None:
         """One callback answered; ``upstream`` is ``None`` when its API key matched no configured upstream."""
         name = upstream or UNKNOWN_UPSTREAM
-        self.callbacks.labels(name, "accepted" if accepted else "rejected").inc()
+        key = (name, accepted)
+        counted = self._callbacks_counted.get(key)
+        if counted is None:
+            result = "accepted" if accepted else "rejected"
+            counted = self._callbacks_counted[key] = self.callbacks.labels(name, result)
+        counted.inc()
         if not accepted:
             self.callback_rejections.labels(name, reason or "unknown").inc()
 
     def observe_http(self, listener: str, route: str, status: int) -> None:
-        self.http_requests.labels(listener, route, str(status)).inc()
+        key = (listener, route, status)
+        counted = self._http_counted.get(key)
+        if counted is None:
+            counted = self._http_counted[key] = self.http_requests.labels(listener, route, str(status))
+        counted.inc()
 
     def set_waiting(self, upstream: str, waiting: Mapping[Priority, int]) -> None:
         """How many requests wait for ``upstream``'s budget here, per priority."""

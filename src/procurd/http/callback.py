@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from procurd.core.exact import loads_exact
 from procurd.core.numbers import MAX_ID
 from procurd.core.procurement import UpstreamReport
-from procurd.http.json_limits import json_problem, text_problem
+from procurd.http.json_limits import json_problem, raw_json_is_plain, text_problem
 from procurd.upstream.models import Fulfillment
 
 MAX_NUMBER_CHARS = 96  # the longest downstream / upstream order number procurd stores
@@ -45,27 +45,27 @@ def parse_callback(raw: bytes) -> Callback:
         raise CallbackBodyError("the body is not valid JSON") from None
     if not isinstance(data, dict):
         raise CallbackBodyError("the body must be a JSON object")
+    walk = not raw_json_is_plain(raw)
     order_id = data.get("order_id")
     if isinstance(order_id, bool) or not isinstance(order_id, int):
         raise CallbackBodyError("order_id is required and must be an integer")
     if not 0 < order_id <= MAX_ID:
         raise CallbackBodyError("order_id is out of range")
-    number = _text(data, "downstream_order_no", MAX_NUMBER_CHARS, required=True)
-    status = _text(data, "status", MAX_STATUS_CHARS, required=True)
+    number = _text(data, "downstream_order_no", MAX_NUMBER_CHARS, walk, required=True)
+    status = _text(data, "status", MAX_STATUS_CHARS, walk, required=True)
     assert number is not None
     assert status is not None
-    event = _text(data, "event", MAX_EVENT_CHARS)
-    order_no = _text(data, "order_no", MAX_NUMBER_CHARS) or None
+    event = _text(data, "event", MAX_EVENT_CHARS, walk)
+    order_no = _text(data, "order_no", MAX_NUMBER_CHARS, walk) or None
     timestamp = data.get("timestamp")
     if timestamp is not None and (isinstance(timestamp, bool) or not isinstance(timestamp, int | Decimal)):
         raise CallbackBodyError("timestamp must be a number")
-    report = UpstreamReport(
-        order_id=order_id, status=status, order_no=order_no, fulfillment=_fulfillment(data.get("fulfillment"))
-    )
+    fulfillment = _fulfillment(data.get("fulfillment"), walk)
+    report = UpstreamReport(order_id=order_id, status=status, order_no=order_no, fulfillment=fulfillment)
     return Callback(number, report, event)
 
 
-def _text(data: dict[str, Any], key: str, limit: int, *, required: bool = False) -> str | None:
+def _text(data: dict[str, Any], key: str, limit: int, walk: bool, *, required: bool = False) -> str | None:
     value = data.get(key)
     if value is None:
         if required:
@@ -77,13 +77,13 @@ def _text(data: dict[str, Any], key: str, limit: int, *, required: bool = False)
         raise CallbackBodyError(f"{key} must not be empty")
     if len(value) > limit:
         raise CallbackBodyError(f"{key} is longer than {limit} characters")
-    problem = text_problem(value)
+    problem = text_problem(value) if walk else None
     if problem is not None:
         raise CallbackBodyError(f"{key} {problem}")
     return value
 
 
-def _fulfillment(value: Any) -> dict[str, Any] | None:
+def _fulfillment(value: Any, walk: bool) -> dict[str, Any] | None:
     if value is None:
         return None
     if not isinstance(value, dict):
@@ -94,7 +94,7 @@ def _fulfillment(value: Any) -> dict[str, Any] | None:
     delivery_data = value.get("delivery_data")
     if delivery_data is not None and not isinstance(delivery_data, dict):
         raise CallbackBodyError("fulfillment.delivery_data must be an object or null")
-    problem = json_problem(value)
+    problem = json_problem(value) if walk else None
     if problem is not None:
         raise CallbackBodyError(f"fulfillment cannot be stored: {problem}")
     try:

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
-import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -181,7 +181,7 @@ def error_middleware(
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        request_id = request.headers.get(REQUEST_ID_HEADER, "")[:64] or uuid.uuid4().hex[:16]
+        request_id = request.headers.get(REQUEST_ID_HEADER, "")[:64] or os.urandom(8).hex()
         with structlog.contextvars.bound_contextvars(request_id=request_id, listener=listener):
             response = await _answer(request, handler, body, database_unavailable_status)
         response.headers[REQUEST_ID_HEADER] = request_id
@@ -252,6 +252,8 @@ async def read_body(request: web.Request, limit: int = MAX_BODY_BYTES) -> bytes:
     listener = request.app.get(LISTENER)
     deadline = listener.body_timeout_seconds if listener is not None else None
     try:
+        if request.content.is_eof():  # all of it has arrived: nothing to wait for
+            return await request.read()
         async with asyncio.timeout(deadline):
             return await request.read()
     except web.HTTPRequestEntityTooLarge:

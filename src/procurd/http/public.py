@@ -24,8 +24,8 @@ from procurd.http.errors import (
     HEALTH_PATH,
     RUNTIME,
     ApiError,
+    dumps,
     healthz,
-    json_response,
     listener_app,
     public_error_body,
     read_body,
@@ -35,6 +35,8 @@ from procurd.runtime import Runtime
 from procurd.signing import HeaderNames, parse_timestamp, signature_matches, timestamp_fresh
 
 log = structlog.get_logger("procurd.callback")
+
+RECEIVED = dumps({"ok": True, "message": "received"}).encode()
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +54,8 @@ class CallbackReceiver:
         self.runtime = runtime
         settings = runtime.settings
         self.upstreams = {upstream.api_key: upstream for upstream in settings.upstreams}
-        self.prefixes = list(dict.fromkeys(upstream.header_prefix for upstream in settings.upstreams))
+        prefixes = dict.fromkeys(upstream.header_prefix for upstream in settings.upstreams)
+        self.header_names = [(prefix, HeaderNames.for_prefix(prefix)) for prefix in prefixes]
         self.signed_paths = tuple(dict.fromkeys((CALLBACK_PATH, configured_callback_path(runtime))))
 
     async def handle(self, request: web.Request) -> web.Response:
@@ -71,12 +74,11 @@ class CallbackReceiver:
             self._rejected(request, claimed, error)
             raise
         self._accepted(claimed, callback, outcome)
-        return json_response({"ok": True, "message": "received"})
+        return web.Response(body=RECEIVED, content_type="application/json", charset="utf-8")
 
     def _credentials(self, request: web.Request) -> _Credentials:
         complete = []
-        for prefix in self.prefixes:
-            names = HeaderNames.for_prefix(prefix)
+        for prefix, names in self.header_names:
             values = [request.headers.get(name, "").strip() for name in (names.api_key, names.timestamp)]
             signature = request.headers.get(names.signature, "").strip()
             if all(values) and signature:
