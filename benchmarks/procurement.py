@@ -448,7 +448,6 @@ def load_average() -> str:
 def print_parameters(args: argparse.Namespace, database_url: str) -> None:
     lines = [
         ("database", shown_url(database_url)),
-        ("event loop", args.event_loop),
         ("load average", load_average()),
         ("run 1", f"{args.orders} one-item orders, {args.intake_concurrency} intake requests in flight, "
                   f"{args.workers} workers, poll_initial_seconds 30"),
@@ -579,9 +578,6 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--orders", type=int, default=2000, help="orders of run 1 (default 2000)")
     parser.add_argument("--database-url", default=None, help="default: SQLite in a temporary directory")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 200 orders, short phases")
-    parser.add_argument(
-        "--event-loop", choices=("asyncio", "uvloop"), default="asyncio", help="the daemon's event loop"
-    )
     parser.add_argument("--intake-concurrency", type=int, default=16)
     parser.add_argument("--workers", type=int, default=8, help="procurement.workers")
     parser.add_argument("--products", type=int, default=100, help="catalogue of run 1's sandbox")
@@ -606,13 +602,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as directory:
         database_url = args.database_url or f"sqlite+aiosqlite:///{Path(directory) / 'bench.db'}"
         print_parameters(args, database_url)
-        loop_factory = None
-        if args.event_loop == "uvloop":
-            import uvloop
-
-            loop_factory = uvloop.new_event_loop
-        with asyncio.Runner(loop_factory=loop_factory) as runner:
-            passed = runner.run(measure(args, database_url))
+        passed = asyncio.run(measure(args, database_url))
     return 0 if passed else 1
 
 
