@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import select, text, update
 
-from procurd.db.database import Database
+from procurd.db.database import Database, open_database
 from procurd.db.schema import leases as leases_table
 from procurd.db.stores import Tx
 from procurd.db.types import utcnow
-from support import lease_holder
+from support import lease_holder, wait_until
 
 NAME = "catalog-sync:main"
 
@@ -120,3 +123,70 @@ async def test_non_positive_ttl_is_rejected(database: Database) -> None:
     """A lease must last some time: a zero ttl is a programming error."""
     with pytest.raises(ValueError, match="ttl_seconds"):
         await acquire(database, NAME, "a", 0)
+
+
+BLOCKING_LOCK = 7_240_001  # an advisory lock key of this test's own
+
+
+@asynccontextmanager
+async def a_gate(
+    database: Database, url: str
+) -> AsyncIterator[tuple[Callable[[Tx], None], Callable[[], object]]]:
+    """``(step, waiting)``: ``step`` is something a transaction can do that blocks until the gate opens on
+    leaving the block; ``waiting()`` tells whether a transaction is blocked at it. On PostgreSQL the step
+    waits for an advisory lock another connection holds; on SQLite (writes run on a thread) for an event."""
+    if database.dialect != "postgresql":
+        entered, gate = threading.Event(), threading.Event()
+
+        def wait_at_gate(tx: Tx) -> None:
+            entered.set()
+            gate.wait(timeout=30)
+
+        try:
+            yield wait_at_gate, entered.is_set
+        finally:
+            gate.set()
+        return
+    holder = open_database(url)
+    lock = {"key": BLOCKING_LOCK}
+    await holder.autocommit(lambda tx: tx.connection.execute(text("SELECT pg_advisory_lock(:key)"), lock))
+
+    def wait_for_lock(tx: Tx) -> None:
+        tx.connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), lock)
+
+    async def waiting() -> bool:
+        query = text("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")
+        return bool(await holder.read(lambda tx: tx.connection.execute(query).scalar_one()))
+
+    try:
+        yield wait_for_lock, waiting
+    finally:
+        await holder.autocommit(
+            lambda tx: tx.connection.execute(text("SELECT pg_advisory_unlock(:key)"), lock)
+        )
+        await holder.close()
+
+
+async def test_a_release_whose_caller_is_cancelled_still_happens(
+    database: Database, database_url: str
+) -> None:
+    """A task cancelled while its write is under way (a pass's ``finally`` releasing its lease as the daemon
+    shuts down) does not roll that write back: the transaction runs to its end, on both databases."""
+    assert await acquire(database, NAME, "a", 30)
+    async with a_gate(database, database_url) as (gate, waiting):
+
+        def release_then_wait(tx: Tx) -> None:
+            tx.leases.release(NAME, "a")
+            gate(tx)
+
+        writing = asyncio.create_task(database.write(release_then_wait))
+        await wait_until(waiting)
+        writing.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await writing
+        assert await lease_holder(database, NAME) == "a"  # not committed yet: the gate is closed
+    await wait_until(lambda: _released(database))
+
+
+async def _released(database: Database) -> bool:
+    return await lease_holder(database, NAME) is None

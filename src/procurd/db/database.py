@@ -256,6 +256,15 @@ class SqliteDatabase(Database):
 # --- PostgreSQL --------------------------------------------------------------------------------------------
 
 
+CLOSE_WAIT_SECONDS = 10.0
+
+
+def _retrieved(write: asyncio.Future[Any]) -> None:
+    """A write's failure, when its caller was cancelled, is nobody's to report (its caller's when not)."""
+    if not write.cancelled():
+        write.exception()
+
+
 class PostgresDatabase(Database):
     dialect = "postgresql"
 
@@ -281,6 +290,7 @@ class PostgresDatabase(Database):
         )
         self._kept: AsyncConnection | None = None
         self._kept_lock = asyncio.Lock()
+        self._writes: set[asyncio.Future[Any]] = set()
 
     @property
     def sync_engine(self) -> Engine:
@@ -297,6 +307,15 @@ class PostgresDatabase(Database):
 
     async def write(self, fn: TxFunction[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         self.counts.writes += 1
+        # As on SQLite, a write once begun runs to its end even when the awaiting task is cancelled meanwhile
+        # (a shutdown): the caller had decided it, a lease's release in a ``finally`` say.
+        write = asyncio.ensure_future(self._write(fn, *args, **kwargs))
+        self._writes.add(write)
+        write.add_done_callback(self._writes.discard)
+        write.add_done_callback(_retrieved)
+        return await asyncio.shield(write)
+
+    async def _write(self, fn: TxFunction[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         with _translating():
             async with self._engine.begin() as connection:
                 return await connection.run_sync(_in_tx, fn, *args, **kwargs)
@@ -324,6 +343,9 @@ class PostgresDatabase(Database):
                 await kept.close()
 
     async def close(self) -> None:
+        if self._writes:
+            # Writes whose callers were cancelled finish first (a database that hangs is not waited for).
+            await asyncio.wait(set(self._writes), timeout=CLOSE_WAIT_SECONDS)
         async with self._kept_lock:
             await self._drop_kept()
         with contextlib.suppress(Exception):
