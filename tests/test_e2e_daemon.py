@@ -175,13 +175,15 @@ async def test_shutdown_cuts_a_catalogue_pass_short_but_lets_a_submission_finish
             catalog={"sync_interval_seconds": 3600},
         )
         await mirror(settings)
+        pages_mirrored = sandbox.request_counts["products"]
         sandbox.faults.hang_next("products", count=100)
         sandbox.faults.delay_next("orders.create", count=1, seconds=1.0)
         daemon = Daemon(settings, notifier=Notifier({}))
         await daemon.start()
         async with aiohttp.ClientSession() as session:
             admin = AdminClient(settings, session)
-            await wait_until(lambda: sandbox.request_counts["products"] >= 1)
+            # The daemon's own pass is waiting on its first page.
+            await wait_until(lambda: sandbox.request_counts["products"] > pages_mirrored)
             await admin.submit("SIG1", {"sku_id": sandbox.state.first_sku("auto").id, "quantity": 1})
             await wait_until(lambda: sandbox.request_counts["orders.create"] >= 1)
             await asyncio.wait_for(daemon.shutdown(), timeout=60)

@@ -511,8 +511,6 @@ class _SyncPass:
         self._run_id = await self._database.write(
             lambda tx: tx.mirror.start_run(self._upstream, started, self._plan.kind)
         )
-        if self._plan.updated_after is not None:
-            await self._record_kind()
         log.info(
             "catalog.sync_started",
             upstream=self._upstream,
@@ -534,6 +532,8 @@ class _SyncPass:
 
     async def _execute(self) -> SyncReport:
         try:
+            if self._plan.updated_after is not None:
+                await self._record_kind()
             await self._collect()
             removals = self._removal_plans() if self._plan.kind == "full" else []
             status: SyncStatus = "suspicious" if self._removals_blocked else "ok"
