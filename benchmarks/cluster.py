@@ -51,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from procurement_processes import API_KEY, API_SECRET, HEADER_PREFIX, SandboxProcess, percentile
 
-from fault_support import IntakeClient, single_item
+from fault_support import IntakeClient, most_in_any_window, single_item
 from procurd.db import migrate
 from procurd.db.database import open_database
 from procurd.db.rate_budget import RESERVE_BELOW, SharedBudget, budget_key
@@ -251,15 +251,6 @@ def unthrottled(config: dict[str, Any]) -> Any:
     """The settings of ``config`` with every upstream's budget lifted."""
     upstreams = [{**upstream, "max_requests_per_second": 100} for upstream in config["upstreams"]]
     return settings_of({**config, "upstreams": upstreams})
-
-
-def most_in_any_window(arrivals: list[float], window: float) -> int:
-    most, start = 0, 0
-    for end, arrival in enumerate(arrivals):
-        while arrivals[start] <= arrival - window:
-            start += 1
-        most = max(most, end - start + 1)
-    return most
 
 
 async def delivered(url: str, prefix: str) -> int:

@@ -368,3 +368,20 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
             await writer.drain()
     if not writer.transport.is_closing() and writer.can_write_eof():
         writer.write_eof()
+
+
+def most_in_any_window(arrivals: list[float], window: float) -> int:
+    """The largest number of arrivals inside any window of ``window`` seconds (as the site counts them)."""
+    most, start = 0, 0
+    for end, arrival in enumerate(arrivals):
+        while arrivals[start] <= arrival - window:
+            start += 1
+        most = max(most, end - start + 1)
+    return most
+
+
+def tightest_window(arrivals: list[float], count: int) -> float:
+    """The shortest time in which ``count + 1`` requests arrived: the site's window must be shorter than this
+    for the last of them to be refused."""
+    spans = [arrivals[i + count] - arrivals[i] for i in range(len(arrivals) - count)]
+    return round(min(spans), 3) if spans else float("inf")

@@ -23,10 +23,12 @@ from fault_support import (
     IntakeClient,
     all_delivered,
     fault_sandbox_config,
+    most_in_any_window,
     orderable_skus,
     report,
     single_item,
     take_ledger,
+    tightest_window,
 )
 from procurd.db.schema import alerts, audit_log, instances, leases, procurements
 from procurd.sandbox import Sandbox
@@ -82,23 +84,6 @@ async def request_log(sandbox: Sandbox) -> list[dict[str, Any]]:
     async with ControlClient(sandbox.base_url) as control:
         answer = await control.get("/requests")
     return list(answer["requests"])
-
-
-def most_in_any_window(arrivals: list[float], window: float) -> int:
-    """The largest number of arrivals inside any window of ``window`` seconds (as the site counts them)."""
-    most, start = 0, 0
-    for end, arrival in enumerate(arrivals):
-        while arrivals[start] <= arrival - window:
-            start += 1
-        most = max(most, end - start + 1)
-    return most
-
-
-def tightest_window(arrivals: list[float], count: int) -> float:
-    """The shortest time in which ``count + 1`` requests arrived: the site's window must be shorter than this
-    for the last of them to be refused."""
-    spans = [arrivals[i + count] - arrivals[i] for i in range(len(arrivals) - count)]
-    return round(min(spans), 3) if spans else float("inf")
 
 
 def instance_id(daemon: DaemonProcess) -> str:
