@@ -382,9 +382,20 @@ NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
 DAY = timedelta(days=1)
 
 
-def _history(**ages: timedelta | None) -> PassHistory:
-    moments = {name: (None if age is None else NOW - age) for name, age in ages.items()}
-    return PassHistory(**moments)
+def _history(
+    *,
+    last_complete_at: timedelta | None = None,
+    last_full_at: timedelta | None = None,
+    ignored_updated_after_at: timedelta | None = None,
+) -> PassHistory:
+    def moment(age: timedelta | None) -> datetime | None:
+        return None if age is None else NOW - age
+
+    return PassHistory(
+        last_complete_at=moment(last_complete_at),
+        last_full_at=moment(last_full_at),
+        ignored_updated_after_at=moment(ignored_updated_after_at),
+    )
 
 
 RECENT = _history(last_complete_at=timedelta(minutes=10), last_full_at=timedelta(hours=2))

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from procurd.catalog.sync import SyncOptions, SyncReport, run_sync
+from procurd.catalog.sync import PageMemory, SyncOptions, SyncReport, run_sync
 from procurd.config import UpstreamSettings
 from procurd.db.database import Database
 from procurd.db.schema import mirror_products, mirror_skus, sync_runs
@@ -213,3 +213,18 @@ max_requests_per_second = 500
     assert code == 0
     assert "main: ok (full)" in out
     assert (await row(database, mirror_products, 1))["removed_at"] is not None
+
+
+async def test_incremental_passes_keep_the_full_pass_pages_remembered(
+    database: Database, sandbox: Sandbox, client: UpstreamClient
+) -> None:
+    """Incremental passes between two full passes of one process keep the first full pass's pages: the
+    next full pass decodes only the page whose product changed (already stored by the incremental pass)."""
+    memory = PageMemory()
+    first = await sync(database, client, pages=memory)
+    assert (first.kind, first.pages, len(memory)) == ("full", 3, 3)
+    sandbox.state.set_sku_price(sandbox.state.product(7).skus[0].id, "4321.00")
+    incremental = await sync(database, client, pages=memory)
+    assert (incremental.kind, incremental.unchanged_pages, incremental.changed) == ("incremental", 0, 2)
+    full = await sync(database, client, pages=memory, full=True)
+    assert (full.kind, full.unchanged_pages, full.rows_written) == ("full", 2, 0)

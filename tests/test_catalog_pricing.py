@@ -121,6 +121,29 @@ async def test_cost_change_reprices_and_logs_the_change(runtime: Runtime, sandbo
         assert ("product", 4, before, after) in logged
 
 
+async def test_the_daemons_full_passes_remember_pages_and_still_reprice(
+    runtime: Runtime, sandbox: Sandbox
+) -> None:
+    """The runtime's full passes of an upstream share what they listed: an unchanged page is not decoded
+    again, and a page with a cost change is, and reprices its SKU."""
+
+    async def full_pass() -> SyncReport:
+        report = await runtime.sync_catalog(UPSTREAM, full=True)
+        assert (report.status, report.kind) == ("ok", "full"), report.error
+        return report
+
+    first = await full_pass()
+    assert (first.pages, first.unchanged_pages) == (1, 0)
+    unchanged = await full_pass()
+    assert (unchanged.unchanged_pages, unchanged.rows_written) == (1, 0)
+    sku = sandbox.state.product(9).skus[0]
+    new_cost = str(Decimal(sku.price_amount) + Decimal("0.01"))
+    sandbox.state.set_sku_price(sku.id, new_cost)
+    changed = await full_pass()
+    assert changed.unchanged_pages == 0
+    assert (await rows(runtime.database, mirror_skus))[sku.id]["sell_price"] == expected(new_cost)
+
+
 async def test_steep_cost_rise_is_held_until_released_over_http(runtime: Runtime, sandbox: Sandbox) -> None:
     """A cost rise above 10 % keeps the old selling price and holds the SKU; the hold is listed, reported
     for alert price_held, and released through the admin API, which reprices the SKU at once."""

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Container
 from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import func, select, update
+from sqlalchemy import delete, func, select, update
 
-from procurd.catalog.sync import SKIPPED_BUSY, SyncReport, last_sync, run_sync
+from procurd.catalog.sync import SKIPPED_BUSY, PageMemory, SyncReport, last_sync, run_sync
 from procurd.config import UpstreamSettings
 from procurd.db.database import Database
 from procurd.db.schema import leases as leases_table
@@ -20,7 +20,7 @@ from procurd.db.stores import Tx
 from procurd.db.types import utcnow
 from procurd.sandbox import Sandbox, SandboxConfig
 from procurd.upstream import UpstreamClient
-from procurd.upstream.models import CatalogPage, PingResult
+from procurd.upstream.models import CatalogPage, PingResult, SeenPage
 from procurd.upstream.ratelimit import Priority
 from support import lease_holder
 
@@ -97,12 +97,13 @@ class HookedClient:
         *,
         updated_after: datetime | None = None,
         priority: Priority = Priority.CATALOG,
-    ) -> CatalogPage:
+        seen: Container[bytes],
+    ) -> CatalogPage | SeenPage:
         hook = self._before_page.pop(page, None)
         if hook is not None:
             hook()
         return await self._client.catalog_page(
-            page, page_size, updated_after=updated_after, priority=priority
+            page, page_size, updated_after=updated_after, priority=priority, seen=seen
         )
 
     async def ping(self, *, priority: Priority = Priority.PING) -> PingResult:
@@ -653,3 +654,89 @@ async def test_refused_credentials_fail_the_run_without_leaking_the_secret(
     assert "invalid_signature" in report.error
     assert secret not in report.error
     assert await count(database, mirror_products) == 0
+
+
+async def test_pages_answered_as_before_are_not_decoded_again(
+    database: Database, sandbox: Sandbox, client: UpstreamClient
+) -> None:
+    """With the previous pass's pages remembered, a page answered byte for byte as before is not decoded;
+    the page holding a change is, and the change is stored."""
+    memory = PageMemory()
+    first = await sync(database, client, pages=memory)
+    assert (first.unchanged_pages, len(memory)) == (0, 5)
+    sku = sandbox.state.product(7).skus[0]
+    sandbox.state.set_sku_price(sku.id, "4321.00")
+
+    second = await sync(database, client, pages=memory)
+    assert (second.status, second.pages, second.unchanged_pages) == ("ok", 5, 4)
+    assert (second.products, second.skus) == (first.products, first.skus)
+    assert second.changed >= 1
+    assert (await one(database, mirror_skus, sku.id))["price_amount"] == "4321.00"
+
+    third = await sync(database, client, pages=memory)
+    assert (third.unchanged_pages, third.rows_written, third.products) == (5, 0, first.products)
+
+
+async def test_remembered_pages_still_let_a_full_pass_remove(
+    database: Database, sandbox: Sandbox, client: UpstreamClient
+) -> None:
+    """A product gone from the listing is marked removed by a pass that remembers the earlier pages."""
+    memory = PageMemory()
+    await sync(database, client, pages=memory)
+    gone = sandbox.state.product(PRODUCTS)
+    # One product out, one in, both on the last page: the total, and the pages before it, stay the same.
+    sandbox.state.remove_product(gone.id)
+    added = sandbox.state.add_product(title="Replacement")
+    report = await sync(database, client, pages=memory)
+    assert (report.status, report.unchanged_pages) == ("ok", 4)
+    assert report.removed == 1 + len(gone.skus)
+    assert (await one(database, mirror_products, gone.id))["removed_at"] is not None
+    assert (await one(database, mirror_products, added))["removed_at"] is None
+
+
+async def test_remembered_pages_are_not_trusted_after_another_pass(
+    database: Database, client: UpstreamClient
+) -> None:
+    """After a pass that did not use the memory (another instance, an operator's ``catalog sync``), every
+    page is decoded again."""
+    memory = PageMemory()
+    await sync(database, client, pages=memory)
+    await sync(database, client)
+    report = await sync(database, client, pages=memory)
+    assert (report.status, report.unchanged_pages, report.rows_written) == ("ok", 0, 0)
+    assert len(memory) == 5
+
+
+async def test_a_failed_pass_forgets_the_remembered_pages(
+    database: Database, sandbox: Sandbox, client: UpstreamClient
+) -> None:
+    """A pass that fails part way leaves nothing remembered: the next pass decodes every page."""
+    memory = PageMemory()
+    await sync(database, client, pages=memory)
+
+    def break_page() -> None:
+        sandbox.faults.fail_next("products", status=500)
+
+    failed = await sync(database, HookedClient(client, {3: break_page}), concurrency=1, pages=memory)
+    assert (failed.status, len(memory)) == ("failed", 0)
+    report = await sync(database, client, pages=memory)
+    assert (report.status, report.unchanged_pages) == ("ok", 0)
+
+
+async def test_a_remembered_page_whose_rows_changed_is_fetched_again(
+    database: Database, sandbox: Sandbox, client: UpstreamClient
+) -> None:
+    """When the mirror no longer holds a remembered page's products as listed (a row deleted by hand), the
+    page is fetched again, decoded, and the row stored again."""
+    memory = PageMemory()
+    await sync(database, client, pages=memory)
+    await database.write(
+        lambda tx: tx.connection.execute(
+            delete(mirror_products).where(mirror_products.c.upstream == UPSTREAM, mirror_products.c.id == 7)
+        )
+    )
+    requests = sandbox.request_counts["products"]
+    report = await sync(database, client, pages=memory)
+    assert (report.status, report.unchanged_pages, report.added) == ("ok", 4, 1)
+    assert sandbox.request_counts["products"] - requests == 6
+    assert (await one(database, mirror_products, 7))["removed_at"] is None

@@ -29,6 +29,7 @@ from procurd.upstream import (
     UpstreamOrder,
     UpstreamTimeout,
 )
+from procurd.upstream.models import CatalogPage, SeenPage
 
 DEADLINE_SECONDS = 5.0
 
@@ -102,6 +103,32 @@ async def test_catalogue_endpoints(client: UpstreamClient) -> None:
     assert len(page.items) == 5
     assert detail.to_json() == page.items[0].to_json()
     assert all(Decimal(sku.price_amount or "0") >= 0 for sku in detail.skus)
+
+
+async def test_a_catalogue_page_seen_before_is_not_decoded(
+    site: tuple[Sandbox, str], client: UpstreamClient
+) -> None:
+    """With ``seen`` digests a page carries its body's SHA-256; the same body again is answered as seen
+    (not decoded), a changed one is decoded, and a failure is raised whatever was seen."""
+    sandbox, _ = site
+    first = await client.catalog_page(1, 5, seen=())
+    assert isinstance(first, CatalogPage)
+    assert len(first.body_digest) == 32
+    assert len(first.items) == 5
+    again = await client.catalog_page(1, 5, seen={first.body_digest})
+    assert again == SeenPage(first.body_digest)
+    unseen = await client.catalog_page(1, 5, seen={b"another digest"})
+    assert isinstance(unseen, CatalogPage)
+    assert (unseen.items, unseen.body_digest) == (first.items, first.body_digest)
+    sandbox.state.set_sku_price(first.items[0]["skus"][0]["id"], "77.00")
+    changed = await client.catalog_page(1, 5, seen={first.body_digest})
+    assert isinstance(changed, CatalogPage)
+    assert changed.body_digest != first.body_digest
+    sandbox.faults.fail_next("products", status=500)
+    with pytest.raises(ServerError):
+        await client.catalog_page(1, 5, seen={changed.body_digest})
+    plain = await client.catalog_page(1, 5)
+    assert (plain.items, plain.body_digest) == (changed.items, b"")
 
 
 async def test_page_size_clamp_is_followed(client: UpstreamClient) -> None:

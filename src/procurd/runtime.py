@@ -4,7 +4,7 @@ the command line."""
 from __future__ import annotations
 
 import asyncio
-from collections import Counter
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,7 +12,7 @@ import structlog
 
 from procurd.alerts import Alerts
 from procurd.catalog.pricing import RepriceReport, reprice_upstream
-from procurd.catalog.sync import CatalogAlert, SyncOptions, SyncReport, run_sync
+from procurd.catalog.sync import CatalogAlert, PageMemory, SyncOptions, SyncReport, run_sync
 from procurd.config import Settings
 from procurd.core.alerts import Kind, Occurrence
 from procurd.db.database import Database, open_database
@@ -94,6 +94,8 @@ class Runtime:
     callbacks: CallbackCounts = field(default_factory=CallbackCounts)
     # Set by the daemon; ``None`` in a process without a scheduler (the command line).
     catalog_tasks: dict[str, asyncio.Task[Any]] = field(default_factory=dict)
+    # What this process's passes of each upstream listed, so that unchanged pages are not decoded again.
+    catalog_pages: dict[str, PageMemory] = field(default_factory=lambda: defaultdict(PageMemory))
 
     @classmethod
     def build(
@@ -174,6 +176,7 @@ class Runtime:
             allow_mass_removal=allow_mass_removal,
             holder=self.instance,
             lease_ttl_seconds=lease_ttl_seconds,
+            pages=self.catalog_pages[upstream],
         )
         await self.alerts.raise_(*catalogue_alerts(report.alerts()))
         return report

@@ -21,7 +21,8 @@ import asyncio
 import contextlib
 import math
 import secrets
-from collections.abc import Callable, Iterator, Mapping, Sequence
+import struct
+from collections.abc import Callable, Container, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Final, Literal, Protocol, TypeVar
@@ -31,6 +32,7 @@ import structlog
 from procurd.catalog.pricing import CurrencySource, reprice_upstream
 from procurd.config import PricingSettings, Settings
 from procurd.core.catalog import (
+    DIGEST_BYTES,
     ENTITIES,
     CategoryRules,
     Entity,
@@ -59,13 +61,13 @@ from procurd.core.catalog import (
 from procurd.core.pricing import NewHold
 from procurd.db.database import Database
 from procurd.db.errors import DatabaseError
-from procurd.db.mirror_store import RunOutcome, RunTotals
+from procurd.db.mirror_store import COMPLETE_STATUSES, RunOutcome, RunTotals
 from procurd.db.stores import Tx
 from procurd.db.types import utcnow
 from procurd.instance import instance_id
 from procurd.logs import scrub
 from procurd.upstream.errors import UpstreamError, truncate
-from procurd.upstream.models import CatalogPage
+from procurd.upstream.models import CatalogPage, SeenPage
 from procurd.upstream.ratelimit import Priority
 
 log = structlog.get_logger("procurd.catalog")
@@ -97,7 +99,8 @@ class CatalogClient(CurrencySource, Protocol):
         *,
         updated_after: datetime | None = ...,
         priority: Priority = ...,
-    ) -> CatalogPage: ...
+        seen: Container[bytes],
+    ) -> CatalogPage | SeenPage: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +145,8 @@ class SyncReport:
     ignored_updated_after: bool = False
     removals_blocked: int = 0
     new_holds: tuple[NewHold, ...] = ()
+    unchanged_pages: int = 0
+    """Pages answered byte for byte as in this process's previous pass, and so not decoded (not stored)."""
 
     @property
     def ok(self) -> bool:
@@ -247,6 +252,7 @@ async def run_sync(
     page_size: int | None = None,
     concurrency: int | None = None,
     lease_ttl_seconds: float | None = None,
+    pages: PageMemory | None = None,
 ) -> SyncReport:
     """Mirror ``upstream_name``'s catalogue once and report how it went.
 
@@ -258,6 +264,8 @@ async def run_sync(
     size and total the upstream answers with are followed. ``holder`` names this instance in the lease
     (default ``host:pid``); a pass that finds the lease held elsewhere is recorded as ``skipped`` without
     touching the mirror. ``page_size``, ``concurrency`` and ``lease_ttl_seconds`` override ``options``.
+    ``pages``: what this process's earlier passes of the upstream listed (the daemon keeps one per upstream),
+    so that pages answered as before are not decoded again.
     """
     options = options or SyncOptions()
     if page_size is not None:
@@ -293,6 +301,7 @@ async def run_sync(
             allow_mass_removal=allow_mass_removal,
             progress=progress,
             lease=_Lease(lease_name, lease_holder, options.lease_ttl_seconds),
+            pages=pages if pages is not None else PageMemory(),
         )
         return await sync.run()
     finally:
@@ -329,10 +338,9 @@ def _renew(tx: Tx, lease: _Lease, now: datetime) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class _Changes:
-    """What a sync needs of a listed product that differs from the mirror: its decoded payload, its digest,
-    and each SKU's digest (None where the SKU's row is unchanged)."""
+    """What a sync needs of a listed product that differs from the mirror: its decoded payload and each
+    SKU's digest (None where the SKU's row is unchanged)."""
 
-    digest: bytes
     payload: dict[str, Any]
     sku_digests: tuple[bytes | None, ...]
 
@@ -345,6 +353,7 @@ class _ListedProduct:
     id: int
     category_id: int | None
     sku_ids: tuple[int, ...]
+    digest: bytes = b""
     changes: _Changes | None = None
     problem: str | None = None
 
@@ -363,7 +372,7 @@ class _ListedProduct:
             # A SKU the mirror lacks (one it could not store) sends the product down the long way, so the
             # reason is reported again on every pass.
             if not snapshot["product"].needs_write(identity, digest) and all(map(skus.live, sku_ids)):
-                return cls(identity, category_id, sku_ids)
+                return cls(identity, category_id, sku_ids, digest)
             sku_digests = tuple(
                 digested if skus.needs_write(sku_id, digested) else None
                 for sku_id, digested in zip(
@@ -373,13 +382,117 @@ class _ListedProduct:
         except TypeError as exc:
             problem = f"product {identity} cannot be stored as JSON ({exc}): not mirrored"
             return cls(identity, category_id, sku_ids, problem=problem)
-        return cls(identity, category_id, sku_ids, _Changes(digest, payload, sku_digests))
+        return cls(identity, category_id, sku_ids, digest, _Changes(payload, sku_digests))
+
+    def unchanged_in(self, snapshot: Mapping[Entity, Snapshot]) -> bool:
+        """Whether the mirror holds this product, SKUs included, as it was listed (by its digest)."""
+        skus = snapshot["sku"]
+        return not snapshot["product"].needs_write(self.id, self.digest) and all(map(skus.live, self.sku_ids))
+
+
+@dataclass(frozen=True, slots=True)
+class _RememberedPage:
+    """A page as a complete pass stored it: its numbers, and its products as listed (no payloads)."""
+
+    total: int
+    page: int
+    page_size: int
+    products: tuple[_ListedProduct, ...]
+    body_digest: bytes
+    packed: _PackedPage | None = None  # what it was unpacked from
+
+    def unchanged_in(self, snapshot: Mapping[Entity, Snapshot]) -> bool:
+        return all(listed.unchanged_in(snapshot) for listed in self.products)
+
+    def pack(self) -> _PackedPage | None:
+        """This page in one block of bytes (None if an id does not fit 64 bits)."""
+        parts = []
+        try:
+            for listed in self.products:
+                category = listed.category_id
+                parts.append(
+                    _PACKED_PRODUCT.pack(
+                        listed.id, category or 0, category is not None, listed.digest, len(listed.sku_ids)
+                    )
+                )
+                parts.append(struct.pack(f"<{len(listed.sku_ids)}q", *listed.sku_ids))
+        except struct.error:
+            return None
+        return _PackedPage(self.total, self.page, self.page_size, self.body_digest, b"".join(parts))
+
+
+# A remembered product: id, category id, whether it has one, digest, number of SKUs (their ids follow).
+_PACKED_PRODUCT: Final = struct.Struct(f"<qq?{DIGEST_BYTES}sH")
+
+
+@dataclass(frozen=True, slots=True)
+class _PackedPage:
+    """A remembered page as kept between passes: one bytes object instead of an object per product, so a
+    large catalogue costs little memory and pins none of the pass's freed memory."""
+
+    total: int
+    page: int
+    page_size: int
+    body_digest: bytes
+    packed: bytes
+
+    def unpack(self) -> _RememberedPage:
+        products = []
+        offset, end = 0, len(self.packed)
+        while offset < end:
+            identity, category, has_category, digest, sku_count = _PACKED_PRODUCT.unpack_from(
+                self.packed, offset
+            )
+            offset += _PACKED_PRODUCT.size
+            sku_ids = struct.unpack_from(f"<{sku_count}q", self.packed, offset)
+            offset += 8 * sku_count
+            products.append(_ListedProduct(identity, category if has_category else None, sku_ids, digest))
+        return _RememberedPage(self.total, self.page, self.page_size, tuple(products), self.body_digest, self)
+
+
+class PageMemory:
+    """The product pages of one upstream's last complete pass in this process, by the SHA-256 of their body.
+
+    A full pass hands the client these digests: a page answered byte for byte as before is not decoded, and
+    its products, as listed then, are checked against the mirror's digests instead (a page whose products
+    the mirror no longer holds so is fetched again and decoded). The pages are trusted only while no pass
+    but this memory's own has run on the upstream since the one that remembered them (another process's,
+    an operator's ``procurd catalog sync``); a pass that fails forgets them.
+    """
+
+    def __init__(self) -> None:
+        self._run_id: int | None = None
+        self._pages: dict[bytes, _PackedPage] = {}
+
+    def recall(self, last_run_id: int | None) -> Mapping[bytes, _PackedPage]:
+        """The remembered pages, if the upstream's newest run ``last_run_id`` is the one that left them."""
+        if last_run_id is None or last_run_id != self._run_id:
+            self.forget()
+        return self._pages
+
+    def passed(self, run_id: int, pages: dict[bytes, _PackedPage] | None) -> None:
+        """Run ``run_id`` completed: a full pass's ``pages`` replace the remembered ones; an incremental pass
+        (``None``) keeps them (what it changed no longer matches the mirror's digests)."""
+        self._run_id = run_id
+        if pages is not None:
+            self._pages = pages
+
+    def forget(self) -> None:
+        self._run_id = None
+        self._pages = {}
+
+    def __len__(self) -> int:
+        return len(self._pages)
 
 
 @dataclass(frozen=True, slots=True)
 class _FetchedPage:
     number: int
-    products: list[_ListedProduct]
+    products: Sequence[_ListedProduct]
+    total: int = 0
+    page_size: int = 0
+    body_digest: bytes = b""
+    packed: _PackedPage | None = None  # the remembered page it is, if it is one
 
     @property
     def rows(self) -> int:
@@ -461,6 +574,7 @@ class _SyncPass:
         allow_mass_removal: bool,
         progress: ProgressCallback | None,
         lease: _Lease,
+        pages: PageMemory,
     ) -> None:
         self._database = database
         self._client = client
@@ -487,6 +601,10 @@ class _SyncPass:
         self._removals_blocked = 0
         self._blocked_reason: str | None = None
         self._new_holds: tuple[NewHold, ...] = ()
+        self._memory = pages
+        self._seen: Mapping[bytes, _PackedPage] = {}
+        self._remembered: dict[bytes, _PackedPage] = {}
+        self._unchanged_pages = 0
         # Pages being fetched or waiting to be stored: bounded, so memory does not grow when fetching outpaces
         # writing, yet wide enough that fetching goes on while the writer stores a batch.
         self._window = asyncio.Semaphore(max(2, 2 * options.concurrency))
@@ -507,6 +625,8 @@ class _SyncPass:
             full_interval=timedelta(seconds=self._options.full_interval_seconds),
             force_full=self._force_full,
         )
+        recalled = self._memory.recall(history.last_run_id)
+        self._seen = recalled if self._plan.kind == "full" else {}
         await self._database.write(lambda tx: tx.mirror.close_interrupted_runs(self._upstream, started))
         self._run_id = await self._database.write(
             lambda tx: tx.mirror.start_run(self._upstream, started, self._plan.kind)
@@ -565,6 +685,10 @@ class _SyncPass:
             status, self._plan.kind, finished_at, self._totals, error, self._ignored_updated_after
         )
         await self._database.write(lambda tx: tx.mirror.finish_run(self._run_id, outcome))
+        if status in COMPLETE_STATUSES:
+            self._memory.passed(self._run_id, self._remembered if self._plan.kind == "full" else None)
+        else:
+            self._memory.forget()
         report = self._report(status, error, finished_at)
         event = "catalog_sync_finished" if status == "ok" else f"catalog_sync_{status}"
         emit = log.info if status == "ok" else log.warning
@@ -575,6 +699,7 @@ class _SyncPass:
             kind=report.kind,
             seconds=round((finished_at - self._started_at).total_seconds(), 3),
             pages=report.pages,
+            unchanged_pages=report.unchanged_pages,
             products=report.products,
             skus=report.skus,
             added=report.added,
@@ -631,6 +756,7 @@ class _SyncPass:
             ignored_updated_after=self._ignored_updated_after,
             removals_blocked=self._removals_blocked,
             new_holds=self._new_holds,
+            unchanged_pages=self._unchanged_pages,
         )
 
     # --- the lease ---------------------------------------------------------------------------------------
@@ -659,10 +785,30 @@ class _SyncPass:
 
     # --- fetching and writing ----------------------------------------------------------------------------
 
-    async def _page(self, number: int, page_size: int) -> CatalogPage:
+    async def _request(self, number: int, page_size: int, seen: Container[bytes]) -> CatalogPage | SeenPage:
         return await self._client.catalog_page(
-            number, page_size, updated_after=self._plan.updated_after, priority=Priority.CATALOG
+            number, page_size, updated_after=self._plan.updated_after, priority=Priority.CATALOG, seen=seen
         )
+
+    async def _resolve(
+        self, number: int, page_size: int, answer: CatalogPage | SeenPage
+    ) -> CatalogPage | _RememberedPage:
+        """A page answered as one this process remembers becomes that page, if the mirror still holds its
+        products as listed then; otherwise it is fetched again and decoded."""
+        if isinstance(answer, CatalogPage):
+            return answer
+        remembered = self._seen[answer.body_digest].unpack()
+        if remembered.unchanged_in(self._snapshot):
+            self._unchanged_pages += 1
+            return remembered
+        log.info("catalog.page_fetched_again", upstream=self._upstream, page=number)
+        fetched = await self._request(number, page_size, ())
+        assert isinstance(fetched, CatalogPage)
+        return fetched
+
+    async def _page(self, number: int, page_size: int) -> CatalogPage | _RememberedPage:
+        answer = await self._request(number, page_size, self._seen)
+        return await self._resolve(number, page_size, answer)
 
     async def _collect(self) -> None:
         # The snapshot loads from the database while the first answers come from the upstream. When one of
@@ -670,13 +816,17 @@ class _SyncPass:
         snapshot, categories, first = await asyncio.gather(
             self._database.read(lambda tx: tx.mirror.load_snapshot(self._upstream)),
             self._client.catalog_categories(priority=Priority.CATALOG),
-            self._page(1, self._page_size),
+            self._request(1, self._page_size, self._seen),
             return_exceptions=True,
         )
         self._snapshot = _outcome(snapshot)
         self._live_products = self._snapshot["product"].live_count()
-        first_page = _outcome(first)
-        ignored = self._plan.kind == "incremental" and self._upstream_ignores_filter(first_page, first=True)
+        first_page = await self._resolve(1, self._page_size, _outcome(first))
+        ignored = (
+            self._plan.kind == "incremental"
+            and isinstance(first_page, CatalogPage)
+            and self._upstream_ignores_filter(first_page, first=True)
+        )
         if ignored and self._options.incremental == "auto":
             first_page = await self._fall_back_to_full()
         await self._sync_categories(_outcome(categories))
@@ -714,7 +864,7 @@ class _SyncPass:
         self._ignored_updated_after = True
         return True
 
-    async def _fall_back_to_full(self) -> CatalogPage:
+    async def _fall_back_to_full(self) -> CatalogPage | _RememberedPage:
         self._plan = PassPlan("full", None, "the upstream ignored updated_after")
         await self._record_kind()
         return await self._page(1, self._page_size)
@@ -741,9 +891,10 @@ class _SyncPass:
             self._violation(violation)
         await self._write([diff_listed("category", records.values(), self._snapshot["category"])])
 
-    def _follow_first_page(self, first: CatalogPage) -> None:
+    def _follow_first_page(self, first: CatalogPage | _RememberedPage) -> None:
         self._check_page_number(first, 1)
-        answered = first.page_size if first.page_size > 0 else len(first.items) or self._page_size
+        listed = len(first.items) if isinstance(first, CatalogPage) else len(first.products)
+        answered = first.page_size if first.page_size > 0 else listed or self._page_size
         self._listing.page_size = min(answered, MAX_PAGE_SIZE)
         self._listing.totals.add(first.total)
         self._listing.pages_total = max(1, math.ceil(max(first.total, 0) / self._listing.page_size))
@@ -755,12 +906,17 @@ class _SyncPass:
                 answered=self._listing.page_size,
             )
 
-    def _check_page_number(self, page: CatalogPage, number: int) -> None:
+    def _check_page_number(self, page: CatalogPage | _RememberedPage, number: int) -> None:
         if page.page != number:
             raise IncompleteListing(f"asked for page {number}, the upstream answered page {page.page}")
 
-    def _fetched(self, number: int, page: CatalogPage) -> _FetchedPage:
-        return _FetchedPage(number, [_ListedProduct.of(item, self._snapshot) for item in page.items])
+    def _fetched(self, number: int, page: CatalogPage | _RememberedPage) -> _FetchedPage:
+        if isinstance(page, _RememberedPage):
+            return _FetchedPage(
+                number, page.products, page.total, page.page_size, page.body_digest, page.packed
+            )
+        products = [_ListedProduct.of(item, self._snapshot) for item in page.items]
+        return _FetchedPage(number, products, page.total, page.page_size, page.body_digest)
 
     async def _fetch_pages(self, queue: asyncio.Queue[_FetchedPage | _Done], first: _FetchedPage) -> None:
         queue.put_nowait(first)
@@ -780,7 +936,7 @@ class _SyncPass:
                 page = await self._page(number, self._listing.page_size)
                 self._check_page_number(page, number)
                 self._listing.totals.add(page.total)
-                if self._plan.kind == "incremental":
+                if self._plan.kind == "incremental" and isinstance(page, CatalogPage):
                     self._upstream_ignores_filter(page, first=False)
                 fetched = self._fetched(number, page)
             except Exception as exc:  # noqa: BLE001 - ends the fetching; the pass records it as failed
@@ -816,49 +972,84 @@ class _SyncPass:
         new_ids: dict[Entity, set[int]] = {"product": set(), "sku": set()}
         products: list[Record] = []
         skus: list[Record] = []
+        stored_as_listed: list[_FetchedPage] = []
         for page in pages:
+            as_listed = True  # every product of the page is held, or about to be stored, as listed
             for listed in page.products:
                 if listed.changes is None and listed.problem is None:
-                    self._unchanged(listed)
-                    continue
-                if not self._first_listing("product", listed.id, new_ids):
-                    continue  # seen on an earlier page: the listing shifted under us
-                self._check_category(listed)
-                fresh_skus = [
-                    position
-                    for position, sku_id in enumerate(listed.sku_ids)
-                    if self._first_listing("sku", sku_id, new_ids)
-                ]
-                changes = listed.changes
-                if changes is None:
-                    if listed.problem is not None:
-                        self._unusable(listed, listed.problem, fresh_skus, new_ids)
-                    continue
-                try:
-                    products.append(product_record(changes.payload, changes.digest))
-                except IncompleteRecord as exc:
-                    self._unusable(listed, str(exc), fresh_skus, new_ids)
-                    continue
-                skus.extend(self._changed_skus(listed, changes, fresh_skus, new_ids))
+                    as_listed &= self._unchanged(listed)
+                else:
+                    as_listed &= self._changed(listed, new_ids, products, skus)
+            if as_listed and page.body_digest:
+                stored_as_listed.append(page)
         await self._write(
             [
                 diff_listed("product", products, self._snapshot["product"]),
                 diff_listed("sku", skus, self._snapshot["sku"]),
             ]
         )
+        for page in stored_as_listed:
+            self._remember(page)
         self._totals.pages += len(pages)
         if self._progress is not None:
             self._progress(self._totals.pages, self._listing.pages_total)
 
-    def _unchanged(self, listed: _ListedProduct) -> None:
-        """A product the mirror holds as listed, SKUs included: only noted as listed (and checked)."""
+    def _unchanged(self, listed: _ListedProduct) -> bool:
+        """A product the mirror holds as listed, SKUs included: only noted as listed (and checked).
+        False when this pass saw it before (a shifted listing)."""
         if not self._snapshot["product"].mark_listed(listed.id):
-            return  # seen on an earlier page: the listing shifted under us
+            return False  # seen on an earlier page: the listing shifted under us
         counts = self._listing.counts
         counts["product"] += 1
         skus = self._snapshot["sku"]
-        counts["sku"] += sum(skus.mark_listed(sku_id) for sku_id in listed.sku_ids)
+        marked = sum(skus.mark_listed(sku_id) for sku_id in listed.sku_ids)
+        counts["sku"] += marked
         self._check_category(listed)
+        return marked == len(listed.sku_ids)
+
+    def _changed(
+        self,
+        listed: _ListedProduct,
+        new_ids: dict[Entity, set[int]],
+        products: list[Record],
+        skus: list[Record],
+    ) -> bool:
+        """Add the records of a product that differs from the mirror (and of its SKUs that differ) to
+        ``products`` and ``skus``; True when every one of them could be made as listed."""
+        if not self._first_listing("product", listed.id, new_ids):
+            return False  # seen on an earlier page: the listing shifted under us
+        self._check_category(listed)
+        fresh_skus = [
+            position
+            for position, sku_id in enumerate(listed.sku_ids)
+            if self._first_listing("sku", sku_id, new_ids)
+        ]
+        changes = listed.changes
+        if changes is None:
+            if listed.problem is not None:
+                self._unusable(listed, listed.problem, fresh_skus, new_ids)
+            return False
+        try:
+            products.append(product_record(changes.payload, listed.digest))
+        except IncompleteRecord as exc:
+            self._unusable(listed, str(exc), fresh_skus, new_ids)
+            return False
+        records = self._changed_skus(listed, changes, fresh_skus, new_ids)
+        skus.extend(records)
+        changed_skus = sum(digest is not None for digest in changes.sku_digests)
+        return len(fresh_skus) == len(listed.sku_ids) and len(records) == changed_skus
+
+    def _remember(self, page: _FetchedPage) -> None:
+        """Remember a page stored as listed, for the next pass (its products without their payloads)."""
+        if page.packed is not None:
+            self._remembered[page.body_digest] = page.packed
+            return
+        products = tuple(
+            listed if listed.changes is None else replace(listed, changes=None) for listed in page.products
+        )
+        packed = _RememberedPage(page.total, page.number, page.page_size, products, page.body_digest).pack()
+        if packed is not None:
+            self._remembered[page.body_digest] = packed
 
     def _check_category(self, listed: _ListedProduct) -> None:
         if listed.category_id is not None:

@@ -219,7 +219,7 @@ class Plan:
 
 _REMOVED: Final = 1
 _LISTED: Final = 2
-_DIGEST_BYTES: Final = 16
+DIGEST_BYTES: Final = 16
 
 
 class Snapshot:
@@ -261,26 +261,26 @@ class Snapshot:
 
     def digest(self, identity: int) -> bytes | None:
         entry = self._entries.get(identity)
-        return None if entry is None else entry[:_DIGEST_BYTES]
+        return None if entry is None else entry[:DIGEST_BYTES]
 
     def removed(self, identity: int) -> bool:
         entry = self._entries.get(identity)
-        return entry is not None and bool(entry[_DIGEST_BYTES] & _REMOVED)
+        return entry is not None and bool(entry[DIGEST_BYTES] & _REMOVED)
 
     def live(self, identity: int) -> bool:
         """Whether the mirror holds this id and does not mark it removed."""
         entry = self._entries.get(identity)
-        return entry is not None and not entry[_DIGEST_BYTES] & _REMOVED
+        return entry is not None and not entry[DIGEST_BYTES] & _REMOVED
 
     def listed(self, identity: int) -> bool:
         """Whether the upstream listed this id during the current pass."""
         entry = self._entries.get(identity)
-        return entry is not None and bool(entry[_DIGEST_BYTES] & _LISTED)
+        return entry is not None and bool(entry[DIGEST_BYTES] & _LISTED)
 
     def needs_write(self, identity: int, digest: bytes) -> bool:
         """Whether a listed entity with this digest is missing, removed, or different in the mirror."""
         entry = self._entries.get(identity)
-        return entry is None or bool(entry[_DIGEST_BYTES] & _REMOVED) or not entry.startswith(digest)
+        return entry is None or bool(entry[DIGEST_BYTES] & _REMOVED) or not entry.startswith(digest)
 
     def mark_listed(self, identity: int) -> bool:
         """Record that the upstream lists ``identity`` in this pass; False if it was already marked.
@@ -290,10 +290,10 @@ class Snapshot:
         entry = self._entries.get(identity)
         if entry is None:
             return True
-        state = entry[_DIGEST_BYTES]
+        state = entry[DIGEST_BYTES]
         if state & _LISTED:
             return False
-        self._entries[identity] = entry[:_DIGEST_BYTES] + bytes((state | _LISTED,))
+        self._entries[identity] = entry[:DIGEST_BYTES] + bytes((state | _LISTED,))
         return True
 
     def store(self, identity: int, digest: bytes) -> None:
@@ -302,18 +302,18 @@ class Snapshot:
 
     def mark_removed(self, identity: int) -> None:
         entry = self._entries[identity]
-        self._entries[identity] = entry[:_DIGEST_BYTES] + bytes((entry[_DIGEST_BYTES] | _REMOVED,))
+        self._entries[identity] = entry[:DIGEST_BYTES] + bytes((entry[DIGEST_BYTES] | _REMOVED,))
 
     def live_count(self) -> int:
         """Rows not marked removed."""
-        return sum(1 for entry in self._entries.values() if not entry[_DIGEST_BYTES] & _REMOVED)
+        return sum(1 for entry in self._entries.values() if not entry[DIGEST_BYTES] & _REMOVED)
 
     def unlisted(self) -> list[int]:
         """Live rows the current pass did not see listed."""
         return [
             identity
             for identity, entry in self._entries.items()
-            if not entry[_DIGEST_BYTES] & (_REMOVED | _LISTED)
+            if not entry[DIGEST_BYTES] & (_REMOVED | _LISTED)
         ]
 
 
@@ -329,7 +329,7 @@ def digest_of(payload: Any, *implied: object) -> bytes:
     text = orjson.dumps(payload, default=_exact_default, option=orjson.OPT_SORT_KEYS)
     if implied:
         text += ("\n" + "\n".join(map(str, implied))).encode()
-    return hashlib.blake2b(text, digest_size=_DIGEST_BYTES).digest()
+    return hashlib.blake2b(text, digest_size=DIGEST_BYTES).digest()
 
 
 def product_digest(payload: Mapping[str, Any]) -> bytes:
@@ -550,6 +550,9 @@ class PassHistory:
     last_complete_at: datetime | None = None
     last_full_at: datetime | None = None
     ignored_updated_after_at: datetime | None = None
+    last_run_id: int | None = None
+    """The newest run of the upstream, whatever its status (a pass that sees a newer one than it left knows
+    that another pass ran in between)."""
 
 
 @dataclass(frozen=True, slots=True)

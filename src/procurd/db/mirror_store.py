@@ -655,7 +655,7 @@ class MirrorStore:
 
     def pass_history(self, upstream: str) -> PassHistory:
         """Start times of the last complete pass, the last complete full pass, and the last pass that saw
-        the upstream ignore ``updated_after``."""
+        the upstream ignore ``updated_after``; the id of the newest run."""
         complete = and_(sync_runs.c.upstream == upstream, sync_runs.c.status.in_(COMPLETE_STATUSES))
         last_complete, last_full = self.connection.execute(
             select(
@@ -663,15 +663,17 @@ class MirrorStore:
                 func.max(sync_runs.c.started_at).filter(sync_runs.c.kind == "full"),
             ).where(complete)
         ).one()
-        ignored = self.connection.execute(
-            select(func.max(sync_runs.c.started_at)).where(
-                sync_runs.c.upstream == upstream, sync_runs.c.ignored_updated_after.is_(True)
-            )
-        ).scalar()
+        ignored, last_run_id = self.connection.execute(
+            select(
+                func.max(sync_runs.c.started_at).filter(sync_runs.c.ignored_updated_after.is_(True)),
+                func.max(sync_runs.c.id),
+            ).where(sync_runs.c.upstream == upstream)
+        ).one()
         return PassHistory(
             last_complete_at=self._datetime(last_complete),
             last_full_at=self._datetime(last_full),
             ignored_updated_after_at=self._datetime(ignored),
+            last_run_id=last_run_id,
         )
 
     @staticmethod

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Any, Self, TypeVar, overload
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -41,6 +42,7 @@ from procurd.upstream.models import (
     PingResult,
     Product,
     ProductPage,
+    SeenPage,
     UpstreamModel,
     UpstreamOrder,
 )
@@ -69,12 +71,16 @@ class _Call:
     query: Mapping[str, str] | None = None
     body: bytes = b""
     decode: Callable[[bytes], Any] = field(default=loads_exact)
+    seen: Container[bytes] | None = None
+    """Digests of success bodies the caller knows: such a body is answered as seen, not decoded."""
 
 
 @dataclass(frozen=True, slots=True)
 class _Answer:
     body: dict[str, Any]
     seconds: float
+    body_digest: bytes = b""
+    seen: bool = False
 
 
 class UpstreamClient:
@@ -175,6 +181,28 @@ class UpstreamClient:
             self._check_entity("categories", item, f"categories[{index}]")
         return items
 
+    @overload
+    async def catalog_page(
+        self,
+        page: int = ...,
+        page_size: int = ...,
+        *,
+        updated_after: datetime | None = ...,
+        priority: Priority = ...,
+        seen: None = ...,
+    ) -> CatalogPage: ...
+
+    @overload
+    async def catalog_page(
+        self,
+        page: int = ...,
+        page_size: int = ...,
+        *,
+        updated_after: datetime | None = ...,
+        priority: Priority = ...,
+        seen: Container[bytes],
+    ) -> CatalogPage | SeenPage: ...
+
     async def catalog_page(
         self,
         page: int = 1,
@@ -182,16 +210,23 @@ class UpstreamClient:
         *,
         updated_after: datetime | None = None,
         priority: Priority = Priority.CATALOG,
-    ) -> CatalogPage:
+        seen: Container[bytes] | None = None,
+    ) -> CatalogPage | SeenPage:
         """One page of active products as decoded JSON (parsed once, amounts exact), for the mirror;
-        ``updated_after`` asks for products updated since then only (upstreams may ignore it)."""
+        ``updated_after`` asks for products updated since then only (upstreams may ignore it).
+
+        With ``seen`` (SHA-256 digests of earlier success bodies) the page carries its body's digest, and a
+        success body whose digest is in ``seen`` is not decoded at all: the answer is a :class:`SeenPage`."""
         if page < 1 or not 1 <= page_size <= MAX_PAGE_SIZE:
             raise ValueError(f"page must be at least 1 and page_size 1 to {MAX_PAGE_SIZE}")
         query = {"page": str(page), "page_size": str(page_size)}
         if updated_after is not None:
             query["updated_after"] = rfc3339(updated_after)
-        call = _Call("products", "GET", "/products", priority, query=query, decode=loads_listing)
-        body = (await self._send(call)).body
+        call = _Call("products", "GET", "/products", priority, query=query, decode=loads_listing, seen=seen)
+        answer = await self._send(call)
+        if answer.seen:
+            return SeenPage(answer.body_digest)
+        body = answer.body
         numbers = {}
         for name in ("total", "page", "page_size"):
             value = body.get(name)
@@ -212,7 +247,7 @@ class UpstreamClient:
                 raise self._protocol_error("products", f"items[{index}].skus is not a list")
             for position, sku in enumerate(skus):
                 self._check_entity("products", sku, f"items[{index}].skus[{position}]")
-        return CatalogPage(items, numbers["total"], numbers["page"], numbers["page_size"])
+        return CatalogPage(items, numbers["total"], numbers["page"], numbers["page_size"], answer.body_digest)
 
     def _check_entity(self, endpoint: str, item: Any, where: str) -> None:
         if not isinstance(item, dict):
@@ -290,6 +325,7 @@ class UpstreamClient:
         if call.method != "GET":
             headers["Content-Type"] = "application/json"
         status: int | None = None
+        digest = b""
         try:
             async with session.request(
                 call.method,
@@ -301,6 +337,10 @@ class UpstreamClient:
             ) as response:
                 status = response.status
                 raw = await response.read()
+                if call.seen is not None:
+                    digest = hashlib.sha256(raw).digest()
+                    if 200 <= status < 300 and digest in call.seen:
+                        return _Answer({}, time.perf_counter() - started, digest, seen=True)
                 result = classify_response(
                     http_status=response.status,
                     body=raw,
@@ -341,7 +381,7 @@ class UpstreamClient:
             )
         if isinstance(result, UpstreamError):
             raise result
-        return _Answer(result, seconds)
+        return _Answer(result, seconds, digest)
 
     def _open_session(self) -> aiohttp.ClientSession:
         if self._closed:

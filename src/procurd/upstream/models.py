@@ -139,6 +139,16 @@ class CatalogPage:
     total: int
     page: int
     page_size: int
+    body_digest: bytes = b""
+    """SHA-256 of the answer's body as received, when the caller asked (``seen`` given); else empty."""
+
+
+@dataclass(frozen=True, slots=True)
+class SeenPage:
+    """A ``GET /products`` answer whose body is byte for byte one the caller has seen before, left undecoded:
+    ``body_digest`` names it among the digests the caller passed as ``seen``."""
+
+    body_digest: bytes
 
 
 class MemberLevel(UpstreamModel):
