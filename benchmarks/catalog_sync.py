@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import math
 import multiprocessing
 import multiprocessing.connection
@@ -207,7 +208,39 @@ async def measure(
     )
 
 
-def report(figures: Figures, database: str) -> None:
+def store_rows_alone(database_path: Path) -> Phase:
+    """The floor of storing the mirror on SQLite: the rows the first sync wrote, read back as tuples and
+    inserted with the driver alone (executemany, one transaction per table) into an empty copy of the
+    schema, in this process. No digest, no record, no Python per row beyond the driver's."""
+    import sqlite3
+
+    tables = ("mirror_categories", "mirror_products", "mirror_skus")
+    with contextlib.closing(sqlite3.connect(database_path)) as source:
+        rows = {table: source.execute(f"SELECT * FROM {table}").fetchall() for table in tables}  # noqa: S608
+        schema = [
+            sql
+            for (sql,) in source.execute(
+                "SELECT sql FROM sqlite_master WHERE sql IS NOT NULL AND tbl_name IN (?, ?, ?)", tables
+            )
+        ]
+    target_path = database_path.with_name("floor.db")
+    with contextlib.closing(sqlite3.connect(target_path, isolation_level=None)) as target:
+        target.execute("PRAGMA journal_mode=WAL")
+        target.execute("PRAGMA synchronous=NORMAL")
+        for sql in schema:
+            target.execute(sql)
+        started, cpu_started = time.perf_counter(), time.process_time()
+        for table, table_rows in rows.items():
+            if not table_rows:
+                continue
+            marks = ", ".join("?" * len(table_rows[0]))
+            target.execute("BEGIN IMMEDIATE")
+            target.executemany(f"INSERT INTO {table} VALUES ({marks})", table_rows)  # noqa: S608
+            target.execute("COMMIT")
+        return Phase(time.perf_counter() - started, time.process_time() - cpu_started)
+
+
+def report(figures: Figures, database: str, floor: Phase | None) -> None:
     fetch = min(figures.fetch, key=lambda phase: phase.seconds)
     rows = figures.products + figures.skus
     runs = ", ".join(f"{phase.seconds:.3f}" for phase in figures.fetch)
@@ -231,6 +264,12 @@ def report(figures: Figures, database: str) -> None:
         f"  / fetch-only      {figures.sync.seconds / fetch.seconds:.2f}  (aim <= {AIM_FIRST_RATIO}; "
         f"extra CPU {(figures.sync.cpu_seconds - fetch.cpu_seconds) / rows * 1e6:.0f} us/row)"
     )
+    if floor is not None:
+        print(
+            f"  storing alone     {floor.seconds:.3f} s  (CPU {floor.cpu_seconds:.3f} s; the same rows "
+            "inserted "
+            f"by the driver alone: {floor.seconds / fetch.seconds:.2f} x fetch-only)"
+        )
     for label, second, written in (
         ("unchanged re-sync ", figures.second_sync, figures.second_rows),
         ("  nothing remembered", figures.cold_sync, figures.cold_rows),
@@ -285,13 +324,14 @@ def main(argv: list[str] | None = None) -> int:
             figures = asyncio.run(
                 measure(base_url, database_url, args.page_size, args.concurrency, args.with_pricing)
             )
+            floor = None if args.database_url else store_rows_alone(Path(directory) / "bench.db")
     finally:
         stop.set()
         child.join(30)
         if child.is_alive():
             child.terminate()
             child.join()
-    report(figures, "PostgreSQL" if args.database_url else "SQLite")
+    report(figures, "PostgreSQL" if args.database_url else "SQLite", floor)
     return 0
 
 

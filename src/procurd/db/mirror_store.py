@@ -33,6 +33,7 @@ from sqlalchemy import (
     true,
     update,
 )
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.compiler import Compiled
 from sqlalchemy.sql.expression import ClauseElement
 
@@ -347,8 +348,26 @@ class MirrorStore:
     def _table_snapshot(self, table: Table, upstream: str) -> Snapshot:
         # Plain driver rows: a snapshot reads every row of the upstream, tens of thousands of them.
         sql = _SNAPSHOT_SQL[table.name].sql(self.connection.dialect)
-        result = self.connection.exec_driver_sql(sql, (upstream,))
-        return Snapshot.from_rows(chain.from_iterable(result.partitions(ROWS_PER_FETCH)))
+        return Snapshot.from_rows(chain.from_iterable(self._plain_batches(sql, (upstream,))))
+
+    def _plain_batches(self, sql: str, parameters: tuple[Any, ...]) -> Iterator[Sequence[Any]]:
+        """The rows of ``sql`` as the driver's own tuples, in batches, with no row object in between (a
+        snapshot reads tens of thousands of rows). A driver error while fetching becomes SQLAlchemy's, as at
+        execution."""
+        cursor = self.connection.exec_driver_sql(sql, parameters).cursor
+        dialect = self.connection.dialect
+        try:
+            while True:
+                try:
+                    batch = cursor.fetchmany(ROWS_PER_FETCH)
+                except dialect.loaded_dbapi.Error as exc:
+                    error = dialect.loaded_dbapi.Error
+                    raise DBAPIError.instance(sql, parameters, exc, error, hide_parameters=True) from exc
+                if not batch:
+                    return
+                yield batch
+        finally:
+            cursor.close()
 
     def known_rows(self, upstream: str, entity: Entity, ids: Collection[int]) -> KnownRows:
         """Tracked values (and a SKU's product) of the rows ``ids`` as stored now."""
@@ -462,8 +481,7 @@ class MirrorStore:
         )
         values = compiled.params
         parameters = tuple(values[name] for name in compiled.positiontup or ())
-        result = self.connection.exec_driver_sql(str(compiled), parameters)
-        return chain.from_iterable(result.partitions(ROWS_PER_FETCH))
+        return chain.from_iterable(self._plain_batches(str(compiled), parameters))
 
     @staticmethod
     def _product_conditions(product_ids: Collection[int] | None) -> Iterator[Callable[[Any], Any]]:
