@@ -25,6 +25,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 from fault_processes import FileSizeLimitedDaemon, PostgresServer, TinyDisk, postgres_bin_dir
@@ -44,8 +45,11 @@ from fault_support import (
 )
 from procurd.config import CALLBACK_PATH, Settings
 from procurd.daemon import Daemon
+from procurd.db import database as database_module
 from procurd.db import migrate
 from procurd.db.database import open_database
+from procurd.db.errors import DatabaseUnavailable
+from procurd.db.stores import Tx
 from procurd.sandbox import Sandbox
 from procurd.sandbox.callbacks import callback_body
 from procurd.sandbox.testing import SignedClient
@@ -692,6 +696,42 @@ async def test_postgres_restarted_mid_run(tmp_path: Path) -> None:
     finally:
         await server.stop()
     report("postgres_restarted", **figures)
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("idle_connections_pinged", [True, False])
+async def test_pooled_connections_across_a_postgres_restart(
+    monkeypatch: pytest.MonkeyPatch, idle_connections_pinged: bool
+) -> None:
+    """A pooled connection that sat idle while PostgreSQL restarted is checked before its next use and
+    replaced: the caller sees nothing. One in steady use (not idle long enough to be checked) fails once as
+    unavailable, and every connection of the pool is renewed for the next transaction."""
+    bin_dir = postgres_bin_dir()
+    if not POSTGRES_URL or bin_dir is None:
+        pytest.skip("runs in the PostgreSQL pass (PROCURD_TEST_POSTGRES_URL) on a server of its own (initdb)")
+    monkeypatch.setattr(database_module, "PING_AFTER_IDLE_SECONDS", 0.0 if idle_connections_pinged else 3600)
+    server = PostgresServer(bin_dir)
+    try:
+        await server.start()
+        database = open_database(await server.create_database("procurd_pool"))
+        try:
+
+            def one(tx: Tx) -> int:
+                return int(tx.connection.execute(text("SELECT 1")).scalar_one())
+
+            assert await database.read(one) == 1
+            await server.restart()
+            if idle_connections_pinged:
+                assert await database.read(one) == 1
+            else:
+                with pytest.raises(DatabaseUnavailable):
+                    await database.read(one)
+                assert await database.read(one) == 1
+            assert await database.write(one) == 1
+        finally:
+            await database.close()
+    finally:
+        await server.stop()
 
 
 async def orders_through_restarts(

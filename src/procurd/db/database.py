@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -28,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DisconnectionError
 
 from procurd.db.errors import DatabaseError, translate
 from procurd.instance import instance_id
@@ -44,6 +46,7 @@ TxFunction = Callable[Concatenate["Tx", P], T]
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 SQLITE_READERS = 4
 POSTGRES_POOL_SIZE = 10
+PING_AFTER_IDLE_SECONDS = 1.0
 
 
 def _json_default(value: Any) -> Any:
@@ -278,7 +281,6 @@ class PostgresDatabase(Database):
             connect_args={"server_settings": {"application_name": application_name()}},
             pool_size=POSTGRES_POOL_SIZE,
             max_overflow=POSTGRES_POOL_SIZE,
-            pool_pre_ping=True,
             pool_recycle=1800,
             hide_parameters=True,
             json_serializer=dumps_json,
@@ -291,6 +293,7 @@ class PostgresDatabase(Database):
         self._kept: AsyncConnection | None = None
         self._kept_lock = asyncio.Lock()
         self._writes: set[asyncio.Future[Any]] = set()
+        _ping_after_idle(self._engine.sync_engine)
 
     @property
     def sync_engine(self) -> Engine:
@@ -350,6 +353,29 @@ class PostgresDatabase(Database):
             await self._drop_kept()
         with contextlib.suppress(Exception):
             await self._engine.dispose()
+
+
+def _ping_after_idle(engine: Engine) -> None:
+    """Check a pooled connection before use only when it has sat idle for ``PING_AFTER_IDLE_SECONDS``.
+
+    A ping on every checkout (``pool_pre_ping``) costs the asyncpg driver three round trips per transaction.
+    A connection in steady use needs none: if the server restarted under it, its first statement fails as
+    unavailable and SQLAlchemy then renews every connection of the pool."""
+
+    @event.listens_for(engine, "checkin")
+    def checked_in(dbapi_connection: Any, record: Any) -> None:
+        record.info["idle_since"] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def checked_out(dbapi_connection: Any, record: Any, proxy: Any) -> None:
+        idle_since = record.info.pop("idle_since", None)
+        if idle_since is None or time.monotonic() - idle_since < PING_AFTER_IDLE_SECONDS:
+            return
+        try:
+            engine.dialect.do_ping(dbapi_connection)
+        except Exception as exc:
+            # The pool drops this connection and checks out another.
+            raise DisconnectionError(f"a pooled connection no longer answers: {type(exc).__name__}") from exc
 
 
 @contextlib.contextmanager
