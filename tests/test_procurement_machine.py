@@ -17,6 +17,7 @@ from procurd.core.procurement import (
     Admit,
     Cancel,
     Claim,
+    ClaimAbandoned,
     Decision,
     ExceptionOpened,
     GiveUp,
@@ -50,6 +51,7 @@ FULFILLMENT = {
     "delivered_at": "2026-11-22T12:00:00Z",
 }
 EARLIER = NOW - timedelta(minutes=5)
+POLLER = "host:1/main/poll"
 NEW = Procurement(
     id=7,
     order_no="A1001",
@@ -517,12 +519,38 @@ def test_a_procurement_not_due_is_not_claimed() -> None:
 
 
 def test_a_poll_claim_moves_the_next_poll_out_without_audit() -> None:
-    """A claimed poll pushes the next one out until the answer comes; nothing is audited."""
+    """A claimed poll pushes the next one out until the answer comes, held by its poller; nothing is
+    audited."""
     due = replace(SUBMITTED, next_poll_at=NOW)
-    decision = decide(due, PollClaim(60), NOW, POLICY)
-    assert changes(due, decision) == {"next_poll_at": NOW + timedelta(seconds=60)}
+    decision = decide(due, PollClaim(60, POLLER), NOW, POLICY)
+    until = NOW + timedelta(seconds=60)
+    assert changes(due, decision) == {"next_poll_at": until, "lease_owner": POLLER, "lease_expires_at": until}
     assert not decision.audited
-    assert is_noop(SUBMITTED, decide(SUBMITTED, PollClaim(60), NOW, POLICY))
+    assert is_noop(SUBMITTED, decide(SUBMITTED, PollClaim(60, POLLER), NOW, POLICY))
+
+
+def test_a_poll_held_by_a_vanished_instance_is_due_again_at_once() -> None:
+    """When the instance whose poller holds a poll is found gone, the poll is due now and the hold is gone
+    (audited); another instance's going changes nothing."""
+    held = decide(replace(SUBMITTED, next_poll_at=NOW), PollClaim(60, POLLER), NOW, POLICY).procurement
+    later = NOW + timedelta(seconds=5)
+    assert is_noop(held, decide(held, ClaimAbandoned("other-host:9"), later, POLICY))
+    decision = decide(held, ClaimAbandoned("host:1"), later, POLICY)
+    assert decision.event == "poll_claim_abandoned"
+    assert decision.audited
+    assert changes(held, decision) == {"next_poll_at": later, "lease_owner": None, "lease_expires_at": None}
+
+
+def test_a_poll_hold_ends_with_the_next_change() -> None:
+    """The poll's answer (or a callback that came first) ends its hold; a vanished poller then changes
+    nothing."""
+    held = decide(replace(SUBMITTED, next_poll_at=NOW), PollClaim(60, POLLER), NOW, POLICY).procurement
+    answered = decide(held, report("delivered", fulfillment=FULFILLMENT), NOW, POLICY).procurement
+    assert answered.state is State.DELIVERED
+    assert (answered.lease_owner, answered.lease_expires_at) == (None, None)
+    assert is_noop(answered, decide(answered, ClaimAbandoned("host:1"), NOW, POLICY))
+    failed = decide(held, PollFailed("timeout", "no answer"), NOW, POLICY).procurement
+    assert (failed.lease_owner, failed.next_poll_at is not None) == (None, True)
 
 
 def test_opening_an_exception_is_an_effect_of_the_transition() -> None:

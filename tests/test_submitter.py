@@ -6,12 +6,15 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import event, func, select
 
-from procurd.db.schema import procurements
+from procurd.db.schema import audit_log, procurements
+from procurd.db.types import utcnow
 from procurd.http.testing import Stack, procurd_stack
+from procurd.procurement.service import ProcurementService
 from procurd.procurement.submitter import Submitter
 from support import sql_rows, wait_until
 
@@ -160,3 +163,40 @@ async def test_a_submission_in_flight_does_not_make_the_claimer_spin(database_ur
         claims, elapsed = await claims_until_delivered(stack, sku, "S1")
     assert elapsed >= 1.5
     assert claims <= 2 + int(elapsed / IDLE_SECONDS) + 1, (claims, elapsed)
+
+
+async def test_a_poll_held_by_a_vanished_instance_is_due_again_at_once(database_url: str) -> None:
+    """A fallback poll claimed by an instance that is then found gone is due again at once, and another
+    instance's poller takes it, rather than when the claim's hold (``lease_seconds``) ends; the release is
+    audited as ``poll_claim_abandoned``."""
+    async with procurd_stack(database_url, upstreams=("main",)) as stack:
+        await stack.sync("main")
+        sku = stack.sandbox.state.first_sku("manual")
+        form = {"account": "a@b.example"}
+        item = {"upstream": "main", "sku_id": sku.id, "quantity": 1, "manual_form_data": form}
+        answer = await stack.admin("POST", "/api/v1/orders", {"order_no": "H1", "items": [item]})
+        assert answer.status == 202, answer.body
+        async with running_pool(stack, 1):
+            await wait_until(lambda: _only(stack, "submitted"))
+        # The first poll falls due poll_initial_seconds after the submission: look from a minute later.
+        later = utcnow() + timedelta(minutes=1)
+        service = ProcurementService(stack.runtime.database, stack.settings, clock=lambda: later)
+        try:
+            [held] = await service.claim_polls("main", "gone-host:7/main/poll", 10)
+            assert held.lease_owner == "gone-host:7/main/poll"
+            assert await service.claim_polls("main", "live-host:8/main/poll", 10) == []
+
+            released = await service.release_claims(["gone-host:7"])
+            assert [applied.decision.event for applied in released] == ["poll_claim_abandoned"]
+            [taken] = await service.claim_polls("main", "live-host:8/main/poll", 10)
+            assert (taken.id, taken.lease_owner) == (held.id, "live-host:8/main/poll")
+        finally:
+            await service.close()
+        audit = await sql_rows(
+            stack.runtime.database, select(audit_log.c.event).where(audit_log.c.procurement_id == held.id)
+        )
+        assert "poll_claim_abandoned" in [row.event for row in audit]
+
+
+async def _only(stack: Stack, state: str) -> bool:
+    return await states(stack) == {state: 1}

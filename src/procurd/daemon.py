@@ -155,7 +155,11 @@ class Daemon:
                 )
             )
             poller = Poller(
-                runtime.service, client, settings.procurement.poll_give_up_seconds, idle_seconds=idle
+                runtime.service,
+                client,
+                settings.procurement.poll_give_up_seconds,
+                instance=runtime.instance,
+                idle_seconds=idle,
             )
             workers.append(self.singletons.worker(poller, f"poll:{upstream.name}"))
         if settings.storefront.webhook_url:

@@ -2,11 +2,11 @@
 alerts its watches found, and finds instances that vanished without a clean shutdown.
 
 An instance whose heartbeat is older than three ``heartbeat_seconds`` is down: an ``instance_down`` alert is
-raised, the submissions it had claimed are released at once, so another instance sends them without
-waiting for the claims to expire, and the singletons it ran are freed for another instance to take. The
-heartbeat looks again right when the oldest heartbeat of the others turns stale, so a vanished instance is
-found about three beats after its last one. A daemon restarted on the same host recognises its dead
-predecessors at start-up, by their process ids.
+raised, the submissions and polls it had claimed are released at once, so another instance takes them
+without waiting for the claims to expire, and the singletons it ran are freed for another instance to
+take. The heartbeat looks again right when the oldest heartbeat of the others turns stale, so a vanished
+instance is found about three beats after its last one. A daemon restarted on the same host recognises its
+dead predecessors at start-up, by their process ids.
 """
 
 from __future__ import annotations
@@ -109,7 +109,8 @@ class Heartbeat(Worker):
                 f"instance {instance.id} (procurd {instance.version}, started "
                 f"{instance.started_at.isoformat()}) stopped without a clean shutdown; last heartbeat "
                 f"{instance.heartbeat_at.isoformat()}. "
-                "Its claimed submissions and its singleton jobs were released to the other instances. "
+                "Its claimed submissions and polls and its singleton jobs were released to the other "
+                "instances. "
                 "Check the host and the service's journal (journalctl -u procurd).",
             )
             for instance in down

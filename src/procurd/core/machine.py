@@ -88,7 +88,7 @@ def decide(
     if procurement is None:
         raise NotAllowed("procurement_not_found", "no such procurement")
     decision = _decide(procurement, event, now, policy, rng)
-    return _stamped(procurement, decision, now)
+    return _stamped(procurement, _poll_hold_ended(procurement, event, decision), now)
 
 
 def _decide(
@@ -189,6 +189,22 @@ def _ignored(p: Procurement, event: str, **detail: Any) -> Decision:
 
 def _holds_claim(p: Procurement, owner: str) -> bool:
     return p.state is State.QUEUED and p.lease_owner == owner
+
+
+def _holds_poll(p: Procurement) -> bool:
+    """Whether a poller holds ``p``'s poll (a claim on anything but a queued procurement is a poll's)."""
+    return p.state is not State.QUEUED and p.lease_owner is not None
+
+
+def _poll_hold_ended(before: Procurement, event: Event, decision: Decision) -> Decision:
+    """A poll's hold ends with the next change of the procurement that is not a poll claim: its answer, a
+    callback that came first, a cancel ..."""
+    after = decision.procurement
+    if isinstance(event, PollClaim) or not _holds_poll(before) or after == before:
+        return decision
+    if after.lease_owner != before.lease_owner:
+        return decision
+    return replace(decision, procurement=_released(after))
 
 
 # --- intake and claims -------------------------------------------------------------------------------------
@@ -394,10 +410,15 @@ def _claim(p: Procurement, event: Claim, now: datetime) -> Decision:
 
 def _claim_abandoned(p: Procurement, event: ClaimAbandoned, now: datetime) -> Decision:
     owner = p.lease_owner
-    if not p.submission_in_flight or owner is None or not owner.startswith(f"{event.instance}/"):
+    if owner is None or not owner.startswith(f"{event.instance}/"):
         return _ignored(p, "claim_not_held")
-    released = replace(p, lease_expires_at=now)
-    return Decision(released, "claim_abandoned", {"owner": owner, "instance": event.instance})
+    detail = {"owner": owner, "instance": event.instance}
+    if _holds_poll(p):
+        # Nobody will report the poll's answer: it is due again now.
+        return Decision(_released(p, next_poll_at=now), "poll_claim_abandoned", detail)
+    if not p.submission_in_flight:
+        return _ignored(p, "claim_not_held")
+    return Decision(replace(p, lease_expires_at=now), "claim_abandoned", detail)
 
 
 # --- submission answers ------------------------------------------------------------------------------------
@@ -695,9 +716,9 @@ def _poll_claim(p: Procurement, event: PollClaim, now: datetime) -> Decision:
     due = p.next_poll_at is not None and p.next_poll_at <= now
     if p.state not in (State.SUBMITTED, State.DELIVERED) or not due or p.upstream_order_id is None:
         return _ignored(p, "poll_not_due")
-    return Decision(
-        replace(p, next_poll_at=now + _seconds(event.hold_seconds)), "poll_claimed", audited=False
-    )
+    until = now + _seconds(event.hold_seconds)
+    held = replace(p, next_poll_at=until, lease_owner=event.owner, lease_expires_at=until)
+    return Decision(held, "poll_claimed", audited=False)
 
 
 def _poll_failed(p: Procurement, event: PollFailed, now: datetime, policy: Policy) -> Decision:

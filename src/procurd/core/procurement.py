@@ -256,7 +256,8 @@ class Claim:
 
 @dataclass(frozen=True, slots=True)
 class ClaimAbandoned:
-    """The instance that holds the claim is gone (it stopped beating): the claim may be taken at once."""
+    """The instance that holds the claim (a submission's, or a poll's) is gone (it stopped beating): the
+    claim may be taken at once."""
 
     instance: str
 
@@ -334,9 +335,11 @@ class Reconciled:
 
 @dataclass(frozen=True, slots=True)
 class PollClaim:
-    """A poller takes a due poll; the next one is pushed ``hold_seconds`` out until the answer comes."""
+    """Poller ``owner`` takes a due poll; the next one is pushed ``hold_seconds`` out until the answer
+    comes (or until ``owner``'s instance is found gone)."""
 
     hold_seconds: float
+    owner: str
 
 
 @dataclass(frozen=True, slots=True)

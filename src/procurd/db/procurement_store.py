@@ -359,14 +359,14 @@ class ProcurementStore:
         return {row.id: row.order_no for row in rows}
 
     def claimed_by(self, instances: Iterable[str]) -> dict[int, str]:
-        """Queued procurements whose submission claim one of ``instances`` holds (id to order number)."""
+        """Procurements whose submission or poll one of ``instances`` has claimed (id to order number)."""
         owners = [
             procurements.c.lease_owner.startswith(f"{instance}/", autoescape=True) for instance in instances
         ]
         if not owners:
             return {}
         statement = select(procurements.c.id, procurements.c.order_no).where(
-            procurements.c.state == State.QUEUED.value, procurements.c.lease_owner.is_not(None), or_(*owners)
+            procurements.c.lease_owner.is_not(None), or_(*owners)
         )
         return {row.id: row.order_no for row in self.connection.execute(statement)}
 

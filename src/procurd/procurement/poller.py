@@ -45,6 +45,7 @@ class Poller(Worker):
         client: UpstreamClient,
         give_up_seconds: float,
         *,
+        instance: str,
         idle_seconds: float = 5.0,
     ) -> None:
         super().__init__()
@@ -55,9 +56,12 @@ class Poller(Worker):
         self.name = f"poller {self.upstream}"
         self.idle_seconds = idle_seconds
         self.wakeup = service.wakeups.for_polls(self.upstream)
+        # The instance that holds a poll is named in its claim, so that the poll is free again at once when
+        # the instance is found gone.
+        self.owner = f"{instance}/{self.upstream}/poll"
 
     async def step(self) -> float | None:
-        while claimed := await self.service.claim_polls(self.upstream, POLL_BATCH):
+        while claimed := await self.service.claim_polls(self.upstream, self.owner, POLL_BATCH):
             await asyncio.gather(*(self._poll(procurement) for procurement in claimed))
         due = await self.service.next_poll_due(self.upstream)
         return None if due is None else (due - self.service.clock()).total_seconds()

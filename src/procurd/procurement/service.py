@@ -232,12 +232,13 @@ class ProcurementService:
         """Claim due procurements; the claim (and the attempt) is committed before any upstream call."""
         return await self._claims(ClaimSubmissions(upstream, owner, limit))
 
-    async def claim_polls(self, upstream: str, limit: int) -> list[Procurement]:
+    async def claim_polls(self, upstream: str, owner: str, limit: int) -> list[Procurement]:
         """Claim procurements due for a fallback poll; their next poll moves out until the answer comes."""
-        return await self._claims(ClaimPolls(upstream, limit))
+        return await self._claims(ClaimPolls(upstream, owner, limit))
 
     async def release_claims(self, instances: Sequence[str]) -> list[Applied]:
-        """The submissions ``instances`` had claimed may be taken again at once (the instances are gone)."""
+        """The submissions and polls ``instances`` had claimed may be taken again at once (the instances are
+        gone)."""
         result = await self._submit(ReleaseClaims(tuple(instances)))
         assert isinstance(result, list)
         released = [applied for applied in result if isinstance(applied, Applied)]

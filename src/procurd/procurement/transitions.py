@@ -114,15 +114,17 @@ class ClaimSubmissions:
 
 @dataclass(frozen=True, slots=True)
 class ClaimPolls:
-    """Claim up to ``limit`` procurements of ``upstream`` due for a fallback poll."""
+    """Poller ``owner`` claims up to ``limit`` procurements of ``upstream`` due for a fallback poll."""
 
     upstream: str
+    owner: str
     limit: int
 
 
 @dataclass(frozen=True, slots=True)
 class ReleaseClaims:
-    """The instances named are gone: the submissions they had claimed may be taken again at once."""
+    """The instances named are gone: the submissions and polls they had claimed may be taken again at
+    once."""
 
     instances: tuple[str, ...]
 
@@ -315,7 +317,7 @@ def _run(
             owner, lease = command.owner, batch.rules.lease_seconds
             return _claim(batch, claimed, lambda p: Claim(owner, lease, _mirror_of(p, skus)))
         case ClaimPolls():
-            poll = PollClaim(batch.rules.lease_seconds)
+            poll = PollClaim(batch.rules.lease_seconds, command.owner)
             return _claim(batch, claimed, lambda p: poll)
         case ReleaseClaims():
             released: list[Applied] = []
