@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Container
+from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import delete, func, select, text, update
+from sqlalchemy.ext.asyncio import create_async_engine
 
-from procurd.catalog.sync import SKIPPED_BUSY, PageMemory, SyncReport, last_sync, run_sync
+from procurd.catalog.sync import CANCELLED, SKIPPED_BUSY, PageMemory, SyncReport, last_sync, run_sync
 from procurd.config import UpstreamSettings
 from procurd.db.database import Database
+from procurd.db.mirror_store import INTERRUPTED_ERROR
 from procurd.db.schema import leases as leases_table
 from procurd.db.schema import mirror_categories, mirror_changes, mirror_products, mirror_skus, sync_runs
 from procurd.db.stores import Tx
@@ -22,7 +26,7 @@ from procurd.sandbox import Sandbox, SandboxConfig
 from procurd.upstream import UpstreamClient
 from procurd.upstream.models import CatalogPage, PingResult, SeenPage
 from procurd.upstream.ratelimit import Priority
-from support import lease_holder
+from support import lease_holder, wait_until
 
 UPSTREAM = "main"
 LEASE = f"catalog-sync:{UPSTREAM}"
@@ -740,3 +744,90 @@ async def test_a_remembered_page_whose_rows_changed_is_fetched_again(
     assert (report.status, report.unchanged_pages, report.added) == ("ok", 4, 1)
     assert sandbox.request_counts["products"] - requests == 6
     assert (await one(database, mirror_products, 7))["removed_at"] is None
+
+
+LOCK_THE_LEASE = "SELECT 1 FROM leases WHERE name = :name FOR UPDATE"
+LOCK_RUNNING_RUNS = "SELECT 1 FROM sync_runs WHERE upstream = :upstream AND status = 'running' FOR UPDATE"
+
+
+@asynccontextmanager
+async def writes_held(
+    database: Database, database_url: str, locked_on_postgresql: str = LOCK_THE_LEASE
+) -> AsyncIterator[Callable[[], Awaitable[bool]]]:
+    """Hold the pass's writes until the block is left; yields ``waiting()``: whether one is held. SQLite runs
+    writes one at a time on its writer thread, so a write that blocks that thread holds every write after
+    it; on PostgreSQL another connection locks rows with ``locked_on_postgresql`` (by default the upstream's
+    expired sync lease, so that taking the lease waits)."""
+    if database.dialect != "postgresql":
+        entered, gate = threading.Event(), threading.Event()
+
+        def block(tx: Tx) -> None:
+            entered.set()
+            gate.wait(timeout=30)
+
+        blocker = asyncio.create_task(database.write(block))
+        await wait_until(entered.is_set)
+        before = database.counts.writes
+
+        async def queued() -> bool:
+            return database.counts.writes > before
+
+        try:
+            yield queued
+        finally:
+            gate.set()
+            await blocker
+        return
+    engine = create_async_engine(database_url)
+    connection = await engine.connect()
+    await connection.begin()
+    await connection.execute(text(locked_on_postgresql), {"name": LEASE, "upstream": UPSTREAM})
+
+    async def blocked() -> bool:
+        waits = await connection.execute(text("SELECT count(*) FROM pg_locks WHERE NOT granted"))
+        return bool(waits.scalar_one())
+
+    try:
+        yield blocked
+    finally:
+        await connection.rollback()
+        await connection.close()
+        await engine.dispose()
+
+
+async def test_a_pass_cancelled_while_taking_its_lease_gives_it_back(
+    database: Database, database_url: str, client: UpstreamClient
+) -> None:
+    """A pass cancelled (a shutdown) while its lease is being taken does not leave the lease held until it
+    expires: the taking runs to its end, the lease is given back, and the next pass runs."""
+    assert await take_lease(database, "earlier-host:1", ttl=0.001)  # the lease row exists, expired
+    async with writes_held(database, database_url) as waiting:
+        cut_short = asyncio.create_task(sync(database, client))
+        await wait_until(waiting)
+        cut_short.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await cut_short
+    assert await lease_holder(database, LEASE) is None
+    report = await sync(database, client)
+    assert report.status == "ok"
+
+
+async def test_a_pass_cancelled_while_recording_its_run_records_it_cut_short(
+    database: Database, database_url: str, client: UpstreamClient
+) -> None:
+    """A pass cancelled while its run is being recorded does not leave that run shown as running: the run is
+    written all the same and then recorded as cut short (and the one a crashed pass left running as
+    interrupted)."""
+    if database.dialect != "postgresql":
+        pytest.skip("SQLite runs writes one at a time: no gate holds the run's write without the lease's")
+    crashed = await database.write(lambda tx: tx.mirror.start_run(UPSTREAM, utcnow()))
+    async with writes_held(database, database_url, LOCK_RUNNING_RUNS) as waiting:
+        cut_short = asyncio.create_task(sync(database, client))
+        await wait_until(waiting)
+        cut_short.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await cut_short
+    runs = {run["id"]: (run["status"], run["error"]) for run in await rows(database, sync_runs)}
+    assert runs.pop(crashed) == ("failed", INTERRUPTED_ERROR)
+    assert list(runs.values()) == [("failed", CANCELLED)]
+    assert await lease_holder(database, LEASE) is None

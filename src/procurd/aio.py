@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 async def wait_for_any(*events: asyncio.Event | None, timeout: float) -> None:
@@ -16,3 +20,16 @@ async def wait_for_any(*events: asyncio.Event | None, timeout: float) -> None:
             waiter.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await waiter
+
+
+async def undone_if_cancelled(step: Awaitable[T], undo: Callable[[T], Awaitable[object]]) -> T:
+    """The result of ``step``, a write that runs to its end even when its caller is cancelled (see
+    ``Database.write``). When the caller is cancelled meanwhile, the write's result is waited for all the
+    same and handed to ``undo`` (give a lease back, close a run), then the cancellation goes on."""
+    running = asyncio.ensure_future(step)
+    try:
+        return await asyncio.shield(running)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            await undo(await running)
+        raise

@@ -29,6 +29,7 @@ from typing import Any, Final, Literal, Protocol, TypeVar
 
 import structlog
 
+from procurd.aio import undone_if_cancelled
 from procurd.catalog.pricing import CurrencySource, reprice_upstream
 from procurd.config import PricingSettings, Settings
 from procurd.core.catalog import (
@@ -76,6 +77,7 @@ T = TypeVar("T")
 LEASE_PREFIX: Final = "catalog-sync:"
 DEFAULT_LEASE_TTL_SECONDS: Final = 60.0
 SKIPPED_BUSY: Final = "another instance is syncing"
+CANCELLED: Final = "cancelled before it finished"
 MAX_PAGE_SIZE: Final = 100
 # Rows (products plus SKUs) the writer gathers from queued pages into one transaction at most.
 WRITE_BATCH_ROWS: Final = 2000
@@ -280,9 +282,15 @@ async def run_sync(
     # A token per pass: two passes in one process exclude each other like passes on two machines.
     lease_holder = f"{holder or instance_id()}#{secrets.token_hex(4)}"
     now = utcnow()
-    if not await database.write(
+
+    async def give_back(acquired: bool) -> None:
+        if acquired:
+            await _release(database, lease_name, lease_holder)
+
+    acquiring = database.write(
         lambda tx: tx.leases.acquire(lease_name, lease_holder, now, options.lease_ttl_seconds)
-    ):
+    )
+    if not await undone_if_cancelled(acquiring, give_back):
         kind: PassKind = "full" if full or options.incremental == "off" else "incremental"
         run_id = await database.write(
             lambda tx: tx.mirror.record_skipped(upstream_name, now, kind, SKIPPED_BUSY)
@@ -330,6 +338,12 @@ class _Lease:
     name: str
     holder: str
     ttl_seconds: float
+
+
+def _start_run(tx: Tx, upstream: str, started: datetime, kind: PassKind) -> int:
+    """Close the runs an earlier holder of the lease left running (it died), and record this one."""
+    tx.mirror.close_interrupted_runs(upstream, started)
+    return tx.mirror.start_run(upstream, started, kind)
 
 
 def _renew(tx: Tx, lease: _Lease, now: datetime) -> bool:
@@ -627,9 +641,8 @@ class _SyncPass:
         )
         recalled = self._memory.recall(history.last_run_id)
         self._seen = recalled if self._plan.kind == "full" else {}
-        await self._database.write(lambda tx: tx.mirror.close_interrupted_runs(self._upstream, started))
-        self._run_id = await self._database.write(
-            lambda tx: tx.mirror.start_run(self._upstream, started, self._plan.kind)
+        self._run_id = await undone_if_cancelled(
+            self._database.write(_start_run, self._upstream, started, self._plan.kind), self._cut_short
         )
         log.info(
             "catalog.sync_started",
@@ -646,6 +659,11 @@ class _SyncPass:
             self._finished.set()
             await keeper
 
+    async def _cut_short(self, run_id: int) -> None:
+        """A pass cancelled as its run was being recorded: the run is recorded as cut short."""
+        self._run_id = run_id
+        await self._finish("failed", CANCELLED, (), reprice=False)
+
     async def _record_kind(self) -> None:
         kind, since = self._plan.kind, self._plan.updated_after
         await self._database.write(lambda tx: tx.mirror.set_run_kind(self._run_id, kind, since))
@@ -659,7 +677,7 @@ class _SyncPass:
             status: SyncStatus = "suspicious" if self._removals_blocked else "ok"
             error = self._blocked_reason
         except asyncio.CancelledError:
-            await self._finish("failed", "cancelled before it finished", (), reprice=False)
+            await self._finish("failed", CANCELLED, (), reprice=False)
             raise
         except Exception as exc:  # noqa: BLE001 - every failure is recorded on the run, never raised
             return await self._finish("failed", describe_error(exc), ())
