@@ -381,12 +381,12 @@ class _ListedProduct:
         sku_payloads = payload.get("skus") or ()
         sku_ids = tuple(sku["id"] for sku in sku_payloads)
         try:
-            digest = product_digest(payload)
-            skus = snapshot["sku"]
+            unchanged = cls(identity, category_id, sku_ids, product_digest(payload))
             # A SKU the mirror lacks (one it could not store) sends the product down the long way, so the
             # reason is reported again on every pass.
-            if not snapshot["product"].needs_write(identity, digest) and all(map(skus.live, sku_ids)):
-                return cls(identity, category_id, sku_ids, digest)
+            if unchanged.unchanged_in(snapshot):
+                return unchanged
+            skus = snapshot["sku"]
             sku_digests = tuple(
                 digested if skus.needs_write(sku_id, digested) else None
                 for sku_id, digested in zip(
@@ -396,43 +396,12 @@ class _ListedProduct:
         except TypeError as exc:
             problem = f"product {identity} cannot be stored as JSON ({exc}): not mirrored"
             return cls(identity, category_id, sku_ids, problem=problem)
-        return cls(identity, category_id, sku_ids, digest, _Changes(payload, sku_digests))
+        return replace(unchanged, changes=_Changes(payload, sku_digests))
 
     def unchanged_in(self, snapshot: Mapping[Entity, Snapshot]) -> bool:
         """Whether the mirror holds this product, SKUs included, as it was listed (by its digest)."""
         skus = snapshot["sku"]
         return not snapshot["product"].needs_write(self.id, self.digest) and all(map(skus.live, self.sku_ids))
-
-
-@dataclass(frozen=True, slots=True)
-class _RememberedPage:
-    """A page as a complete pass stored it: its numbers, and its products as listed (no payloads)."""
-
-    total: int
-    page: int
-    page_size: int
-    products: tuple[_ListedProduct, ...]
-    body_digest: bytes
-    packed: _PackedPage | None = None  # what it was unpacked from
-
-    def unchanged_in(self, snapshot: Mapping[Entity, Snapshot]) -> bool:
-        return all(listed.unchanged_in(snapshot) for listed in self.products)
-
-    def pack(self) -> _PackedPage | None:
-        """This page in one block of bytes (None if an id does not fit 64 bits)."""
-        parts = []
-        try:
-            for listed in self.products:
-                category = listed.category_id
-                parts.append(
-                    _PACKED_PRODUCT.pack(
-                        listed.id, category or 0, category is not None, listed.digest, len(listed.sku_ids)
-                    )
-                )
-                parts.append(struct.pack(f"<{len(listed.sku_ids)}q", *listed.sku_ids))
-        except struct.error:
-            return None
-        return _PackedPage(self.total, self.page, self.page_size, self.body_digest, b"".join(parts))
 
 
 # A remembered product: id, category id, whether it has one, digest, number of SKUs (their ids follow).
@@ -450,7 +419,7 @@ class _PackedPage:
     body_digest: bytes
     packed: bytes
 
-    def unpack(self) -> _RememberedPage:
+    def unpack(self) -> _FetchedPage:
         products = []
         offset, end = 0, len(self.packed)
         while offset < end:
@@ -461,7 +430,7 @@ class _PackedPage:
             sku_ids = struct.unpack_from(f"<{sku_count}q", self.packed, offset)
             offset += 8 * sku_count
             products.append(_ListedProduct(identity, category if has_category else None, sku_ids, digest))
-        return _RememberedPage(self.total, self.page, self.page_size, tuple(products), self.body_digest, self)
+        return _FetchedPage(self.page, tuple(products), self.total, self.page_size, self.body_digest, self)
 
 
 class PageMemory:
@@ -501,16 +470,40 @@ class PageMemory:
 
 @dataclass(frozen=True, slots=True)
 class _FetchedPage:
-    number: int
+    """A page of products as the writer takes it: decoded and digested, or unpacked from memory."""
+
+    page: int
     products: Sequence[_ListedProduct]
-    total: int = 0
-    page_size: int = 0
-    body_digest: bytes = b""
-    packed: _PackedPage | None = None  # the remembered page it is, if it is one
+    total: int
+    page_size: int
+    body_digest: bytes  # empty when the client was not asked for it
+    packed: _PackedPage | None = None  # the remembered page it was unpacked from
 
     @property
     def rows(self) -> int:
         return sum(1 + len(listed.sku_ids) for listed in self.products)
+
+    def unchanged_in(self, snapshot: Mapping[Entity, Snapshot]) -> bool:
+        return all(listed.unchanged_in(snapshot) for listed in self.products)
+
+    def pack(self) -> _PackedPage | None:
+        """This page's listing (ids, digests, categories; no payloads) in one block of bytes, or None when an
+        id does not fit 64 bits or a product has more SKUs than a count of 16 bits holds."""
+        if self.packed is not None:
+            return self.packed
+        parts = []
+        try:
+            for listed in self.products:
+                category = listed.category_id
+                parts.append(
+                    _PACKED_PRODUCT.pack(
+                        listed.id, category or 0, category is not None, listed.digest, len(listed.sku_ids)
+                    )
+                )
+                parts.append(struct.pack(f"<{len(listed.sku_ids)}q", *listed.sku_ids))
+        except struct.error:
+            return None
+        return _PackedPage(self.total, self.page, self.page_size, self.body_digest, b"".join(parts))
 
 
 class _Done:
@@ -810,7 +803,7 @@ class _SyncPass:
 
     async def _resolve(
         self, number: int, page_size: int, answer: CatalogPage | SeenPage
-    ) -> CatalogPage | _RememberedPage:
+    ) -> CatalogPage | _FetchedPage:
         """A page answered as one this process remembers becomes that page, if the mirror still holds its
         products as listed then; otherwise it is fetched again and decoded."""
         if isinstance(answer, CatalogPage):
@@ -824,7 +817,7 @@ class _SyncPass:
         assert isinstance(fetched, CatalogPage)
         return fetched
 
-    async def _page(self, number: int, page_size: int) -> CatalogPage | _RememberedPage:
+    async def _page(self, number: int, page_size: int) -> CatalogPage | _FetchedPage:
         answer = await self._request(number, page_size, self._seen)
         return await self._resolve(number, page_size, answer)
 
@@ -849,7 +842,7 @@ class _SyncPass:
             first_page = await self._fall_back_to_full()
         await self._sync_categories(_outcome(categories))
         self._follow_first_page(first_page)
-        fetched_first = self._fetched(1, first_page)
+        fetched_first = self._fetched(first_page)
         await self._window.acquire()
         queue: asyncio.Queue[_FetchedPage | _Done] = asyncio.Queue()
         async with asyncio.TaskGroup() as tasks:
@@ -882,7 +875,7 @@ class _SyncPass:
         self._ignored_updated_after = True
         return True
 
-    async def _fall_back_to_full(self) -> CatalogPage | _RememberedPage:
+    async def _fall_back_to_full(self) -> CatalogPage | _FetchedPage:
         self._plan = PassPlan("full", None, "the upstream ignored updated_after")
         await self._record_kind()
         return await self._page(1, self._page_size)
@@ -909,7 +902,7 @@ class _SyncPass:
             self._violation(violation)
         await self._write([diff_listed("category", records.values(), self._snapshot["category"])])
 
-    def _follow_first_page(self, first: CatalogPage | _RememberedPage) -> None:
+    def _follow_first_page(self, first: CatalogPage | _FetchedPage) -> None:
         self._check_page_number(first, 1)
         listed = len(first.items) if isinstance(first, CatalogPage) else len(first.products)
         answered = first.page_size if first.page_size > 0 else listed or self._page_size
@@ -924,17 +917,15 @@ class _SyncPass:
                 answered=self._listing.page_size,
             )
 
-    def _check_page_number(self, page: CatalogPage | _RememberedPage, number: int) -> None:
+    def _check_page_number(self, page: CatalogPage | _FetchedPage, number: int) -> None:
         if page.page != number:
             raise IncompleteListing(f"asked for page {number}, the upstream answered page {page.page}")
 
-    def _fetched(self, number: int, page: CatalogPage | _RememberedPage) -> _FetchedPage:
-        if isinstance(page, _RememberedPage):
-            return _FetchedPage(
-                number, page.products, page.total, page.page_size, page.body_digest, page.packed
-            )
+    def _fetched(self, page: CatalogPage | _FetchedPage) -> _FetchedPage:
+        if isinstance(page, _FetchedPage):
+            return page
         products = [_ListedProduct.of(item, self._snapshot) for item in page.items]
-        return _FetchedPage(number, products, page.total, page.page_size, page.body_digest)
+        return _FetchedPage(page.page, products, page.total, page.page_size, page.body_digest)
 
     async def _fetch_pages(self, queue: asyncio.Queue[_FetchedPage | _Done], first: _FetchedPage) -> None:
         queue.put_nowait(first)
@@ -956,7 +947,7 @@ class _SyncPass:
                 self._listing.totals.add(page.total)
                 if self._plan.kind == "incremental" and isinstance(page, CatalogPage):
                     self._upstream_ignores_filter(page, first=False)
-                fetched = self._fetched(number, page)
+                fetched = self._fetched(page)
             except Exception as exc:  # noqa: BLE001 - ends the fetching; the pass records it as failed
                 self._window.release()
                 self._abort(exc)
@@ -1058,14 +1049,8 @@ class _SyncPass:
         return len(fresh_skus) == len(listed.sku_ids) and len(records) == changed_skus
 
     def _remember(self, page: _FetchedPage) -> None:
-        """Remember a page stored as listed, for the next pass (its products without their payloads)."""
-        if page.packed is not None:
-            self._remembered[page.body_digest] = page.packed
-            return
-        products = tuple(
-            listed if listed.changes is None else replace(listed, changes=None) for listed in page.products
-        )
-        packed = _RememberedPage(page.total, page.number, page.page_size, products, page.body_digest).pack()
+        """Remember a page stored as listed, for the next pass."""
+        packed = page.pack()
         if packed is not None:
             self._remembered[page.body_digest] = packed
 
