@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import os
 import pty
@@ -153,9 +154,18 @@ def screen_lines(output: str) -> list[str]:
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    (port,) = free_ports(1)
+    return port
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` different free ports on 127.0.0.1 (held open together while chosen: ports chosen one after
+    the other may repeat)."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in sockets]
 
 
 class UpstreamSite(Protocol):
@@ -182,14 +192,14 @@ def config_data(
 
     ``sections`` update the defaults section by section (``upstream`` updates every upstream block).
     """
-    public_port = free_port()
+    public_port, admin_port = free_ports(2)
     data: dict[str, Any] = {
         "database": {"url": database_url},
         "server": {
             "public_host": "127.0.0.1",
             "public_port": public_port,
             "admin_host": "127.0.0.1",
-            "admin_port": free_port(),
+            "admin_port": admin_port,
             "callback_url": f"http://127.0.0.1:{public_port}/api/v1/upstream/callback",
             "allow_private_callback_url": True,
             "shutdown_timeout_seconds": 10,

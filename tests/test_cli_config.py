@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from procurd.cli import main
 from procurd.logs import configure_logging
 from procurd.sandbox import Sandbox, SandboxConfig
-from support import free_port, wait_until
+from support import free_port, free_ports, wait_until
 
 CONFIG = """
 [database]
@@ -54,10 +54,11 @@ def write_config(
     """A procurd.toml in ``directory``; ports default to two free ones."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "procurd.toml"
+    public_port, admin_port = free_ports(2)
     fields = {
         "database_url": database_url,
-        "public_port": ports.get("public_port", free_port()),
-        "admin_port": ports.get("admin_port", free_port()),
+        "public_port": ports.get("public_port", public_port),
+        "admin_port": ports.get("admin_port", admin_port),
         "base_url": base_url,
         "secret_line": secret_line,
         "server_extra": server_extra,
@@ -300,13 +301,14 @@ async def test_admin_token_file_guards_the_admin_listener(tmp_path: Path) -> Non
     credentials = tmp_path / "credentials"
     credentials.mkdir()
     (credentials / "admin").write_text(token + "\n", encoding="utf-8")
-    admin_port = free_port()
+    public_port, admin_port = free_ports(2)
     async with Sandbox(SandboxConfig(products=2, allow_private_callbacks=True)) as sandbox:
         config = write_config(
             tmp_path,
             sqlite_url(tmp_path / "procurd.db"),
             base_url=sandbox.base_url,
             server_extra='admin_token_file = "admin"',
+            public_port=public_port,
             admin_port=admin_port,
         )
         environ = clean_environment(CREDENTIALS_DIRECTORY=str(credentials))

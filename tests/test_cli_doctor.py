@@ -14,14 +14,14 @@ from procurd.cli.doctor import (
     check_upstreams,
 )
 from procurd.sandbox import Sandbox, SandboxConfig
-from support import free_port, run_procurd
+from support import free_port, free_ports, run_procurd
 from test_alerts import receiving
 
 SECRET = "sandbox-secret"
 
 
 def write_config(directory: Path, database_url: str, base_url: str, secret_line: str) -> Path:
-    public = free_port()
+    public, admin = free_ports(2)
     path = directory / "procurd.toml"
     path.write_text(
         f"""
@@ -30,7 +30,7 @@ url = "{database_url}"
 
 [server]
 public_port = {public}
-admin_port = {free_port()}
+admin_port = {admin}
 callback_url = "http://127.0.0.1:{public}/api/v1/upstream/callback"
 allow_private_callback_url = true
 

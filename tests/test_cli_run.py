@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 
 from procurd.sandbox import Sandbox, SandboxConfig
-from support import free_port, wait_until
+from support import free_ports, wait_until
 
 BASE = """
 [database]
@@ -36,11 +36,11 @@ max_requests_per_second = 100
 
 
 def config(tmp_path: Path, base_url: str = "http://127.0.0.1:9", extra: str = "", **values: object) -> Path:
-    public = free_port()
+    public, admin = free_ports(2)
     fields = {
         "db": tmp_path / "procurd.db",
         "public": public,
-        "admin": free_port(),
+        "admin": admin,
         "callback_url": f"http://127.0.0.1:{public}/api/v1/upstream/callback",
         "allow_private": "true",
         "base_url": base_url,
