@@ -30,6 +30,7 @@ from procurd.daemon import Daemon
 from procurd.db import migrate
 from procurd.db.database import open_database
 from procurd.logs import configure_logging
+from procurd.loopback import unused_ports
 from procurd.runtime import Runtime
 from procurd.sandbox import Sandbox, SandboxConfig
 from procurd.systemd import Notifier
@@ -37,19 +38,13 @@ from procurd.systemd import Notifier
 IN_FLIGHT = 8  # orders the storefront has open at once
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def settings(database_url: str, sandbox: Sandbox, alert_urls: list[str]) -> Settings:
-    public_port = free_port()
+    public_port, admin_port = unused_ports(2)
     return Settings(
         database={"url": database_url},
         server={
             "public_host": "127.0.0.1", "public_port": public_port, "admin_host": "127.0.0.1",
-            "admin_port": free_port(), "callback_url": f"http://127.0.0.1:{public_port}{CALLBACK_PATH}",
+            "admin_port": admin_port, "callback_url": f"http://127.0.0.1:{public_port}{CALLBACK_PATH}",
             "allow_private_callback_url": True,
         },
         upstreams=[{

@@ -31,7 +31,6 @@ import concurrent.futures
 import multiprocessing
 import os
 import secrets
-import socket
 import sys
 import tempfile
 import time
@@ -63,6 +62,7 @@ from procurd.db import migrate
 from procurd.db.database import Database, open_database
 from procurd.db.schema import procurements
 from procurd.logs import configure_logging
+from procurd.loopback import unused_ports
 from procurd.systemd import Notifier
 from procurd.upstream import UpstreamClient
 from procurd.upstream.ratelimit import Priority
@@ -77,12 +77,6 @@ LOCAL_WORK_ALLOWANCE_SECONDS = 0.1
 
 
 # --- small helpers ------------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def ms(seconds: float) -> str:
@@ -111,14 +105,14 @@ def daemon_settings(
     database_url: str, upstream: str, base_url: str, requests_per_second: float, workers: int
 ) -> Settings:
     """procurd on loopback with the production defaults for polls and retries."""
-    public_port = free_port()
+    public_port, admin_port = unused_ports(2)
     return Settings(
         database={"url": database_url},
         server={
             "public_host": "127.0.0.1",
             "public_port": public_port,
             "admin_host": "127.0.0.1",
-            "admin_port": free_port(),
+            "admin_port": admin_port,
             "callback_url": f"http://127.0.0.1:{public_port}{CALLBACK_PATH}",
             "allow_private_callback_url": True,
         },

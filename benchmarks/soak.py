@@ -33,7 +33,6 @@ import os
 import re
 import secrets
 import signal
-import socket
 import sys
 import tempfile
 import time
@@ -50,6 +49,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from procurd.db.schema import mirror_products, mirror_skus, procurements
+from procurd.loopback import unused_ports
 
 UPSTREAM = "main"
 API_KEY = "soak-key"
@@ -62,12 +62,6 @@ LISTENING = re.compile(r"listening on (http://\S+?)\s")
 
 
 # --- small helpers --------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def percentile(values: Sequence[float], fraction: float) -> float:
@@ -178,8 +172,8 @@ class Instance:
     database_url: str
     sandbox_url: str
     workers: int
-    public_port: int = field(default_factory=free_port)
-    admin_port: int = field(default_factory=free_port)
+    public_port: int
+    admin_port: int
     process: asyncio.subprocess.Process | None = None
     rss: dict[str, int] = field(default_factory=dict)
 
@@ -601,8 +595,19 @@ async def soak(options: argparse.Namespace, database_url: str, directory: Path) 
     engine = create_async_engine(database_url)  # raw reads only: the daemons own the schema and the writes
     try:
         await sandbox.start()
-        instances = [Instance(f"d{n + 1}", directory, database_url, sandbox.base_url, options.workers)
-                     for n in range(options.instances)]  # fmt: skip
+        ports = unused_ports(2 * options.instances)
+        instances = [
+            Instance(
+                f"d{n + 1}",
+                directory,
+                database_url,
+                sandbox.base_url,
+                options.workers,
+                public_port=ports[2 * n],
+                admin_port=ports[2 * n + 1],
+            )
+            for n in range(options.instances)
+        ]
         for instance in instances:
             instance.write_config()
         await instances[0].cli("db", "upgrade")

@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import itertools
 import json
-import socket
 import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -26,6 +25,7 @@ import aiohttp
 from sqlalchemy import select
 
 from procurd.db.schema import audit_log, orders, procurements
+from procurd.loopback import unused_ports
 from procurd.sandbox import Sandbox, SandboxConfig, SandboxOrder
 from support import sql_rows
 
@@ -262,12 +262,6 @@ def report(case: str, **figures: Any) -> None:
 # --- an upstream that goes away ---------------------------------------------------------------------------
 
 
-def reserve_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class UpstreamGate:
     """A TCP relay on a fixed port of 127.0.0.1 in front of ``target_port``.
 
@@ -278,7 +272,7 @@ class UpstreamGate:
 
     def __init__(self, target_port: int) -> None:
         self.target_port = target_port
-        self.port = reserve_port()
+        (self.port,) = unused_ports(1)
         self.mode = "closed"
         self.connections = 0
         self._server: asyncio.Server | None = None

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import fcntl
 import os
 import pty
 import re
-import socket
 import struct
 import sys
 import termios
@@ -30,6 +28,7 @@ from procurd.db.database import Database, open_database
 from procurd.db.schema import leases
 from procurd.db.types import utcnow
 from procurd.logs import configure_logging
+from procurd.loopback import unused_ports
 from procurd.runtime import Runtime
 from procurd.sandbox import SandboxConfig
 from procurd.systemd import Notifier
@@ -159,13 +158,9 @@ def free_port() -> int:
 
 
 def free_ports(count: int) -> list[int]:
-    """``count`` different free ports on 127.0.0.1 (held open together while chosen: ports chosen one after
-    the other may repeat)."""
-    with contextlib.ExitStack() as stack:
-        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [int(sock.getsockname()[1]) for sock in sockets]
+    """``count`` different free ports on 127.0.0.1, outside the range the kernel gives to port-0 listeners
+    (a sandbox started after the ports were chosen cannot take one)."""
+    return unused_ports(count)
 
 
 class UpstreamSite(Protocol):

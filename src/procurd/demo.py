@@ -8,7 +8,6 @@ configuration file stay behind for ``procurd status`` and ``procurd order show``
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 from datetime import datetime
 from pathlib import Path
@@ -23,6 +22,7 @@ from procurd.daemon import Daemon
 from procurd.db import migrate
 from procurd.db.database import open_database
 from procurd.logs import configure_logging
+from procurd.loopback import unused_ports
 from procurd.output import count, print_status
 from procurd.sandbox import Sandbox, SandboxConfig
 from procurd.status import ping_upstream, status_report
@@ -32,12 +32,6 @@ DEMO_SECRET = "demo-secret-please-change"  # noqa: S105 - the sandbox's own thro
 DEMO_KEY = "demo-key"
 WAIT_SECONDS = 60.0
 DATABASE_NAME = "procurd.db"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def fresh_database(directory: Path) -> Path:
@@ -50,7 +44,7 @@ def fresh_database(directory: Path) -> Path:
 
 
 def write_demo_config(directory: Path, sandbox_url: str) -> Path:
-    public, admin = _free_port(), _free_port()
+    public, admin = unused_ports(2)
     database = fresh_database(directory)
     path = directory / "procurd.toml"
     path.write_text(
