@@ -16,4 +16,3 @@ def test_ports_are_distinct_free_and_outside_the_kernels_own_range() -> None:
     for port in ports:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", port))
-
