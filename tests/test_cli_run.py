@@ -114,3 +114,48 @@ async def test_sigterm_stops_cleanly(tmp_path: Path) -> None:
         process.send_signal(signal.SIGTERM)
         _, stderr = await asyncio.wait_for(process.communicate(), timeout=30)
         assert process.returncode == 0, stderr.decode()
+
+
+async def test_a_daemon_on_sqlite_imports_neither_alembic_nor_postgresql(tmp_path: Path) -> None:
+    """``procurd run`` on SQLite, through start-up, its revision check and a whole catalogue pass, never
+    imports Alembic (only ``db upgrade`` needs it), asyncpg or SQLAlchemy's PostgreSQL dialect: memory
+    spent on what it does not use."""
+    async with Sandbox(SandboxConfig(products=3, allow_private_callbacks=True)) as sandbox:
+        path = config(tmp_path, base_url=sandbox.base_url)
+        assert procurd("--config", str(path), "db", "upgrade").returncode == 0
+        errors = tmp_path / "stderr"
+        with errors.open("wb") as stream:  # a file: the import lines alone would fill a pipe
+            process = await asyncio.create_subprocess_exec(
+                sys.executable, "-X", "importtime", "-m", "procurd", "--config", str(path), "run",
+                stdout=asyncio.subprocess.DEVNULL, stderr=stream,
+            )  # fmt: skip
+        admin_port = int(path.read_text().split("admin_port = ")[1].split()[0])
+
+        async def synced() -> bool:
+            try:
+                async with (
+                    aiohttp.ClientSession() as session,
+                    session.get(f"http://127.0.0.1:{admin_port}/api/v1/status") as response,
+                ):
+                    last_sync = (await response.json())["upstreams"][0]["last_sync"]
+                    return last_sync is not None and last_sync["ok"] is True
+            except aiohttp.ClientError:
+                return False
+
+        try:
+            await wait_until(synced, timeout=30)
+        finally:
+            process.send_signal(signal.SIGTERM)
+            await asyncio.wait_for(process.wait(), timeout=30)
+    stderr = errors.read_text(encoding="utf-8", errors="replace")
+    assert process.returncode == 0, stderr[-2000:]
+    imported = {
+        line.rpartition("|")[2].strip()
+        for line in stderr.splitlines()
+        if line.startswith("import time:") and "|" in line
+    }
+    assert "procurd.daemon" in imported
+    assert "procurd.catalog.sync" in imported
+    loaded = {name for name in imported if name.split(".")[0] in ("alembic", "asyncpg")}
+    loaded |= {name for name in imported if name.startswith("sqlalchemy.dialects.postgresql")}
+    assert loaded == set()

@@ -9,6 +9,7 @@ from typing import Any
 
 from sqlalchemy import Connection, bindparam, select, update
 
+from procurd.db.dialect import insert_or_skip
 from procurd.db.schema import upstream_health
 
 
@@ -51,19 +52,13 @@ class HealthStore:
         missing = [name for name in dict.fromkeys(names) if name not in existing]
         if not missing:
             return
-        if self.connection.dialect.name == "postgresql":
-            from sqlalchemy.dialects.postgresql import insert
-        else:
-            from sqlalchemy.dialects.sqlite import insert  # type: ignore[assignment]
         self.connection.execute(
-            insert(upstream_health)
-            .values(
+            insert_or_skip(self.connection, upstream_health, upstream_health.c.upstream).values(
                 [
                     {"upstream": name, "callbacks_accepted": 0, "callbacks_rejected": 0, "updated_at": now}
                     for name in missing
                 ]
             )
-            .on_conflict_do_nothing(index_elements=[upstream_health.c.upstream])
         )
 
     def update(self, upstream: str, values: Mapping[str, Any], now: datetime) -> None:

@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import Connection, delete, or_, update
 
+from procurd.db.dialect import insert_or_skip
 from procurd.db.schema import leases
 
 
@@ -26,14 +27,10 @@ class LeaseStore:
     def acquire(self, name: str, holder: str, now: datetime, ttl_seconds: float) -> bool:
         """Take lease ``name`` for ``holder`` when it is free, expired or already ``holder``'s."""
         expires_at = _expiry(now, ttl_seconds)
-        if self.connection.dialect.name == "postgresql":
-            from sqlalchemy.dialects.postgresql import insert
-        else:
-            from sqlalchemy.dialects.sqlite import insert  # type: ignore[assignment]
         inserted = self.connection.execute(
-            insert(leases)
-            .values(name=name, holder=holder, expires_at=expires_at, acquired_at=now)
-            .on_conflict_do_nothing(index_elements=[leases.c.name])
+            insert_or_skip(self.connection, leases, leases.c.name).values(
+                name=name, holder=holder, expires_at=expires_at, acquired_at=now
+            )
         )
         if inserted.rowcount == 1:
             return True

@@ -18,7 +18,6 @@ from typing import Any
 
 import orjson
 from sqlalchemy import (
-    JSON,
     Connection,
     Dialect,
     RowMapping,
@@ -50,6 +49,7 @@ from procurd.core.catalog import (
 )
 from procurd.core.pricing import PriceChange, ProductFacts, Repricing, SkuFacts
 from procurd.db.schema import mirror_categories, mirror_changes, mirror_products, mirror_skus, sync_runs
+from procurd.db.types import JsonDocument
 
 MIRROR_TABLES: dict[Entity, Table] = {
     "category": mirror_categories,
@@ -251,7 +251,9 @@ class _TableWrites:
             )
 
         json_columns = frozenset(
-            column.name for column in table.c if isinstance(column.type, JSON) and column.name in columns
+            column.name
+            for column in table.c
+            if isinstance(column.type, JsonDocument) and column.name in columns
         )
         return cls(
             entity,

@@ -32,6 +32,7 @@ from sqlalchemy import (
 
 from procurd.core.orders import Order
 from procurd.core.procurement import MirroredSku, Procurement, SourceRef, State
+from procurd.db.dialect import insert_or_skip
 from procurd.db.schema import (
     alerts,
     audit_log,
@@ -397,12 +398,11 @@ class ProcurementStore:
         if not again:
             self.connection.execute(_INSERT_NUMBER, list(rows))
             return
-        if self.connection.dialect.name == "postgresql":
-            from sqlalchemy.dialects.postgresql import insert as dialect_insert
-        else:
-            from sqlalchemy.dialects.sqlite import insert as dialect_insert  # type: ignore[assignment]
-        statement = dialect_insert(procurement_numbers).on_conflict_do_nothing(
-            index_elements=[procurement_numbers.c.upstream, procurement_numbers.c.downstream_order_no]
+        statement = insert_or_skip(
+            self.connection,
+            procurement_numbers,
+            procurement_numbers.c.upstream,
+            procurement_numbers.c.downstream_order_no,
         )
         self.connection.execute(statement, list(rows))
 

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING
 
 import structlog
 from sqlalchemy import Connection, delete, text
-from sqlalchemy.dialects.postgresql import insert
 
+from procurd.db.dialect import insert_or_skip
 from procurd.db.errors import DatabaseError
 from procurd.db.schema import rate_budgets, rate_demand
 
@@ -134,9 +134,9 @@ class RateBudgetStore:
     def ensure(self, key: str, upstream: str) -> None:
         """Create the budget's row unless it exists."""
         self.connection.execute(
-            insert(rate_budgets)
-            .values(key=key, upstream=upstream, next_slot_at=LONG_AGO, paused_until=LONG_AGO, granted=0)
-            .on_conflict_do_nothing(index_elements=[rate_budgets.c.key])
+            insert_or_skip(self.connection, rate_budgets, rate_budgets.c.key).values(
+                key=key, upstream=upstream, next_slot_at=LONG_AGO, paused_until=LONG_AGO, granted=0
+            )
         )
 
     def take(

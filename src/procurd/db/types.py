@@ -6,9 +6,21 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import JSON, DateTime, Dialect, String, TypeDecorator
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.types import TypeEngine
 
-JsonDocument = JSON().with_variant(JSONB(), "postgresql")
+
+class JsonDocument(TypeDecorator[Any]):
+    """JSON; JSONB on PostgreSQL, whose dialect is imported only there (a daemon on SQLite never loads it)."""
+
+    impl = JSON
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
+        if dialect.name == "postgresql":
+            from sqlalchemy.dialects.postgresql import JSONB
+
+            return dialect.type_descriptor(JSONB())
+        return dialect.type_descriptor(JSON())
 
 
 class UtcDateTime(TypeDecorator[datetime]):
