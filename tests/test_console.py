@@ -15,9 +15,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import aiohttp
-import aiohttp_jinja2
 import pytest
-from aiohttp import web
 from markupsafe import escape
 from sqlalchemy import select
 
@@ -34,7 +32,7 @@ from procurd import offers
 from procurd.db.schema import audit_log
 from procurd.db.stores import Tx
 from procurd.http.console.data import Paged
-from procurd.http.console.render import ago, duration, setup_templates, title_text
+from procurd.http.console.render import Templates, ago, duration, title_text
 from procurd.http.console.session import SESSION_COOKIE, Session, SessionCodec
 from procurd.http.testing import Stack, procurd_stack
 from procurd.reconcile import reconcile
@@ -784,9 +782,7 @@ def test_session_codec_binds_csrf_tokens_to_sessions() -> None:
 def test_list_templates_of_features_to_come_render_rows() -> None:
     """The alerts, offers and reconciliation templates render a list when their data function returns one
     (what plugging the feature in will hand them)."""
-    app = web.Application()
-    setup_templates(app)
-    environment = aiohttp_jinja2.get_env(app)
+    environment = Templates().environment
     layout = {"page_link": lambda page: f"?page={page}", "csrf_token": "t", "signed_in": True,
               "login_required": True, "flash": None, "path": "/ui/", "version": "0"}  # fmt: skip
     samples: dict[str, dict[str, Any]] = {

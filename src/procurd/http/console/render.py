@@ -2,6 +2,7 @@
 titles, amounts, plurals.
 
 Autoescaping is on for every template: upstream text (titles, error messages) is always shown as text.
+Jinja2 is imported when the first page is rendered: a daemon whose console nobody opens never loads it.
 """
 
 from __future__ import annotations
@@ -9,14 +10,16 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Any
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, Final
 
-import aiohttp_jinja2
-import jinja2
 from aiohttp import web
 
 from procurd import __version__
 from procurd.http.console.context import CONSOLE, FLASH, SESSION, with_query
+
+if TYPE_CHECKING:
+    import jinja2
 
 TITLE_LANGUAGES = ("en-US", "en", "zh-CN", "zh-TW")
 _UNITS = (("day", 86_400), ("hour", 3_600), ("minute", 60))
@@ -126,24 +129,39 @@ def page_context(request: web.Request) -> dict[str, Any]:
     }
 
 
+class Templates:
+    """The console's templates, loaded with their environment on first use."""
+
+    @cached_property
+    def environment(self) -> jinja2.Environment:
+        import jinja2
+
+        environment = jinja2.Environment(
+            loader=jinja2.PackageLoader("procurd.http.console", "templates"),
+            autoescape=True,
+            undefined=jinja2.StrictUndefined,
+            trim_blocks=True,
+            lstrip_blocks=True,
+        )
+        environment.filters.update(
+            ago=ago, utc=utc, iso=iso, title=title_text, duration=duration, plural=plural,
+            pretty_json=pretty_json, compact_json=compact_json,
+        )  # fmt: skip
+        return environment
+
+    def render(self, template: str, context: Mapping[str, Any]) -> str:
+        return self.environment.get_template(template).render(context)
+
+
+TEMPLATES: Final = web.AppKey("console_templates", Templates)
+
+
 def render(
     request: web.Request, template: str, context: Mapping[str, Any], *, status: int = 200
 ) -> web.Response:
-    return aiohttp_jinja2.render_template(
-        template, request, {**page_context(request), **context}, status=status
-    )
+    page = request.app[TEMPLATES].render(template, {**page_context(request), **context})
+    return web.Response(text=page, status=status, content_type="text/html", charset="utf-8")
 
 
 def setup_templates(app: web.Application) -> None:
-    environment = aiohttp_jinja2.setup(
-        app,
-        loader=jinja2.PackageLoader("procurd.http.console", "templates"),
-        autoescape=True,
-        undefined=jinja2.StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-    )
-    environment.filters.update(
-        ago=ago, utc=utc, iso=iso, title=title_text, duration=duration, plural=plural,
-        pretty_json=pretty_json, compact_json=compact_json,
-    )  # fmt: skip
+    app[TEMPLATES] = Templates()
