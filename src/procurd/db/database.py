@@ -45,6 +45,10 @@ TxFunction = Callable[Concatenate["Tx", P], T]
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 SQLITE_READERS = 4
+# Page cache per connection (SQLite's default: 2,000 KiB). The pages are in the operating system's cache
+# anyway; five connections that each went through the mirror once held 10 MB of copies. Measured: no
+# slower first catalogue sync.
+SQLITE_CACHE_KIB = 512
 POSTGRES_POOL_SIZE = 10
 PING_AFTER_IDLE_SECONDS = 1.0
 
@@ -210,6 +214,7 @@ class SqliteDatabase(Database):
                 cursor.execute("PRAGMA synchronous=NORMAL")
                 cursor.execute("PRAGMA foreign_keys=ON")
                 cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+                cursor.execute(f"PRAGMA cache_size=-{SQLITE_CACHE_KIB}")
             finally:
                 cursor.close()
 
