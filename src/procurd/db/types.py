@@ -14,6 +14,7 @@ class JsonDocument(TypeDecorator[Any]):
 
     impl = JSON
     cache_ok = True
+    should_evaluate_none = True  # as JSON's: Python None is stored as JSON null
 
     def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
         if dialect.name == "postgresql":
