@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import subprocess
 import sys
 import tempfile
 import time
@@ -56,12 +55,15 @@ class Sampler:
             await asyncio.sleep(0.02)
 
 
-def imports_only_kib() -> int:
+async def imports_only_kib() -> int:
     """``VmRSS`` of a fresh interpreter that has imported the daemon's modules, and nothing else."""
-    status = subprocess.run(
-        [sys.executable, "-c", IMPORTS], capture_output=True, text=True, check=True, env=child_environment()
-    ).stdout
-    return next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:"))
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", IMPORTS, stdout=asyncio.subprocess.PIPE, env=child_environment()
+    )
+    status, _ = await process.communicate()
+    if process.returncode != 0:
+        raise SystemExit(f"importing the daemon's modules failed ({process.returncode})")
+    return next(int(line.split()[1]) for line in status.decode().splitlines() if line.startswith("VmRSS:"))
 
 
 async def last_sync(session: aiohttp.ClientSession, admin_url: str) -> dict[str, Any] | None:
@@ -71,7 +73,9 @@ async def last_sync(session: aiohttp.ClientSession, admin_url: str) -> dict[str,
     return synced
 
 
-async def wait_for_pass(session: aiohttp.ClientSession, admin_url: str, after: str | None, products: int) -> str:
+async def wait_for_pass(
+    session: aiohttp.ClientSession, admin_url: str, after: str | None, products: int
+) -> str:
     """Wait until a pass newer than ``after`` has finished with every product mirrored; its time."""
     deadline = time.monotonic() + PASS_TIMEOUT
     while time.monotonic() < deadline:
@@ -89,10 +93,12 @@ def mb(kib: int) -> str:
 
 
 async def measure(options: argparse.Namespace, directory: Path, database_url: str) -> None:
-    baseline = imports_only_kib()
+    baseline = await imports_only_kib()
     sandbox = SandboxProcess(directory, options.products)
     public_port, admin_port = unused_ports(2)
-    daemon = Instance("memory", directory, database_url, "", 8, public_port=public_port, admin_port=admin_port)
+    daemon = Instance(
+        "memory", directory, database_url, "", 8, public_port=public_port, admin_port=admin_port
+    )
     sampler_task: asyncio.Task[None] | None = None
     try:
         await sandbox.start()
@@ -109,7 +115,8 @@ async def measure(options: argparse.Namespace, directory: Path, database_url: st
             after_first = rss_kib(daemon.pid)
             sampler.reset()
             for _ in range(options.passes):
-                async with session.post(f"{daemon.admin_url}/api/v1/catalog/sync", json={"full": True}) as answer:
+                sync_url = f"{daemon.admin_url}/api/v1/catalog/sync"
+                async with session.post(sync_url, json={"full": True}) as answer:
                     if answer.status != 202:
                         raise SystemExit(f"POST /api/v1/catalog/sync answered {answer.status}")
                 synced_at = await wait_for_pass(session, daemon.admin_url, synced_at, options.products)
@@ -124,9 +131,11 @@ async def measure(options: argparse.Namespace, directory: Path, database_url: st
     print(f"database: {database_url.partition(':')[0]}; {options.products} products")
     print(f"imports only (baseline)          {mb(baseline)}")
     print(f"procurd run, listeners up        {mb(at_start)}  ({at_start / baseline:.2f} x baseline)")
-    print(f"peak during the first pass       {mb(first_peak)}  ({first_peak / baseline:.2f} x)   aim <= {AIM_MB:.0f} MB")
+    aim = f"aim <= {AIM_MB:.0f} MB"
+    print(f"peak during the first pass       {mb(first_peak)}  ({first_peak / baseline:.2f} x)   {aim}")
     print(f"after the first pass             {mb(after_first)}")
-    print(f"peak during {options.passes} more full passes     {mb(later_peak)}  ({later_peak / baseline:.2f} x)")
+    later = f"peak during {options.passes} more full passes"
+    print(f"{later:<33}{mb(later_peak)}  ({later_peak / baseline:.2f} x)   {aim}")
     print(f"after them                       {mb(settled)}")
 
 
