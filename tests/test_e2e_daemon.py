@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import io
+import json
 import time
 from collections.abc import AsyncIterator
 from decimal import Decimal
@@ -11,6 +13,7 @@ import aiohttp
 import pytest
 
 from procurd.daemon import Daemon
+from procurd.logs import configure_logging
 from procurd.runtime import Runtime
 from procurd.sandbox import Sandbox, SandboxConfig
 from procurd.signing import HeaderNames, signed_headers
@@ -163,9 +166,11 @@ async def test_failing_catalogue_job_does_not_stop_the_daemon(database_url: str)
 
 async def test_shutdown_cuts_a_catalogue_pass_short_but_lets_a_submission_finish(database_url: str) -> None:
     """Stopping while a catalogue pass waits on a listing that never answers and an order submission is in
-    flight: the pass is cancelled at once (recorded as cut short, it resumes on the next schedule) while
-    the submission completes and is committed. Shutdown ends long before its timeout (a deadline here, so
-    a shutdown that waited the timeout out fails the test)."""
+    flight: the pass is cancelled at once (recorded as cut short, it resumes on the next schedule, logged
+    as ``job.cut_short`` and nothing at error level) while the submission completes and is committed.
+    Shutdown ends long before its timeout (a deadline here, so a shutdown that waited the timeout out fails
+    the test)."""
+    stream = io.StringIO()
     async with Sandbox(sandbox_config()) as sandbox:
         settings = settings_for(
             database_url,
@@ -178,15 +183,19 @@ async def test_shutdown_cuts_a_catalogue_pass_short_but_lets_a_submission_finish
         pages_mirrored = sandbox.request_counts["products"]
         sandbox.faults.hang_next("products", count=100)
         sandbox.faults.delay_next("orders.create", count=1, seconds=1.0)
-        daemon = Daemon(settings, notifier=Notifier({}))
-        await daemon.start()
-        async with aiohttp.ClientSession() as session:
-            admin = AdminClient(settings, session)
-            # The daemon's own pass is waiting on its first page.
-            await wait_until(lambda: sandbox.request_counts["products"] > pages_mirrored)
-            await admin.submit("SIG1", {"sku_id": sandbox.state.first_sku("auto").id, "quantity": 1})
-            await wait_until(lambda: sandbox.request_counts["orders.create"] >= 1)
-            await asyncio.wait_for(daemon.shutdown(), timeout=60)
+        configure_logging("info", "json", stream)
+        try:
+            daemon = Daemon(settings, notifier=Notifier({}))
+            await daemon.start()
+            async with aiohttp.ClientSession() as session:
+                admin = AdminClient(settings, session)
+                # The daemon's own pass is waiting on its first page.
+                await wait_until(lambda: sandbox.request_counts["products"] > pages_mirrored)
+                await admin.submit("SIG1", {"sku_id": sandbox.state.first_sku("auto").id, "quantity": 1})
+                await wait_until(lambda: sandbox.request_counts["orders.create"] >= 1)
+                await asyncio.wait_for(daemon.shutdown(), timeout=60)
+        finally:
+            configure_logging("warning", "json")
         runtime = Runtime.build(settings)
         try:
             order = await runtime.service.order("SIG1")
@@ -198,3 +207,6 @@ async def test_shutdown_cuts_a_catalogue_pass_short_but_lets_a_submission_finish
     assert len(sandbox.orders_for(order["procurements"][0]["downstream_order_no"])) == 1
     _, rows = runs
     assert (rows[0]["status"], rows[0]["error"]) == ("failed", "cancelled before it finished")
+    logged = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert [record["job"] for record in logged if record["event"] == "job.cut_short"] == ["catalog-sync:main"]
+    assert [record for record in logged if record["level"] in ("error", "critical")] == []

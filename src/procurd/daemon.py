@@ -215,6 +215,12 @@ class Daemon:
                     await job()
                 else:
                     await on_one_instance()
+            except asyncio.CancelledError:
+                if not self.stop_event.is_set():
+                    raise
+                # The daemon stops; the job runs again next time. Ending here, not raising, keeps the
+                # scheduler from logging a normal stop as a job that failed.
+                log.info("job.cut_short", job=job_id)
             finally:
                 self.job_tasks.discard(task)
 
@@ -241,9 +247,6 @@ class Daemon:
 
     @staticmethod
     def _job_failed(event: JobExecutionEvent) -> None:
-        if isinstance(event.exception, asyncio.CancelledError):
-            log.info("job.cut_short", job=event.job_id)  # the daemon stops; the job runs again next time
-            return
         log.error("job.failed", job=event.job_id, error=repr(event.exception), exc_info=event.exception)
 
     def _sync_job(self, upstream: str) -> Callable[[], Awaitable[None]]:
