@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 import aiohttp
 from aiohttp import web
@@ -70,7 +70,32 @@ class ApiResponse:
         return data.get("error_code") if isinstance(data, dict) else None
 
 
-class SignedClient:
+class _SessionClient:
+    """An HTTP client whose session opens on the first request and closes with ``close`` or ``async with``."""
+
+    def __init__(self) -> None:
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        return self._session
+
+
+class SignedClient(_SessionClient):
     """Signs requests to ``base_url`` + ``/api/v1/upstream`` exactly as seed 000 part 5 says.
 
     Every part can be overridden per request to build broken requests on purpose.
@@ -89,25 +114,7 @@ class SignedClient:
         self.api_secret = api_secret
         self.names = HeaderNames.for_prefix(header_prefix)
         self.timeout = timeout
-        self._session: aiohttp.ClientSession | None = None
-
-    async def __aenter__(self) -> SignedClient:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.close()
-
-    async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-
-    def _client(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            self._session = aiohttp.ClientSession()
-        return self._session
+        super().__init__()
 
     async def request(
         self,
@@ -172,26 +179,13 @@ class SignedClient:
             page += 1
 
 
-class ControlClient:
+class ControlClient(_SessionClient):
     """Calls the control API of the sandbox at ``base_url``; each call checks the HTTP status it expects."""
 
     def __init__(self, base_url: str, timeout: float = 10.0) -> None:
         self.root = base_url.rstrip("/") + "/_sandbox"
         self.timeout = timeout
-        self._session: aiohttp.ClientSession | None = None
-
-    async def __aenter__(self) -> ControlClient:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.close()
-
-    async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        super().__init__()
 
     async def call(
         self,
@@ -202,9 +196,7 @@ class ControlClient:
         expect: int = 200,
     ) -> dict[str, Any]:
         """The JSON answer of ``method /_sandbox{path}``; AssertionError when its status is not ``expect``."""
-        if self._session is None:
-            self._session = aiohttp.ClientSession()
-        async with self._session.request(
+        async with self._client().request(
             method,
             self.root + path,
             json=body,
