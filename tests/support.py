@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import io
 import os
 import pty
 import re
@@ -11,14 +12,15 @@ import struct
 import sys
 import termios
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, overload
 
 import aiohttp
 from click.testing import CliRunner, Result
 from sqlalchemy import Executable, Row, select
+from structlog._config import BoundLoggerLazyProxy
 
 from procurd.catalog.sync import run_sync
 from procurd.cli import main
@@ -297,6 +299,30 @@ class AdminClient:
             return order if all(p["state"] == state for p in order["procurements"]) else None
 
         return await wait_until(reached, timeout)
+
+
+def forget_cached_loggers() -> None:
+    """Loggers keep the level they were first used at; let procurd's pick up the current configuration."""
+    for module in list(sys.modules.values()):
+        if module is None or not module.__name__.startswith("procurd"):
+            continue
+        for value in list(vars(module).values()):
+            if isinstance(value, BoundLoggerLazyProxy):
+                value.__dict__.pop("bind", None)
+
+
+@contextmanager
+def captured_log(level: str) -> Iterator[io.StringIO]:
+    """procurd's JSON log at ``level`` written into a string during the block (loggers an earlier test
+    used at another level included); the tests' configuration is back afterwards."""
+    stream = io.StringIO()
+    configure_logging(level, "json", stream)
+    forget_cached_loggers()
+    try:
+        yield stream
+    finally:
+        configure_logging("warning", "json")
+        forget_cached_loggers()
 
 
 async def run_cli(config: Path, *args: str, columns: int = 200) -> Result:

@@ -21,7 +21,6 @@ import gzip
 import io
 import json
 import os
-import sys
 import time
 import zlib
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
@@ -38,7 +37,6 @@ from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
 from multidict import CIMultiDict
 from sqlalchemy import Table, select
-from structlog._config import BoundLoggerLazyProxy
 from yarl import URL
 
 from procurd.catalog.sync import run_sync
@@ -52,7 +50,7 @@ from procurd.logs import configure_logging
 from procurd.runtime import Runtime
 from procurd.sandbox import Sandbox, SandboxConfig
 from procurd.signing import HeaderNames, sign
-from support import sql_rows, wait_until
+from support import forget_cached_loggers, sql_rows, wait_until
 
 HOSTILE_EXAMPLES = int(os.environ.get("PROCURD_HOSTILE_EXAMPLES", "120"))
 # Shrinking a failure of these big requests can take minutes: on only when asked for.
@@ -101,16 +99,6 @@ def hostile_settings(max_examples: int = HOSTILE_EXAMPLES) -> settings:
 # --- log capture ------------------------------------------------------------------------------------------
 
 
-def _forget_cached_loggers() -> None:
-    """Loggers keep the level they were first used at; let procurd's pick up the current configuration."""
-    for module in list(sys.modules.values()):
-        if module is None or not module.__name__.startswith("procurd"):
-            continue
-        for value in list(vars(module).values()):
-            if isinstance(value, BoundLoggerLazyProxy):
-                value.__dict__.pop("bind", None)
-
-
 class LogCapture:
     """procurd's structured log at debug level, read line by line as the examples run."""
 
@@ -121,11 +109,11 @@ class LogCapture:
 
     def start(self) -> None:
         configure_logging("debug", "json", self.stream)
-        _forget_cached_loggers()
+        forget_cached_loggers()
 
     def stop(self) -> None:
         configure_logging("warning", "json")
-        _forget_cached_loggers()
+        forget_cached_loggers()
 
     def new_lines(self) -> list[str]:
         text = self.stream.getvalue()

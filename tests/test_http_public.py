@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -15,11 +14,10 @@ from sqlalchemy import text
 from procurd.config import CALLBACK_PATH
 from procurd.http.errors import MAX_BODY_BYTES
 from procurd.http.testing import Stack, procurd_stack, reserve_port, serve, url_of
-from procurd.logs import configure_logging
 from procurd.sandbox.callbacks import callback_body
 from procurd.sandbox.testing import ApiResponse, SignedClient
 from procurd.signing import HeaderNames, sign
-from support import sql_execute
+from support import captured_log, sql_execute
 
 
 @pytest.fixture
@@ -323,17 +321,13 @@ async def test_callback_url_path_is_served_too(database_url: str) -> None:
 async def test_rejection_is_logged_with_its_reason_but_no_secrets(stack: Stack) -> None:
     """A rejection's log line names the reason and upstream, never the body, payload or signature."""
     procurement = await submitted(stack)
-    stream = io.StringIO()
-    configure_logging("info", "json", stream)
-    try:
+    with captured_log("info") as stream:
         signature = "f" * 64
         async with stack.signer() as signer:
             answer = await post(
                 signer, _body(procurement, fulfillment={"payload": "SECRET-CARD"}), signature=signature
             )
         assert answer.status == 401
-    finally:
-        configure_logging("warning", "json")
     lines = [json.loads(line) for line in stream.getvalue().splitlines() if "callback.rejected" in line]
     assert len(lines) == 1
     assert (lines[0]["reason"], lines[0]["upstream"]) == ("invalid_signature", "main")
