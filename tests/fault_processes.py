@@ -24,8 +24,8 @@ import aiohttp
 
 from procurd.db import migrate
 from procurd.db.database import open_database
+from procurd.loopback import unused_ports
 from scale_cluster import DaemonProcess, to_toml
-from support import free_port
 
 POSTGRES_USER = "procurd"
 
@@ -153,7 +153,7 @@ class PostgresServer:
 
     def __init__(self, bin_dir: Path) -> None:
         self.bin_dir = bin_dir
-        self.port = free_port()
+        (self.port,) = unused_ports(1)
         self.directory = Path(tempfile.mkdtemp(prefix="procurd-fault-pg."))
         self.data = self.directory / "data"
         self.log = self.directory / "server.log"

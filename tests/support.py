@@ -154,17 +154,6 @@ def screen_lines(output: str) -> list[str]:
     return lines
 
 
-def free_port() -> int:
-    (port,) = free_ports(1)
-    return port
-
-
-def free_ports(count: int) -> list[int]:
-    """``count`` different free ports on 127.0.0.1, outside the range the kernel gives to port-0 listeners
-    (a sandbox started after the ports were chosen cannot take one)."""
-    return unused_ports(count)
-
-
 class UpstreamSite(Protocol):
     """What procurd's configuration needs of a sandbox (one in this process, or in another)."""
 
@@ -189,7 +178,7 @@ def config_data(
 
     ``sections`` update the defaults section by section (``upstream`` updates every upstream block).
     """
-    public_port, admin_port = free_ports(2)
+    public_port, admin_port = unused_ports(2)
     data: dict[str, Any] = {
         "database": {"url": database_url},
         "server": {

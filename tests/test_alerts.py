@@ -24,11 +24,12 @@ from procurd.daemon import Daemon
 from procurd.db.instance_store import Instance
 from procurd.db.types import utcnow
 from procurd.http.testing import procurd_stack, reserve_port, serve, url_of
+from procurd.loopback import unused_ports
 from procurd.runtime import Runtime
 from procurd.sandbox import Sandbox, SandboxConfig
 from procurd.sandbox.testing import SignedClient
 from scale_cluster import metric_value
-from support import AdminClient, free_port, mirror, run_cli, running_daemon, settings_for, wait_until
+from support import AdminClient, mirror, run_cli, running_daemon, settings_for, wait_until
 from test_cli_orders import write_config
 
 REPEAT_AFTER = 2.0
@@ -323,7 +324,7 @@ async def test_alerts_from_the_command_line(database_url: str, tmp_path: Path) -
     async with procurd_stack(database_url, upstreams=("main",)) as stack, receiving() as receiver:
         await stack.sync("main")
         config = write_config(tmp_path / "procurd.toml", stack)
-        dead = f"json://127.0.0.1:{free_port()}/alerts"
+        dead = f"json://127.0.0.1:{unused_ports(1)[0]}/alerts"
         with config.open("a", encoding="utf-8") as text:
             text.write(f'\n[alerts]\nurls = ["{receiver.url}", "{dead}"]\n')
         empty = await run_cli(config, "alerts", "list")

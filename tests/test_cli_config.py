@@ -16,8 +16,9 @@ from click.testing import CliRunner
 
 from procurd.cli import main
 from procurd.logs import configure_logging
+from procurd.loopback import unused_ports
 from procurd.sandbox import Sandbox, SandboxConfig
-from support import free_port, free_ports, wait_until
+from support import wait_until
 
 CONFIG = """
 [database]
@@ -54,7 +55,7 @@ def write_config(
     """A procurd.toml in ``directory``; ports default to two free ones."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "procurd.toml"
-    public_port, admin_port = free_ports(2)
+    public_port, admin_port = unused_ports(2)
     fields = {
         "database_url": database_url,
         "public_port": ports.get("public_port", public_port),
@@ -166,7 +167,7 @@ def test_one_port_for_both_listeners_is_a_configuration_error(
 ) -> None:
     """public_port == admin_port on overlapping hosts stops the program with exit 2 before it listens; on
     two distinct addresses it is allowed."""
-    port = free_port()
+    (port,) = unused_ports(1)
     config = write_config(tmp_path, sqlite_url(tmp_path / "procurd.db"), public_port=port, admin_port=port)
     text = config.read_text(encoding="utf-8")
     text = text.replace('public_host = "127.0.0.1"', f'public_host = "{public_host}"')
@@ -301,7 +302,7 @@ async def test_admin_token_file_guards_the_admin_listener(tmp_path: Path) -> Non
     credentials = tmp_path / "credentials"
     credentials.mkdir()
     (credentials / "admin").write_text(token + "\n", encoding="utf-8")
-    public_port, admin_port = free_ports(2)
+    public_port, admin_port = unused_ports(2)
     async with Sandbox(SandboxConfig(products=2, allow_private_callbacks=True)) as sandbox:
         config = write_config(
             tmp_path,

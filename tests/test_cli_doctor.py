@@ -13,15 +13,16 @@ from procurd.cli.doctor import (
     check_database,
     check_upstreams,
 )
+from procurd.loopback import unused_ports
 from procurd.sandbox import Sandbox, SandboxConfig
-from support import free_port, free_ports, run_procurd
+from support import run_procurd
 from test_alerts import receiving
 
 SECRET = "sandbox-secret"
 
 
 def write_config(directory: Path, database_url: str, base_url: str, secret_line: str) -> Path:
-    public, admin = free_ports(2)
+    public, admin = unused_ports(2)
     path = directory / "procurd.toml"
     path.write_text(
         f"""
@@ -122,7 +123,7 @@ async def test_alert_urls_are_checked_without_sending(tmp_path: Path, database_u
         Sandbox(SandboxConfig(products=1)) as sandbox,
         receiving() as receiver,
     ):
-        dead = f"json://user:hunter2-secret@127.0.0.1:{free_port()}/alerts"
+        dead = f"json://user:hunter2-secret@127.0.0.1:{unused_ports(1)[0]}/alerts"
         config = write_config(tmp_path, database_url, sandbox.base_url, f'api_secret = "{SECRET}"')
         with config.open("a", encoding="utf-8") as text:
             text.write(f'\n[alerts]\nurls = ["{receiver.url}", "{dead}"]\n')

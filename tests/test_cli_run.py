@@ -11,8 +11,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from procurd.loopback import unused_ports
 from procurd.sandbox import Sandbox, SandboxConfig
-from support import free_ports, wait_until
+from support import wait_until
 
 BASE = """
 [database]
@@ -36,7 +37,7 @@ max_requests_per_second = 100
 
 
 def config(tmp_path: Path, base_url: str = "http://127.0.0.1:9", extra: str = "", **values: object) -> Path:
-    public, admin = free_ports(2)
+    public, admin = unused_ports(2)
     fields = {
         "db": tmp_path / "procurd.db",
         "public": public,
