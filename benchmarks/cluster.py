@@ -115,8 +115,8 @@ class CountingBudget(SharedBudget):
 
     refused = 0
 
-    async def take(self, priority: int, then: int | None) -> tuple[bool, float]:
-        granted, seconds = await super().take(priority, then)
+    async def take(self, priority: int, then: int | None, count: int = 1) -> tuple[int, float]:
+        granted, seconds = await super().take(priority, then, count)
         if not granted:
             CountingBudget.refused += 1
         return granted, seconds

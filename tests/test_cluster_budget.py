@@ -1,8 +1,9 @@
-"""The request budget every instance shares on PostgreSQL: spacing, priorities across instances, pauses.
+"""The request budget every process of an installation shares (daemons on PostgreSQL, or a daemon and the
+commands beside it on SQLite): spacing, priorities across processes, pauses.
 
 Each "instance" here is a :class:`SharedRateLimiter` with an instance id of its own and a database
-connection pool of its own, on the test's migrated database; they share one budget row as separate daemons
-do.
+connection pool of its own, on the test's migrated database; they share one budget row as separate
+processes do.
 """
 
 from __future__ import annotations
@@ -22,8 +23,6 @@ from procurd.db.schema import rate_budgets, rate_demand
 from procurd.upstream.ratelimit import Priority, SharedRateLimiter
 from support import sql_rows, wait_until
 
-pytestmark = pytest.mark.postgres
-
 KEY = budget_key("http://upstream.example/api/v1/upstream", "key")
 RATE = 10.0  # requests a second: 100 ms apart
 SPACING = 1 / RATE
@@ -32,8 +31,6 @@ SPACING = 1 / RATE
 @pytest.fixture
 async def instances(database_url: str) -> AsyncIterator[Callable[[str], SharedRateLimiter]]:
     """Builds a limiter for an instance id, each with its own database connections; closes them all."""
-    if database_url.startswith("sqlite"):
-        pytest.skip("the shared budget lives in PostgreSQL; SQLite runs one process with a bucket in memory")
     async with AsyncExitStack() as stack:
 
         def instance(name: str) -> SharedRateLimiter:
@@ -67,6 +64,35 @@ async def test_instances_share_one_budget(instances: Callable[[str], SharedRateL
     assert min(gaps) > SPACING * 0.8, gaps
     assert merged[-1] - started >= SPACING * (len(merged) - 1) * 0.95
     assert all(len(per_instance) == 10 for per_instance in times)
+
+
+async def test_batches_of_orders_from_several_processes_keep_the_spacing(database_url: str) -> None:
+    """At 100 requests a second, orders are granted in batches (up to 10 slots per round trip); three
+    processes sending orders at once still start their requests one budget interval apart between them."""
+    rate = 100.0
+    async with AsyncExitStack() as stack:
+        limiters = []
+        for name in ("a", "b", "c"):
+            database = open_database(database_url)
+            stack.push_async_callback(database.close)
+            limiter = SharedRateLimiter(SharedBudget(database, KEY, "main", name, rate), rate)
+            stack.push_async_callback(limiter.close)
+            limiters.append(limiter)
+
+        async def orders(limiter: SharedRateLimiter) -> list[float]:
+            async def one() -> float:
+                await limiter.acquire(Priority.ORDER)
+                return time.monotonic()
+
+            return list(await asyncio.gather(*(one() for _ in range(20))))
+
+        times = await asyncio.gather(*(orders(limiter) for limiter in limiters))
+        budget_calls = sum(limiter.budget_calls for limiter in limiters)
+    merged = sorted(moment for per_process in times for moment in per_process)
+    gaps = [later - earlier for earlier, later in itertools.pairwise(merged)]
+    assert min(gaps) > (1 / rate) * 0.5, gaps
+    assert merged[-1] - merged[0] >= (1 / rate) * (len(merged) - 1) * 0.95
+    assert budget_calls < len(merged) / 2
 
 
 async def test_an_order_on_one_instance_goes_ahead_of_catalogue_pages_on_another(

@@ -8,7 +8,13 @@ from collections.abc import Callable
 
 import pytest
 
-from procurd.upstream.ratelimit import MISSED_SLOT_SECONDS, Priority, PriorityRateLimiter, SharedRateLimiter
+from procurd.upstream.ratelimit import (
+    BATCH_SECONDS,
+    MISSED_SLOT_SECONDS,
+    Priority,
+    PriorityRateLimiter,
+    SharedRateLimiter,
+)
 
 FAST_RATE = 200.0  # a 5 ms interval keeps real-time tests quick
 DEADLINE_SECONDS = 5.0
@@ -224,16 +230,19 @@ async def test_shorter_pause_does_not_shorten_a_longer_one() -> None:
 
 
 class ScriptedBudget:
-    """A shared budget (what PostgreSQL answers) that grants the slots it is given, one per request."""
+    """A shared budget (what the database answers) that grants the slots it is given, one per request, and
+    remembers what it was asked."""
 
     def __init__(self, slot_starts_in: list[float]) -> None:
         self.slot_starts_in = slot_starts_in
         self.taken = 0
+        self.asked: list[tuple[int, int | None, int]] = []
 
-    async def take(self, priority: int, then: int | None) -> tuple[bool, float]:
+    async def take(self, priority: int, then: int | None, count: int = 1) -> tuple[int, float]:
+        self.asked.append((priority, then, count))
         seconds = self.slot_starts_in[self.taken]
         self.taken += 1
-        return True, seconds
+        return 1, seconds
 
     async def pause(self, seconds: float) -> None:
         raise AssertionError("nothing is rate-limited here")
@@ -259,6 +268,72 @@ async def test_a_shared_slot_handed_out_on_time_is_used() -> None:
     limiter = SharedRateLimiter(budget, 1.0, clock=FakeClock())
     await asyncio.wait_for(limiter.acquire(Priority.ORDER), DEADLINE_SECONDS)
     assert (budget.taken, limiter.missed_slots) == (1, 0)
+    await limiter.close()
+
+
+class GenerousBudget:
+    """A shared budget that grants every slot asked for, the first starting at once."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[int, int | None, int]] = []
+
+    async def take(self, priority: int, then: int | None, count: int = 1) -> tuple[int, float]:
+        self.asked.append((priority, then, count))
+        return count, 0.0
+
+    async def pause(self, seconds: float) -> None:
+        raise AssertionError("nothing is rate-limited here")
+
+    async def withdraw(self) -> None:
+        """Nothing is recorded."""
+
+
+async def test_orders_waiting_together_are_asked_for_in_one_round_trip() -> None:
+    """Orders queued together take their slots in one request to the shared budget (each one spacing after
+    the other), while a catalogue page behind them is asked for on its own; the page is named as what waits
+    next."""
+    budget = GenerousBudget()
+    limiter = SharedRateLimiter(budget, 1000.0)
+    limiter.pause_for(0.02)  # nobody is served until all have queued
+    budget.asked.clear()
+    served: list[str] = []
+    labelled = [("page", Priority.CATALOG), *((f"order-{n}", Priority.ORDER) for n in range(5))]
+    tasks = await queue_waiters(limiter, labelled, served)  # type: ignore[arg-type]
+    await asyncio.wait_for(asyncio.gather(*tasks), DEADLINE_SECONDS)
+    assert served == [*(f"order-{n}" for n in range(5)), "page"]
+    assert budget.asked == [(Priority.ORDER, Priority.CATALOG, 5), (Priority.CATALOG, None, 1)]
+    await limiter.close()
+
+
+async def test_a_busy_process_asks_ahead_for_the_orders_it_is_about_to_send() -> None:
+    """A process that sent orders one after another through the last second asks the budget for as many
+    slots as arrive in a batch's time, not one per order: at 200 orders a second (of the limiter's clock)
+    against a budget of 10,000 a second, once a second of them has passed, 100 orders cost a handful of
+    round trips."""
+    budget = GenerousBudget()
+    clock = FakeClock()
+    limiter = SharedRateLimiter(budget, 10_000.0, clock=clock)
+
+    async def send(orders: int) -> None:
+        for _ in range(orders):
+            await asyncio.wait_for(limiter.acquire(Priority.ORDER), DEADLINE_SECONDS)
+            clock.now += 0.005
+
+    await send(200)  # a second of orders
+    budget.asked.clear()
+    await send(100)
+    assert len(budget.asked) <= 100 * BATCH_SECONDS, [count for _, _, count in budget.asked]
+    await limiter.close()
+
+
+async def test_a_slow_budget_is_asked_one_slot_at_a_time() -> None:
+    """Below ten requests a second a batch holds one slot: the real sites' limit of one a second is
+    spent request by request, as before batches existed."""
+    budget = GenerousBudget()
+    limiter = SharedRateLimiter(budget, 1.0)
+    for _ in range(3):
+        await limiter.acquire(Priority.ORDER)
+    assert [count for _, _, count in budget.asked] == [1, 1, 1]
     await limiter.close()
 
 

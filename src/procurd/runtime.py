@@ -24,7 +24,7 @@ from procurd.metrics import Metrics
 from procurd.procurement.service import ProcurementService, Wakeups
 from procurd.upstream.client import UpstreamClient
 from procurd.upstream.errors import AuthError
-from procurd.upstream.ratelimit import PriorityRateLimiter, RateLimiter, SharedRateLimiter, sending_rate
+from procurd.upstream.ratelimit import RateLimiter, SharedRateLimiter, sending_rate
 from procurd.watch import HealthWatch, RejectionWatch
 
 log = structlog.get_logger("procurd.runtime")
@@ -63,19 +63,17 @@ class CallbackCounts:
 
 
 def rate_limiters(settings: Settings, database: Database, instance: str) -> dict[str, RateLimiter]:
-    """Each upstream's limiter, one per API key: on PostgreSQL the budget every instance shares, on SQLite
-    (one process) a bucket in memory; both send a hair slower than the budget (:func:`sending_rate`)."""
+    """Each upstream's limiter, one per API key, taking its slots from the budget of that key that every
+    process of the installation shares through the database (the daemons and the commands run beside them);
+    requests are sent a hair slower than the budget (:func:`sending_rate`)."""
     by_key: dict[str, RateLimiter] = {}
     limiters: dict[str, RateLimiter] = {}
     for upstream in settings.upstreams:
         key = budget_key(upstream.api_root, upstream.api_key)
         if key not in by_key:
             rate = sending_rate(upstream.max_requests_per_second)
-            if database.dialect == "postgresql":
-                budget = SharedBudget(database, key, upstream.name, instance, rate)
-                by_key[key] = SharedRateLimiter(budget, rate)
-            else:
-                by_key[key] = PriorityRateLimiter(rate)
+            budget = SharedBudget(database, key, upstream.name, instance, rate)
+            by_key[key] = SharedRateLimiter(budget, rate)
         limiters[upstream.name] = by_key[key]
     return limiters
 

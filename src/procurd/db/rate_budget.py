@@ -1,4 +1,5 @@
-"""The request budget of one upstream API key, shared by every instance on one PostgreSQL database.
+"""The request budget of one upstream API key, shared by every process of an installation: every daemon
+instance on one PostgreSQL database, and on SQLite the daemon and every command run beside it.
 
 The budget is one row of ``rate_budgets``: ``next_slot_at``, the earliest moment the next request may start,
 and ``paused_until``, set when the upstream answered "too many requests". A request takes a slot with one
@@ -12,22 +13,26 @@ priority it has waiting. An order submission may reserve the next slot even when
 else takes a slot only when one is free right now and no other instance waits with a better priority, so an
 order never waits behind more than the one lower-priority request already under way.
 
-One statement per attempt, run in autocommit on a connection kept for it: one round trip.
+On PostgreSQL one statement per attempt, run in autocommit on a connection kept for it: one round trip,
+on the database's clock. On SQLite (one host) the same decision is taken in Python inside a write
+transaction, under the database's write lock, on the host's clock.
 """
 
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
 import structlog
-from sqlalchemy import Connection, delete, text
+from sqlalchemy import Connection, delete, func, select, text, update
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from procurd.db.dialect import insert_or_skip
 from procurd.db.errors import DatabaseError
 from procurd.db.schema import rate_budgets, rate_demand
+from procurd.db.types import utcnow
 
 if TYPE_CHECKING:
     from procurd.db.database import Database
@@ -46,6 +51,7 @@ _TAKE = text(
 WITH params AS (
     SELECT CAST(:key AS varchar) AS key, CAST(:instance AS varchar) AS instance,
            CAST(:priority AS integer) AS priority, CAST(:then AS integer) AS then,
+           CAST(:count AS integer) AS count,
            make_interval(secs => CAST(:spacing AS double precision)) AS spacing,
            make_interval(secs => CAST(:demand_ttl AS double precision)) AS demand_ttl
 ),
@@ -68,7 +74,7 @@ decision AS (
 ),
 taken AS (
     UPDATE rate_budgets AS b
-       SET next_slot_at = decision.slot + params.spacing, granted = b.granted + 1
+       SET next_slot_at = decision.slot + params.spacing * params.count, granted = b.granted + params.count
       FROM decision, params
      WHERE b.key = params.key AND decision.granted
  RETURNING b.next_slot_at
@@ -89,9 +95,10 @@ withdrawn AS (
      USING demand
      WHERE d.key = demand.key AND d.instance = demand.instance AND demand.priority IS NULL
 )
-SELECT decision.granted, decision.slot, coalesce(taken.next_slot_at, decision.next_slot_at) AS next_slot_at,
+SELECT decision.granted, params.count, decision.slot,
+       coalesce(taken.next_slot_at, decision.next_slot_at) AS next_slot_at,
        decision.paused_until, decision.ahead, clock_timestamp() AS now
-  FROM decision LEFT JOIN taken ON true
+  FROM decision CROSS JOIN params LEFT JOIN taken ON true
 """
 )
 
@@ -114,8 +121,8 @@ def budget_key(api_root: str, api_key: str) -> str:
 class Attempt:
     """What one attempt at the budget found, in the database's clock."""
 
-    granted: bool
-    slot: datetime  # the start of the slot handed out (when granted)
+    granted: int  # slots handed out, one spacing apart (0: refused)
+    slot: datetime  # the start of the first slot handed out (when granted)
     next_slot_at: datetime
     paused_until: datetime
     ahead: int | None  # the best priority another instance waits with
@@ -126,7 +133,7 @@ class Attempt:
 
 
 class RateBudgetStore:
-    """The statements of the shared budgets (PostgreSQL only)."""
+    """The statements of the shared budgets; :meth:`take` and :meth:`pause` differ by backend."""
 
     def __init__(self, connection: Connection) -> None:
         self.connection = connection
@@ -148,39 +155,20 @@ class RateBudgetStore:
         spacing_seconds: float,
         demand_ttl_seconds: float,
         reserve_below: int = RESERVE_BELOW,
+        count: int = 1,
     ) -> Attempt | None:
-        """Try to take a slot for a request of ``priority``; ``None`` when the budget's row is missing.
+        """Try to take ``count`` consecutive slots for requests of ``priority``; ``None`` when the budget's
+        row is missing.
 
-        ``then`` is the best priority this instance still has waiting once this request is served: the
-        demand recorded when a slot is granted (none when ``None``); when refused, ``priority`` is recorded.
-        A priority below ``reserve_below`` gets the next slot even when it lies ahead.
+        ``then`` is the best priority this instance still has waiting once these requests are served: the
+        demand recorded when slots are granted (none when ``None``); when refused, ``priority`` is recorded.
+        A priority below ``reserve_below`` gets the next slots even when they lie ahead.
         """
-        row = self.connection.execute(
-            _TAKE,
-            {
-                "key": key,
-                "instance": instance,
-                "priority": priority,
-                "then": then,
-                "reserve_below": reserve_below,
-                "spacing": spacing_seconds,
-                "demand_ttl": demand_ttl_seconds,
-            },
-        ).first()
-        if row is None:
-            return None
-        return Attempt(
-            granted=bool(row.granted),
-            slot=row.slot,
-            next_slot_at=row.next_slot_at,
-            paused_until=row.paused_until,
-            ahead=row.ahead,
-            now=row.now,
-        )
+        raise NotImplementedError
 
     def pause(self, key: str, seconds: float) -> None:
         """Nobody sends with this key for ``seconds`` from now (a pause only ever grows)."""
-        self.connection.execute(_PAUSE, {"key": key, "seconds": seconds})
+        raise NotImplementedError
 
     def withdraw(self, key: str, instance: str) -> None:
         """``instance`` no longer waits for budget ``key``."""
@@ -192,6 +180,125 @@ class RateBudgetStore:
         """The instances are gone: they wait for nothing."""
         if instances:
             self.connection.execute(delete(rate_demand).where(rate_demand.c.instance.in_(instances)))
+
+
+class PostgresRateBudgetStore(RateBudgetStore):
+    """One statement per attempt, on the database's clock."""
+
+    def take(
+        self,
+        key: str,
+        instance: str,
+        priority: int,
+        then: int | None,
+        spacing_seconds: float,
+        demand_ttl_seconds: float,
+        reserve_below: int = RESERVE_BELOW,
+        count: int = 1,
+    ) -> Attempt | None:
+        row = self.connection.execute(
+            _TAKE,
+            {
+                "key": key,
+                "instance": instance,
+                "priority": priority,
+                "then": then,
+                "reserve_below": reserve_below,
+                "spacing": spacing_seconds,
+                "demand_ttl": demand_ttl_seconds,
+                "count": count,
+            },
+        ).first()
+        if row is None:
+            return None
+        return Attempt(
+            granted=int(row[1]) if row.granted else 0,
+            slot=row.slot,
+            next_slot_at=row.next_slot_at,
+            paused_until=row.paused_until,
+            ahead=row.ahead,
+            now=row.now,
+        )
+
+    def pause(self, key: str, seconds: float) -> None:
+        self.connection.execute(_PAUSE, {"key": key, "seconds": seconds})
+
+
+class SqliteRateBudgetStore(RateBudgetStore):
+    """The PostgreSQL statement's decision taken in Python, inside a write transaction: SQLite's write lock
+    serialises every process of the installation, and they all share one host's clock."""
+
+    def take(
+        self,
+        key: str,
+        instance: str,
+        priority: int,
+        then: int | None,
+        spacing_seconds: float,
+        demand_ttl_seconds: float,
+        reserve_below: int = RESERVE_BELOW,
+        count: int = 1,
+    ) -> Attempt | None:
+        now = utcnow()
+        budget = self.connection.execute(
+            select(rate_budgets.c.next_slot_at, rate_budgets.c.paused_until).where(rate_budgets.c.key == key)
+        ).first()
+        if budget is None:
+            return None
+        next_slot_at, paused_until = budget.next_slot_at, budget.paused_until
+        ahead = self.connection.execute(
+            select(func.min(rate_demand.c.priority)).where(
+                rate_demand.c.key == key, rate_demand.c.instance != instance, rate_demand.c.expires_at > now
+            )
+        ).scalar()
+        slot = max(next_slot_at, paused_until, now)
+        granted = priority < reserve_below or (
+            next_slot_at <= now and paused_until <= now and (ahead is None or ahead >= priority)
+        )
+        if granted:
+            next_slot_at = slot + timedelta(seconds=spacing_seconds * count)
+            self.connection.execute(
+                update(rate_budgets)
+                .where(rate_budgets.c.key == key)
+                .values(next_slot_at=next_slot_at, granted=rate_budgets.c.granted + count)
+            )
+        waiting = then if granted else priority
+        if waiting is None:
+            self.withdraw(key, instance)
+        else:
+            expires_at = slot + timedelta(seconds=demand_ttl_seconds)
+            upsert = sqlite_insert(rate_demand).values(
+                key=key, instance=instance, priority=waiting, expires_at=expires_at
+            )
+            self.connection.execute(
+                upsert.on_conflict_do_update(
+                    index_elements=[rate_demand.c.key, rate_demand.c.instance],
+                    set_={"priority": waiting, "expires_at": expires_at},
+                )
+            )
+        return Attempt(
+            granted=count if granted else 0,
+            slot=slot,
+            next_slot_at=next_slot_at,
+            paused_until=paused_until,
+            ahead=ahead,
+            now=utcnow(),
+        )
+
+    def pause(self, key: str, seconds: float) -> None:
+        until = utcnow() + timedelta(seconds=max(0.0, seconds))
+        self.connection.execute(
+            update(rate_budgets)
+            .where(rate_budgets.c.key == key, rate_budgets.c.paused_until < until)
+            .values(paused_until=until)
+        )
+
+
+def rate_budget_store(connection: Connection) -> RateBudgetStore:
+    """The budget statements of the connection's backend."""
+    if connection.dialect.name == "postgresql":
+        return PostgresRateBudgetStore(connection)
+    return SqliteRateBudgetStore(connection)
 
 
 class SharedBudget:
@@ -224,27 +331,30 @@ class SharedBudget:
         self._created = False
         self._failures = 0
 
-    async def take(self, priority: int, then: int | None) -> tuple[bool, float]:
-        """``(True, s)``: a slot for a request of ``priority`` starts in ``s`` seconds (0 or less: now);
-        ``(False, s)``: refused, worth asking again in ``s`` seconds."""
+    async def take(self, priority: int, then: int | None, count: int = 1) -> tuple[int, float]:
+        """``(n, s)``: ``n`` slots for requests of ``priority``, the first starting in ``s`` seconds (0 or
+        less: now); ``(0, s)``: refused, worth asking again in ``s`` seconds. Only priorities below
+        ``reserve_below`` are given more than one slot at a time."""
+        if priority >= self.reserve_below:
+            count = 1
         try:
-            attempt = await self._attempt(priority, then)
+            attempt = await self._attempt(priority, then, count)
         except DatabaseError as exc:
             wait = UNAVAILABLE_BACKOFF[min(self._failures, len(UNAVAILABLE_BACKOFF) - 1)]
             self._failures += 1
             log.warning("rate_budget.unavailable", upstream=self.upstream, reason=exc.reason, retry_in=wait)
-            return False, wait
+            return 0, wait
         self._failures = 0
         if attempt.granted:
-            return True, attempt.seconds_until(attempt.slot)
+            return attempt.granted, attempt.seconds_until(attempt.slot)
         if attempt.paused_until > attempt.now:
-            return False, attempt.seconds_until(attempt.paused_until) + RETRY_MARGIN_SECONDS
+            return 0, attempt.seconds_until(attempt.paused_until) + RETRY_MARGIN_SECONDS
         if attempt.next_slot_at > attempt.now:
-            return False, attempt.seconds_until(attempt.next_slot_at) + RETRY_MARGIN_SECONDS
+            return 0, attempt.seconds_until(attempt.next_slot_at) + RETRY_MARGIN_SECONDS
         # A slot is free, but another instance waits with a better priority and takes it.
-        return False, self.spacing_seconds / 2
+        return 0, self.spacing_seconds / 2
 
-    async def _attempt(self, priority: int, then: int | None) -> Attempt:
+    async def _attempt(self, priority: int, then: int | None, count: int) -> Attempt:
         args = (
             self.key,
             self.instance,
@@ -253,6 +363,7 @@ class SharedBudget:
             self.spacing_seconds,
             self.demand_ttl_seconds,
             self.reserve_below,
+            count,
         )
         attempt = (
             await self.database.autocommit(lambda tx: tx.rate_budget.take(*args)) if self._created else None

@@ -15,7 +15,7 @@ from procurd.db.leases import LeaseStore
 from procurd.db.mirror_store import MirrorStore
 from procurd.db.offer_store import OfferStore
 from procurd.db.procurement_store import ProcurementStore
-from procurd.db.rate_budget import RateBudgetStore
+from procurd.db.rate_budget import RateBudgetStore, rate_budget_store
 from procurd.db.reconcile_store import ReconcileStore
 from procurd.db.retention_store import RetentionStore
 
@@ -73,4 +73,4 @@ class Tx:
 
     @cached_property
     def rate_budget(self) -> RateBudgetStore:
-        return RateBudgetStore(self.connection)
+        return rate_budget_store(self.connection)
