@@ -31,6 +31,7 @@ from procurd.db import migrate
 from procurd.db.database import open_database
 from procurd.logs import configure_logging
 from procurd.loopback import unused_ports
+from procurd.operations import Operations
 from procurd.runtime import Runtime
 from procurd.sandbox import Sandbox, SandboxConfig
 from procurd.systemd import Notifier
@@ -70,11 +71,11 @@ async def run(orders: int, alert_urls: list[str], label: str) -> tuple[list[floa
             sku = sandbox.state.first_sku("auto").id
             sandbox.state.set_sku_stock(sku, -1)
             configured = settings(url, sandbox, alert_urls)
-            runtime = Runtime.build(configured)
+            operations = Operations(Runtime.build(configured))
             try:
-                await runtime.sync_catalog("main")  # mirrored before the clock starts
+                await operations.catalog.sync("main")  # mirrored before the clock starts
             finally:
-                await runtime.close()
+                await operations.close()
             daemon = Daemon(configured, notifier=Notifier({}))
             await daemon.start()
             admin = f"http://127.0.0.1:{daemon.admin_port}/api/v1/orders"

@@ -62,7 +62,7 @@ def settings_of(config: Mapping[str, Any]) -> Settings:
 
 
 def to_toml(config: Mapping[str, Any]) -> str:
-    """``config`` as a TOML document (tables of scalars, and arrays of such tables)."""
+    """``config`` as a TOML document (tables of scalars and lists of scalars, and arrays of such tables)."""
     lines: list[str] = []
     for section, values in config.items():
         blocks = values if isinstance(values, list) else [values]
@@ -81,6 +81,8 @@ def _toml_value(value: Any) -> str:
         return repr(value)
     if isinstance(value, str):
         return json.dumps(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(item) for item in value) + "]"
     raise TypeError(f"no TOML form for {value!r}")
 
 

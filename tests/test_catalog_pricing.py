@@ -23,6 +23,7 @@ from procurd.db.database import Database
 from procurd.db.schema import mirror_changes, mirror_products, mirror_skus
 from procurd.http.admin import make_admin_app
 from procurd.http.testing import serve
+from procurd.operations import Operations
 from procurd.runtime import Runtime
 from procurd.sandbox import Sandbox, SandboxConfig
 from support import settings_for, wait_until
@@ -44,17 +45,17 @@ def settings(database_url: str, sandbox: Sandbox, **pricing: Any) -> Settings:
 
 
 @pytest.fixture
-async def runtime(database_url: str, sandbox: Sandbox) -> AsyncIterator[Runtime]:
-    """procurd's runtime with a 20 % markup rule and holds above a 10 % cost rise."""
-    built = Runtime.build(settings(database_url, sandbox, hold_on_cost_increase_percent="10"))
+async def operations(database_url: str, sandbox: Sandbox) -> AsyncIterator[Operations]:
+    """procurd's operations with a 20 % markup rule and holds above a 10 % cost rise."""
+    built = Operations(Runtime.build(settings(database_url, sandbox, hold_on_cost_increase_percent="10")))
     try:
         yield built
     finally:
         await built.close()
 
 
-async def sync(runtime: Runtime) -> SyncReport:
-    report = await runtime.sync_catalog(UPSTREAM)
+async def sync(operations: Operations) -> SyncReport:
+    report = await operations.catalog.sync(UPSTREAM)
     assert report.status == "ok", report.error
     return report
 
@@ -81,14 +82,14 @@ async def price_changes(database: Database) -> list[tuple[Any, ...]]:
 
 
 async def test_pass_prices_every_sku_and_each_product_from_its_cheapest(
-    runtime: Runtime, sandbox: Sandbox
+    operations: Operations, sandbox: Sandbox
 ) -> None:
     """After the first pass each SKU sells at cost x 1.2 in the upstream's currency (learnt by a ping),
     inactive ones too, each product at its cheapest live SKU's price; the first pass logs no changes."""
-    report = await sync(runtime)
+    report = await sync(operations)
     assert report.added == report.categories + report.products + report.skus
-    skus = await rows(runtime.database, mirror_skus)
-    products = await rows(runtime.database, mirror_products)
+    skus = await rows(operations.runtime.database, mirror_skus)
+    products = await rows(operations.runtime.database, mirror_products)
     for row in skus.values():
         assert (row["sell_price"], row["sell_currency"]) == (expected(row["price_amount"]), "CNY")
         assert (row["price_held_at"], row["held_cost"]) == (None, None)
@@ -97,38 +98,38 @@ async def test_pass_prices_every_sku_and_each_product_from_its_cheapest(
         cheapest = min(live, key=lambda row: Decimal(row["sell_price"]))
         assert (product["sell_price"], product["sell_currency"]) == (cheapest["sell_price"], "CNY")
     assert sandbox.request_counts["ping"] == 1
-    assert await price_changes(runtime.database) == []
+    assert await price_changes(operations.runtime.database) == []
 
 
-async def test_cost_change_reprices_and_logs_the_change(runtime: Runtime, sandbox: Sandbox) -> None:
+async def test_cost_change_reprices_and_logs_the_change(operations: Operations, sandbox: Sandbox) -> None:
     """A small cost rise reprices the SKU (and its product, when it is the cheapest) and logs both."""
-    await sync(runtime)
+    await sync(operations)
     product = sandbox.state.product(4)
     cheapest = min((sku for sku in product.skus if sku.is_active), key=lambda sku: Decimal(sku.price_amount))
     old_cost = cheapest.price_amount
     new_cost = str(Decimal(old_cost) + Decimal("0.01"))
-    before = (await rows(runtime.database, mirror_products))[4]["sell_price"]
+    before = (await rows(operations.runtime.database, mirror_products))[4]["sell_price"]
     sandbox.state.set_sku_price(cheapest.id, new_cost)
 
-    report = await sync(runtime)
+    report = await sync(operations)
     assert report.new_holds == ()
-    sku_row = (await rows(runtime.database, mirror_skus))[cheapest.id]
+    sku_row = (await rows(operations.runtime.database, mirror_skus))[cheapest.id]
     assert sku_row["sell_price"] == expected(new_cost)
-    logged = await price_changes(runtime.database)
+    logged = await price_changes(operations.runtime.database)
     assert ("sku", cheapest.id, expected(old_cost), expected(new_cost)) in logged
-    after = (await rows(runtime.database, mirror_products))[4]["sell_price"]
+    after = (await rows(operations.runtime.database, mirror_products))[4]["sell_price"]
     if after != before:
         assert ("product", 4, before, after) in logged
 
 
 async def test_the_daemons_full_passes_remember_pages_and_still_reprice(
-    runtime: Runtime, sandbox: Sandbox
+    operations: Operations, sandbox: Sandbox
 ) -> None:
     """The runtime's full passes of an upstream share what they listed: an unchanged page is not decoded
     again, and a page with a cost change is, and reprices its SKU."""
 
     async def full_pass() -> SyncReport:
-        report = await runtime.sync_catalog(UPSTREAM, full=True)
+        report = await operations.catalog.sync(UPSTREAM, full=True)
         assert (report.status, report.kind) == ("ok", "full"), report.error
         return report
 
@@ -141,19 +142,21 @@ async def test_the_daemons_full_passes_remember_pages_and_still_reprice(
     sandbox.state.set_sku_price(sku.id, new_cost)
     changed = await full_pass()
     assert changed.unchanged_pages == 0
-    assert (await rows(runtime.database, mirror_skus))[sku.id]["sell_price"] == expected(new_cost)
+    assert (await rows(operations.runtime.database, mirror_skus))[sku.id]["sell_price"] == expected(new_cost)
 
 
-async def test_steep_cost_rise_is_held_until_released_over_http(runtime: Runtime, sandbox: Sandbox) -> None:
+async def test_steep_cost_rise_is_held_until_released_over_http(
+    operations: Operations, sandbox: Sandbox
+) -> None:
     """A cost rise above 10 % keeps the old selling price and holds the SKU; the hold is listed, reported
     for alert price_held, and released through the admin API, which reprices the SKU at once."""
-    await sync(runtime)
+    await sync(operations)
     sku = sandbox.state.product(6).skus[0]
     old_cost, old_price = sku.price_amount, expected(sku.price_amount)
     new_cost = str(Decimal(old_cost) * 2)
     sandbox.state.set_sku_price(sku.id, new_cost)
 
-    report = await sync(runtime)
+    report = await sync(operations)
     (hold,) = report.new_holds
     assert (hold.sku_id, hold.old_cost, hold.new_cost, hold.sell_price) == (
         sku.id,
@@ -162,11 +165,11 @@ async def test_steep_cost_rise_is_held_until_released_over_http(runtime: Runtime
         old_price,
     )
     assert [alert.kind for alert in report.alerts()] == ["price_held"]
-    row = (await rows(runtime.database, mirror_skus))[sku.id]
+    row = (await rows(operations.runtime.database, mirror_skus))[sku.id]
     assert (row["sell_price"], row["held_cost"], row["price_amount"]) == (old_price, new_cost, new_cost)
     assert row["price_held_at"] is not None
 
-    async with serve(make_admin_app(runtime)) as admin, aiohttp.ClientSession() as session:
+    async with serve(make_admin_app(operations)) as admin, aiohttp.ClientSession() as session:
         async with session.get(f"{admin}/api/v1/catalog/holds") as answer:
             assert answer.status == 200
             listed = (await answer.json())["items"]
@@ -184,58 +187,58 @@ async def test_steep_cost_rise_is_held_until_released_over_http(runtime: Runtime
             assert (answer.status, (await answer.json())["error_code"]) == (404, "unknown_upstream")
         async with session.get(f"{admin}/api/v1/catalog/holds?upstream={UPSTREAM}") as answer:
             assert (await answer.json())["items"] == []
-    row = (await rows(runtime.database, mirror_skus))[sku.id]
+    row = (await rows(operations.runtime.database, mirror_skus))[sku.id]
     assert (row["sell_price"], row["price_held_at"], row["held_cost"]) == (expected(new_cost), None, None)
-    assert ("sku", sku.id, old_price, expected(new_cost)) in await price_changes(runtime.database)
+    assert ("sku", sku.id, old_price, expected(new_cost)) in await price_changes(operations.runtime.database)
 
 
 async def test_held_sku_keeps_its_price_through_later_passes_and_repricing(
-    runtime: Runtime, sandbox: Sandbox
+    operations: Operations, sandbox: Sandbox
 ) -> None:
     """While held, neither another cost change nor a full reprice moves the selling price."""
-    await sync(runtime)
+    await sync(operations)
     sku = sandbox.state.product(8).skus[0]
     held_price = expected(sku.price_amount)
     sandbox.state.set_sku_price(sku.id, str(Decimal(sku.price_amount) * 3))
-    await sync(runtime)
+    await sync(operations)
     sandbox.state.set_sku_price(sku.id, str(Decimal(sku.price_amount) + 1))
-    await sync(runtime)
-    await runtime.reprice_catalogue()
-    row = (await rows(runtime.database, mirror_skus))[sku.id]
+    await sync(operations)
+    await operations.catalog.reprice()
+    row = (await rows(operations.runtime.database, mirror_skus))[sku.id]
     assert row["sell_price"] == held_price
-    assert [hold["sku_id"] for hold in await holds(runtime.database)] == [sku.id]
+    assert [hold["sku_id"] for hold in await holds(operations.runtime.database)] == [sku.id]
 
 
 async def test_changed_rules_are_applied_at_start_up(database_url: str, sandbox: Sandbox) -> None:
     """A runtime started with other rules (a daemon after a configuration change) reprices the mirror in
     the background without fetching, and logs each change."""
-    first = Runtime.build(settings(database_url, sandbox))
+    first = Operations(Runtime.build(settings(database_url, sandbox)))
     try:
         await sync(first)
     finally:
         await first.close()
     requests = sandbox.request_counts["products"]
-    later = Runtime.build(settings(database_url, sandbox, rules=[{"markup_percent": "50"}]))
+    later = Operations(Runtime.build(settings(database_url, sandbox, rules=[{"markup_percent": "50"}])))
     try:
-        later.start_catalog_reprice()
+        later.catalog.start_reprice()
 
         async def repriced() -> bool:
-            skus = await rows(later.database, mirror_skus)
+            skus = await rows(later.runtime.database, mirror_skus)
             return all(
                 row["sell_price"] == expected(row["price_amount"], Decimal("1.5")) for row in skus.values()
             )
 
         await wait_until(repriced)
         assert sandbox.request_counts["products"] == requests
-        assert len(await price_changes(later.database)) > 0
+        assert len(await price_changes(later.runtime.database)) > 0
     finally:
         await later.close()
 
 
-async def test_start_of_a_pass_through_the_admin_api(runtime: Runtime, sandbox: Sandbox) -> None:
+async def test_start_of_a_pass_through_the_admin_api(operations: Operations, sandbox: Sandbox) -> None:
     """POST /api/v1/catalog/sync answers 202 and the pass runs in the background; bad requests are
     refused with their reason."""
-    async with serve(make_admin_app(runtime)) as admin, aiohttp.ClientSession() as session:
+    async with serve(make_admin_app(operations)) as admin, aiohttp.ClientSession() as session:
         async with session.post(f"{admin}/api/v1/catalog/sync", json={"full": True}) as answer:
             assert answer.status == 202
             assert await answer.json() == {
@@ -243,7 +246,9 @@ async def test_start_of_a_pass_through_the_admin_api(runtime: Runtime, sandbox: 
             }  # fmt: skip
 
         async def finished() -> bool:
-            row = await runtime.database.read(lambda tx: tx.mirror.last_run(UPSTREAM, finished=True))
+            row = await operations.runtime.database.read(
+                lambda tx: tx.mirror.last_run(UPSTREAM, finished=True)
+            )
             return row is not None and row["status"] == "ok"
 
         await wait_until(finished)
@@ -258,16 +263,21 @@ async def test_start_of_a_pass_through_the_admin_api(runtime: Runtime, sandbox: 
     assert sandbox.request_counts["products"] == 1
 
 
-async def test_rules_that_name_unknown_categories_are_reported(runtime: Runtime) -> None:
+async def test_rules_that_name_unknown_categories_are_reported(operations: Operations) -> None:
     """At reprice time a rule of the upstream naming a category it does not have is a problem naming the
     rule; the other prices are applied all the same."""
     pricing = PricingSettings(rules=[{"upstream": UPSTREAM, "category_ids": [999]}, {"markup_percent": "20"}])
     report = await run_sync(
-        runtime.database, runtime.client(UPSTREAM), UPSTREAM, options=SyncOptions(pricing=pricing)
+        operations.runtime.database,
+        operations.runtime.client(UPSTREAM),
+        UPSTREAM,
+        options=SyncOptions(pricing=pricing),
     )
     problem = "[[pricing.rules]] #1: category_ids: 999 is not a category of upstream main"
     assert problem in report.violations
-    repriced = await reprice_upstream(runtime.database, UPSTREAM, pricing, client=runtime.client(UPSTREAM))
+    repriced = await reprice_upstream(
+        operations.runtime.database, UPSTREAM, pricing, client=operations.runtime.client(UPSTREAM)
+    )
     assert repriced.problems == [problem]
     assert repriced.priced == report.skus
 

@@ -263,6 +263,8 @@ async def test_secrets_come_from_the_units_credentials(tmp_path: Path) -> None:
         beside = tmp_path / "etc" / "credentials"
         beside.mkdir()
         (beside / "main").write_text("sandbox-secret\n", encoding="utf-8")
+        code, _, err = await procurd_async("--config", str(config), "db", "upgrade")
+        assert code == 0, err
         code, out, err = await procurd_async("--config", str(config), "ping")
         assert code == 0, err
         assert "credentials site" in out

@@ -10,7 +10,7 @@ from procurd.cli.doctor import (
     DOCTOR_CHECKS,
     check_alert_urls,
     check_configuration,
-    check_database,
+    check_database_ready,
     check_upstreams,
 )
 from procurd.loopback import unused_ports
@@ -57,7 +57,7 @@ async def doctor(config: Path) -> tuple[int, list[str], str]:
 
 def test_the_checks_are_a_list_to_extend() -> None:
     """The checks doctor runs are one list of functions, in order (another check is appended there)."""
-    assert [check_configuration, check_database, check_upstreams, check_alert_urls] == DOCTOR_CHECKS
+    assert [check_configuration, check_database_ready, check_upstreams, check_alert_urls] == DOCTOR_CHECKS
 
 
 async def test_a_ready_installation_passes(tmp_path: Path, database_url: str) -> None:
@@ -93,7 +93,8 @@ async def test_a_wrong_secret_fails_with_what_to_check(tmp_path: Path, database_
 
 
 async def test_an_unmigrated_database_fails(tmp_path: Path) -> None:
-    """An empty database: ✗ database with the command that fixes it, exit 1; the upstream is still checked."""
+    """An empty database: ✗ database with the command that fixes it, exit 1; the upstream is not checked
+    (its request budget is shared through the database), and doctor says what to do first."""
     async with Sandbox(SandboxConfig(products=2)) as sandbox:
         database_url = f"sqlite+aiosqlite:///{tmp_path / 'empty.db'}"
         config = write_config(tmp_path, database_url, sandbox.base_url, f'api_secret = "{SECRET}"')
@@ -101,7 +102,8 @@ async def test_an_unmigrated_database_fails(tmp_path: Path) -> None:
     assert code == 1
     index = lines.index("✗ database: empty; this version needs revision " + lines[1].rsplit(" ", 1)[-1])
     assert lines[index + 1] == "    → run `procurd db upgrade`"
-    assert any(line.startswith("✔ upstream main: authenticated") for line in lines)
+    upstream = lines.index("✗ upstream main: not checked")
+    assert lines[upstream + 1] == "    → make the database usable first"
 
 
 async def test_a_missing_secret_file_fails_the_configuration(tmp_path: Path, database_url: str) -> None:

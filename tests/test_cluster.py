@@ -20,9 +20,13 @@ import aiohttp
 from sqlalchemy import select
 
 from fault_support import (
+    BUDGET,
+    WINDOW_REQUESTS,
+    WINDOW_SECONDS,
     IntakeClient,
     all_delivered,
     fault_sandbox_config,
+    limited_sandbox_config,
     most_in_any_window,
     orderable_skus,
     report,
@@ -38,24 +42,10 @@ from support import mirror, sql_rows, wait_until
 
 pytestmark = requires_postgres
 
-WINDOW_REQUESTS = 60
-WINDOW_SECONDS = 6.0
-BLOCK_SECONDS = 3.0
-BUDGET = WINDOW_REQUESTS / WINDOW_SECONDS  # max_requests_per_second: exactly the site's limit
 BURST_ORDERS = 300
 CATALOGUE_PRODUCTS = 1500  # 30 pages of 50: a pass that outlasts the burst's start
 INTAKE_STREAMS = 16
 LOOK_AND_COMMIT_SECONDS = 1.0
-
-
-def limited_sandbox_config(**overrides: Any) -> Any:
-    return fault_sandbox_config(
-        rate_limit=True,
-        rate_limit_requests=WINDOW_REQUESTS,
-        rate_limit_window_seconds=WINDOW_SECONDS,
-        rate_limit_block_seconds=BLOCK_SECONDS,
-        **overrides,
-    )
 
 
 def budget_config(database_url: str, sandbox: Sandbox, **sections: Mapping[str, Any]) -> dict[str, Any]:

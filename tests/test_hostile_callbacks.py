@@ -47,6 +47,7 @@ from procurd.http.errors import MAX_BODY_BYTES
 from procurd.http.public import make_public_app
 from procurd.http.testing import reserve_port, serve, submit_due, url_of
 from procurd.logs import configure_logging
+from procurd.operations import Operations
 from procurd.runtime import Runtime
 from procurd.sandbox import Sandbox, SandboxConfig
 from procurd.signing import HeaderNames, sign
@@ -306,14 +307,17 @@ async def hostile_target(database_url: str, **server: Any) -> AsyncIterator[Targ
         ):
             sandboxes = {"main": main, "second": second}
             callback_url = url_of(public_sock) + OWN_CALLBACK_PATH
-            runtime = Runtime.build(
-                target_settings(database_url, callback_url, sandboxes, **server), instance="hostile"
+            operations = Operations(
+                Runtime.build(
+                    target_settings(database_url, callback_url, sandboxes, **server), instance="hostile"
+                )
             )
+            runtime = operations.runtime
             try:
                 await runtime.start()
                 async with (
                     serve(make_public_app(runtime), public_sock) as public_url,
-                    serve(make_admin_app(runtime)) as admin_url,
+                    serve(make_admin_app(operations)) as admin_url,
                     aiohttp.ClientSession(
                         connector=aiohttp.TCPConnector(force_close=bool(server))
                     ) as session,
@@ -322,7 +326,7 @@ async def hostile_target(database_url: str, **server: Any) -> AsyncIterator[Targ
                     await _prepare(target)
                     yield target
             finally:
-                await runtime.close()
+                await operations.close()
     finally:
         public_sock.close()
         logs.stop()

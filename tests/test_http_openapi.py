@@ -14,6 +14,7 @@ from aiohttp import web
 from procurd.http import make_admin_app, make_public_app
 from procurd.http.console import is_console_path
 from procurd.http.testing import stack_settings
+from procurd.operations import Operations
 from procurd.runtime import Runtime
 
 METHODS = ("get", "put", "post", "delete", "patch", "head", "options")
@@ -32,11 +33,11 @@ async def apps(database_url: str) -> AsyncIterator[dict[str, web.Application]]:
     settings = stack_settings(
         database_url, "http://127.0.0.1:1", "https://shop.example.com/api/v1/upstream/callback"
     )
-    runtime = Runtime.build(settings)
+    operations = Operations(Runtime.build(settings))
     try:
-        yield {"public": make_public_app(runtime), "admin": make_admin_app(runtime)}
+        yield {"public": make_public_app(operations.runtime), "admin": make_admin_app(operations)}
     finally:
-        await runtime.close()
+        await operations.close()
 
 
 def served(app: web.Application) -> set[tuple[str, str]]:
@@ -162,7 +163,7 @@ def test_request_limits_are_documented() -> None:
     excludes NUL, and the documented maxima are the server's own."""
     from procurd.core.intake import MAX_QUANTITY
     from procurd.core.numbers import MAX_ID
-    from procurd.http.operations import MAX_PAGE
+    from procurd.http.inputs import MAX_PAGE
 
     document = load_document()
     checked = 0

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from procurd.http.json_limits import MAX_DEPTH, json_problem, raw_json_is_plain
+from procurd.core.json_limits import MAX_DEPTH, json_problem, raw_json_is_plain
 
 TEXTS = st.one_of(
     st.text(max_size=12),

@@ -182,8 +182,12 @@ async def test_request_log_counts_per_key_and_endpoint(
         },
     }
     first, *_, limited, last = log["requests"]
-    assert first == {"at": started, "api_key": "sandbox-key", "endpoint": "categories", "rate_limited": False}
+    assert first == {
+        "at": started, "api_key": "sandbox-key", "endpoint": "categories", "rate_limited": False,
+        "authenticated": True,
+    }  # fmt: skip
     assert (limited["at"], limited["endpoint"], limited["rate_limited"]) == (started + 1, "ping", True)
+    assert limited["authenticated"] is None  # refused before its signature was looked at
     assert last["api_key"] == "second-key"
     assert log["now"] == started + 1
 

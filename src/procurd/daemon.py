@@ -14,6 +14,7 @@ run now on purpose (:meth:`Daemon.run_now`) runs on the instance asked.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
@@ -26,23 +27,19 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from procurd.alerts import AlertDispatcher, load_notifiers
 from procurd.background import Singletons, Supervisor, Worker
 from procurd.config import Settings
-from procurd.core.alerts import Kind, Occurrence
 from procurd.db.errors import DatabaseError
 from procurd.db.revision import current_revision, describe_mismatch
 from procurd.heartbeat import Heartbeat
 from procurd.http.admin import make_admin_app
 from procurd.http.errors import listener_runner
 from procurd.http.public import make_public_app
+from procurd.operations import Operations, Refused
 from procurd.procurement.poller import Poller
 from procurd.procurement.submitter import Submitter
-from procurd.reconcile import reconcile
-from procurd.retention import prune
 from procurd.runtime import Runtime
-from procurd.status import ping_upstream
 from procurd.systemd import Notifier
 from procurd.upstream.errors import AuthError, BusinessError, UpstreamError
 from procurd.upstream.models import OrderCreated
-from procurd.watch import stuck_orders
 from procurd.webhook import WebhookDispatcher
 
 log = structlog.get_logger("procurd.daemon")
@@ -83,6 +80,7 @@ class Daemon:
     def __init__(self, settings: Settings, runtime: Runtime | None = None, notifier: Notifier | None = None):
         self.settings = settings
         self.runtime = runtime or Runtime.build(settings)
+        self.operations = Operations(self.runtime)
         self.notifier = notifier or Notifier()
         self.stop_event = asyncio.Event()
         self.supervisor = Supervisor(self.stop_event)
@@ -113,11 +111,11 @@ class Daemon:
             make_public_app(self.runtime), server.public_host, server.public_port
         )
         self.admin_port = await self._listen(
-            make_admin_app(self.runtime), server.admin_host, server.admin_port
+            make_admin_app(self.operations), server.admin_host, server.admin_port
         )
         self._start_workers()
         self._start_scheduler()
-        self.runtime.start_catalog_reprice()
+        self.operations.catalog.start_reprice()
         self.notifier.ready(f"listening on {self.public_port} (public) and {self.admin_port} (admin)")
         log.info(
             "daemon.started",
@@ -251,37 +249,20 @@ class Daemon:
 
     def _sync_job(self, upstream: str) -> Callable[[], Awaitable[None]]:
         async def job() -> None:
-            report = await self.runtime.sync_catalog(upstream, lease_ttl_seconds=self.singletons.ttl_seconds)
-            log.info(
-                "catalog.synced",
-                upstream=upstream,
-                status=report.status,
-                products=report.products,
-                rows_written=report.rows_written,
-                error=report.error,
-            )
-            if report.status == "failed":
-                message = f"{upstream}: the catalogue pass {report.run_id} failed: {report.error}"
-                await self.runtime.alerts.raise_(Occurrence(Kind.SYNC_FAILED, upstream, message, upstream))
+            await self.operations.catalog.sync(upstream, lease_ttl_seconds=self.singletons.ttl_seconds)
 
         return job
 
     async def _reconcile_job(self) -> None:
-        settings = self.settings.reconcile
-        await reconcile(
-            self.runtime.service,
-            self.runtime.clients,
-            self.runtime.alerts,
-            window_seconds=settings.window_seconds,
-            repair=settings.repair,
-        )
+        await self.operations.upstreams.reconcile(trigger="scheduled")
 
     async def _retention_job(self) -> None:
-        await prune(self.runtime.database, self.settings.retention, self.runtime.instance)
+        with contextlib.suppress(Refused):  # another instance prunes now (logged as retention.skipped)
+            await self.operations.housekeeping.prune()
 
     async def _checks_job(self) -> None:
         """Orders stuck at the upstream."""
-        await stuck_orders(self.runtime.database, self.settings, self.runtime.alerts)
+        await self.operations.housekeeping.check_stuck_orders()
 
     async def _submission_answered(self, upstream: str, outcome: OrderCreated | UpstreamError) -> None:
         """An auth error makes the upstream unhealthy; a refused payment refreshes the balance shown."""
@@ -292,7 +273,7 @@ class Daemon:
 
     def _ping_job(self, upstream: str) -> Callable[[], Awaitable[None]]:
         async def job() -> None:
-            await ping_upstream(self.runtime, upstream)
+            await self.operations.upstreams.ping(upstream)
 
         return job
 
@@ -317,7 +298,7 @@ class Daemon:
             log.warning("daemon.task_cut_off", task=name)
         if self.job_tasks:
             await asyncio.wait(list(self.job_tasks), timeout=deadline)
-        await self.runtime.close()
+        await self.operations.close()
         log.info("daemon.stopped")
 
 
@@ -331,7 +312,7 @@ async def run_daemon(settings: Settings) -> int:
         await daemon.start()
     except StartupError as exc:
         log.error("daemon.refused_to_start", reason=str(exc))
-        await daemon.runtime.close()
+        await daemon.operations.close()
         raise
     except OSError as exc:
         await daemon.shutdown()

@@ -1,20 +1,18 @@
-"""The parts of a running procurd, built once from the settings and shared by the daemon, the HTTP apps and
-the command line."""
+"""The parts of a running procurd, built once from the settings: the database, the procurement service, one
+upstream client per upstream (each taking its slots from the request budget that every process of the
+installation shares), metrics, alerts and the watches. The daemon and every command build the same
+runtime; :mod:`procurd.operations` acts through it."""
 
 from __future__ import annotations
 
-import asyncio
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import Any
 
 import structlog
 
 from procurd.alerts import Alerts
-from procurd.catalog.pricing import RepriceReport, reprice_upstream
-from procurd.catalog.sync import CatalogAlert, PageMemory, SyncOptions, SyncReport, run_sync
+from procurd.catalog.sync import PageMemory
 from procurd.config import Settings
-from procurd.core.alerts import Kind, Occurrence
 from procurd.db.database import Database, open_database
 from procurd.db.errors import DatabaseError
 from procurd.db.rate_budget import SharedBudget, budget_key
@@ -90,8 +88,6 @@ class Runtime:
     rejections: RejectionWatch
     instance: str = field(default_factory=instance_id)
     callbacks: CallbackCounts = field(default_factory=CallbackCounts)
-    # Set by the daemon; ``None`` in a process without a scheduler (the command line).
-    catalog_tasks: dict[str, asyncio.Task[Any]] = field(default_factory=dict)
     # What this process's passes of each upstream listed, so that unchanged pages are not decoded again.
     catalog_pages: dict[str, PageMemory] = field(default_factory=lambda: defaultdict(PageMemory))
 
@@ -153,73 +149,10 @@ class Runtime:
             self.callbacks.restore(counts)
             raise
 
-    async def sync_catalog(
-        self,
-        upstream: str,
-        *,
-        full: bool = False,
-        allow_mass_removal: bool = False,
-        lease_ttl_seconds: float | None = None,
-    ) -> SyncReport:
-        """One catalogue pass of ``upstream`` as configured (what the daemon's scheduled job runs).
-
-        ``lease_ttl_seconds``: how long the pass's lease outlives a holder that dies (the daemon passes its
-        singleton lease's, so that another instance takes the catalogue over as soon as it takes the job)."""
-        report = await run_sync(
-            self.database,
-            self.client(upstream),
-            upstream,
-            options=SyncOptions.from_settings(self.settings, upstream),
-            full=full,
-            allow_mass_removal=allow_mass_removal,
-            holder=self.instance,
-            lease_ttl_seconds=lease_ttl_seconds,
-            pages=self.catalog_pages[upstream],
-        )
-        await self.alerts.raise_(*catalogue_alerts(report.alerts()))
-        return report
-
-    def start_catalog_sync(
-        self, upstream: str, *, full: bool = False, allow_mass_removal: bool = False
-    ) -> bool:
-        """Start a pass of ``upstream`` now in the background; False when this process runs one already."""
-        name = f"catalog-sync:{upstream}"
-        running = self.catalog_tasks.get(name)
-        if running is not None and not running.done():
-            return False
-        self._catalog_task(
-            name, self.sync_catalog(upstream, full=full, allow_mass_removal=allow_mass_removal)
-        )
-        return True
-
-    def start_catalog_reprice(self) -> None:
-        """Reprice every upstream's mirror from the configured rules in the background (at start-up)."""
-        self._catalog_task("catalog-reprice", self.reprice_catalogue())
-
-    async def reprice_catalogue(self) -> list[RepriceReport]:
-        reports = []
-        for upstream in self.settings.upstreams:
-            report = await reprice_upstream(
-                self.database, upstream.name, self.settings.pricing, client=self.client(upstream.name)
-            )
-            await self.alerts.raise_(*held_alerts(report))
-            reports.append(report)
-        return reports
-
-    def _catalog_task(self, name: str, work: Any) -> None:
-        task = asyncio.create_task(work, name=name)
-        self.catalog_tasks[name] = task
-        task.add_done_callback(_log_catalog_task)
-
     async def cancel_upstream(self, upstream: str, order_id: int) -> None:
         await self.clients[upstream].cancel_order(order_id)
 
     async def close(self) -> None:
-        tasks = [task for task in self.catalog_tasks.values() if not task.done()]
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.wait(tasks)
         await self.service.close()
         try:
             await self.save_callback_counts()
@@ -230,33 +163,3 @@ class Runtime:
         for limiter in {id(client.limiter): client.limiter for client in self.clients.values()}.values():
             await limiter.close()
         await self.database.close()
-
-
-def _log_catalog_task(task: asyncio.Task[Any]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.error("catalog.task_failed", task=task.get_name(), error=repr(task.exception()))
-
-
-def catalogue_alerts(alerts: list[CatalogAlert]) -> list[Occurrence]:
-    """The alerts a catalogue pass calls for (``mass_removal_blocked``, ``price_held``) as occurrences."""
-    return [
-        Occurrence(Kind(alert.kind), alert.upstream, f"{alert.subject}: {alert.message}", alert.upstream)
-        for alert in alerts
-    ]
-
-
-def held_alerts(report: RepriceReport) -> list[Occurrence]:
-    """A ``price_held`` alert for the SKUs a repricing held."""
-    if not report.new_holds:
-        return []
-    held = ", ".join(
-        f"SKU {hold.sku_id} ({hold.old_cost} -> {hold.new_cost}, +{hold.percent}%)"
-        for hold in report.new_holds[:20]
-    )
-    more = len(report.new_holds) - 20
-    message = (
-        f"{len(report.new_holds)} selling prices of {report.upstream} held: {held}"
-        + (f" and {more} more" if more > 0 else "")
-        + ". Check the upstream's new costs, then `procurd catalog release-hold UPSTREAM SKU_ID`."
-    )
-    return [Occurrence(Kind.PRICE_HELD, report.upstream, message, report.upstream)]

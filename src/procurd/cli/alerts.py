@@ -6,9 +6,21 @@ import math
 
 import click
 
-from procurd.cli.base import EXIT_FAILURE, CliState, common_options, fail_usage, main, pass_state, run_async
-from procurd.cli.orders import emit_json, json_option, open_runtime, run_command
+from procurd.cli.base import (
+    EXIT_FAILURE,
+    CliState,
+    common_options,
+    emit_json,
+    fail_usage,
+    main,
+    pass_state,
+    run_async,
+    run_command,
+)
+from procurd.cli.orders import json_option
 from procurd.config import Settings
+from procurd.operations import Refused, open_operations
+from procurd.operations.housekeeping import send_test_alert
 from procurd.output import Column, ago, count, echo, print_table
 
 MAX_PAGE_SIZE = 100
@@ -28,19 +40,15 @@ def alerts_group() -> None:
 @pass_state
 def alerts_list(state: CliState, kind: str | None, page: int, page_size: int, as_json: bool) -> None:
     """Recent alerts, the latest first, with whether and when each was sent."""
-    from procurd.core.alerts import KINDS
-
-    if kind is not None and kind not in KINDS:
-        fail_usage(f"unknown_kind: no alert kind {kind!r} (known: {', '.join(KINDS)})")
     run_command(_list(state.settings(), kind, page, page_size, as_json), as_json)
 
 
 async def _list(settings: Settings, kind: str | None, page: int, page_size: int, as_json: bool) -> None:
-    from procurd.alerts import alert_view
-
-    async with open_runtime(settings) as runtime:
-        total, alerts = await runtime.alerts.recent(page, page_size, kind)
-    items = [alert_view(alert) for alert in alerts]
+    async with open_operations(settings) as operations:
+        try:
+            total, items = await operations.housekeeping.alerts(page, page_size, kind)
+        except Refused as refused:
+            fail_usage(f"{refused.code}: {refused.message}")
     if as_json:
         emit_json({"ok": True, "items": items, "total": total, "page": page, "page_size": page_size})
         return
@@ -73,15 +81,10 @@ def _delivery(item: dict[str, object]) -> str:
 @pass_state
 def alerts_test(state: CliState) -> None:
     """Send a test alert to every [alerts] urls entry and say how each answered."""
-    from procurd.alerts import send
-
-    settings = state.settings()
-    urls = settings.alerts.urls
-    if not urls:
-        fail_usage("no [alerts] urls are configured: alerts are only recorded (procurd alerts list)")
-    results = run_async(
-        send(urls, "procurd test alert", "This is a test of procurd's alerts. Nothing needs doing.")
-    )
+    try:
+        results = run_async(send_test_alert(state.settings()))
+    except Refused as refused:
+        fail_usage(refused.message)
     for result in results:
         echo(f"{'✔' if result.ok else '✗'} {result.url}" + ("" if result.ok else f": {result.error}"))
     failed = sum(1 for result in results if not result.ok)

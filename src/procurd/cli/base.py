@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import click
 import structlog
@@ -14,9 +15,6 @@ import structlog
 from procurd import __version__
 from procurd.config import ConfigError, Settings, UpstreamSettings, load_settings
 from procurd.logs import configure_logging, register_secrets
-
-if TYPE_CHECKING:
-    from procurd.db.database import Database
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -151,49 +149,28 @@ def main(ctx: click.Context, config_path: str | None, log_level: str | None, log
     configure_logging(log_level or "warning", log_format or "auto")
 
 
-def ensure_database_directory(settings: Settings) -> None:
-    """Create the directory of a SQLite database file; when that cannot be, one line and exit code 2."""
-    from procurd.db.database import sqlite_file, sqlite_location_problem
-
-    path = sqlite_file(settings.database.url)
-    problem = None if path is None else sqlite_location_problem(path)
-    if problem is not None:
-        where = settings.source or "environment"
-        fail_usage(f"{where}: [database] url: {problem}")
-
-
-async def database_errors(awaitable: Awaitable[T]) -> T:
-    """Turn database failures into one clear line and exit code 1."""
-    from procurd.db.errors import DatabaseError
+def run_command(coroutine: Coroutine[Any, Any, Any], as_json: bool = False) -> None:
+    """Run a command's coroutine. A refusal prints ``procurd: CODE: MESSAGE`` (and the admin API's answer
+    with ``--json``) and exits 1; a database that cannot be used prints one line and exits 1 (2 for a
+    configuration mistake)."""
+    from procurd.operations import DatabaseError, InstallationError, Refused
 
     try:
-        return await awaitable
+        run_async(coroutine)
+    except Refused as refused:
+        click.echo(f"procurd: {refused.code}: {refused.message}", err=True)
+        if as_json:
+            emit_json(
+                {"ok": False, "error_code": refused.code, "error_message": refused.message, **refused.extra}
+            )
+        sys.exit(EXIT_FAILURE)
+    except InstallationError as exc:
+        click.echo(f"procurd: {exc.message}", err=True)
+        sys.exit(exc.exit_code)
     except DatabaseError as exc:
         click.echo(f"procurd: database error: {exc.reason}", err=True)
         sys.exit(EXIT_FAILURE)
 
 
-def open_database(url: str) -> Database:
-    """The configured database; one that cannot even be opened ends the program with exit code 1."""
-    from procurd.db.database import open_database as open_backend
-    from procurd.db.errors import DatabaseError
-
-    try:
-        return open_backend(url)
-    except DatabaseError as exc:
-        click.echo(f"procurd: database error: {exc.reason}", err=True)
-        sys.exit(EXIT_FAILURE)
-
-
-async def open_current_database(settings: Settings) -> Database:
-    """The database, at the current migration; otherwise a clear message and exit 1."""
-    from procurd.db.revision import current_revision, describe_mismatch
-
-    ensure_database_directory(settings)
-    database = open_database(settings.database.url)
-    mismatch = describe_mismatch(await database_errors(current_revision(database)))
-    if mismatch is not None:
-        await database.close()
-        click.echo(f"procurd: {mismatch}", err=True)
-        sys.exit(EXIT_FAILURE)
-    return database
+def emit_json(data: Mapping[str, Any]) -> None:
+    click.echo(json.dumps(data, ensure_ascii=False, indent=2, default=str))

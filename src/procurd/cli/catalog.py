@@ -1,4 +1,8 @@
-"""``procurd catalog``: mirror the upstream catalogues into the local database, selling prices and holds."""
+"""``procurd catalog``: mirror the upstream catalogues into the local database, selling prices and holds.
+
+Each command is the installation's operation (:mod:`procurd.operations.catalog`), as the daemon's schedule,
+the admin API and the console run it: the same budget, ``sync_runs`` row, alerts and log lines.
+"""
 
 from __future__ import annotations
 
@@ -8,24 +12,13 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from procurd.cli.base import (
-    EXIT_FAILURE,
-    CliState,
-    common_options,
-    database_errors,
-    fail_usage,
-    main,
-    open_current_database,
-    pass_state,
-    run_async,
-)
+from procurd.cli.base import EXIT_FAILURE, CliState, common_options, fail_usage, main, pass_state, run_command
 from procurd.config import Settings, UpstreamSettings
-from procurd.instance import instance_id
 from procurd.logs import log_stream
+from procurd.operations import open_operations
 
 if TYPE_CHECKING:
-    from procurd.catalog.pricing import ReleasedHold
-    from procurd.catalog.sync import SyncReport
+    from procurd.operations.catalog import SyncReport
 
 
 @main.group()
@@ -58,7 +51,8 @@ def catalog_sync(
     if allow_mass_removal and not full:
         fail_usage("--allow-mass-removal needs --full: only a full pass removes")
     show_progress = sys.stderr.isatty() if progress is None else progress
-    failed = run_async(_sync_all(settings, upstreams, show_progress, full, allow_mass_removal))
+    failed: list[int] = []
+    run_command(_sync_all(settings, upstreams, show_progress, full, allow_mass_removal, failed))
     if failed:
         raise SystemExit(EXIT_FAILURE)
 
@@ -69,7 +63,8 @@ async def _sync_all(
     show_progress: bool,
     full: bool,
     allow_mass_removal: bool,
-) -> int:
+    failed: list[int],
+) -> None:
     from rich.console import Console
     from rich.markup import escape
     from rich.progress import (
@@ -81,13 +76,8 @@ async def _sync_all(
         TimeElapsedColumn,
     )
 
-    from procurd.catalog.sync import SyncOptions, run_sync
-    from procurd.upstream.client import UpstreamClient
-
-    database = await open_current_database(settings)
-    failed = 0
     console = Console(stderr=True)
-    try:
+    async with open_operations(settings) as operations:
         for upstream in upstreams:
             with Progress(
                 TextColumn(f"[bold]{escape(upstream.name)}[/bold] pages"),
@@ -101,17 +91,9 @@ async def _sync_all(
                 pages = PageProgress(bar)
                 # Log lines go through the display's console, above the bar, while it is shown.
                 with log_stream(sys.stderr):
-                    async with UpstreamClient(upstream) as client:
-                        report = await run_sync(
-                            database,
-                            client,
-                            upstream.name,
-                            options=SyncOptions.from_settings(settings, upstream.name),
-                            full=full,
-                            allow_mass_removal=allow_mass_removal,
-                            holder=instance_id(),
-                            progress=pages.update,
-                        )
+                    report = await operations.catalog.sync(
+                        upstream.name, full=full, allow_mass_removal=allow_mass_removal, progress=pages.update
+                    )
                 if report.status == "ok":
                     pages.complete(report.pages)
             click.echo(describe(report))
@@ -123,10 +105,7 @@ async def _sync_all(
                     f"(cost {hold.old_cost} -> {hold.new_cost}, +{hold.percent}%)"
                 )
             if report.status in ("failed", "suspicious"):
-                failed += 1
-    finally:
-        await database.close()
-    return failed
+                failed.append(1)
 
 
 class PageProgress:
@@ -179,33 +158,23 @@ def catalog_reprice(state: CliState, upstream_name: str | None) -> None:
     """
     settings = state.settings(secrets=True)
     upstreams = state.upstreams(upstream_name)
-    problems = run_async(_reprice_all(settings, upstreams))
+    problems: list[str] = []
+    run_command(_reprice_all(settings, upstreams, problems))
     if problems:
         raise SystemExit(EXIT_FAILURE)
 
 
-async def _reprice_all(settings: Settings, upstreams: list[UpstreamSettings]) -> int:
-    from procurd.catalog.pricing import reprice_upstream
-    from procurd.upstream.client import UpstreamClient
-
-    database = await open_current_database(settings)
-    problems = 0
-    try:
+async def _reprice_all(settings: Settings, upstreams: list[UpstreamSettings], problems: list[str]) -> None:
+    async with open_operations(settings) as operations:
         for upstream in upstreams:
-            async with UpstreamClient(upstream) as client:
-                report = await database_errors(
-                    reprice_upstream(database, upstream.name, settings.pricing, client=client)
-                )
+            (report,) = await operations.catalog.reprice(upstream.name)
             click.echo(
                 f"{upstream.name}: {report.priced} SKUs priced; {report.sku_prices_changed} SKU and "
                 f"{report.product_prices_changed} product prices changed; {len(report.new_holds)} held"
             )
             for problem in report.problems:
                 click.echo(f"  problem: {problem}", err=True)
-            problems += len(report.problems)
-    finally:
-        await database.close()
-    return problems
+            problems.extend(report.problems)
 
 
 @catalog.command("holds")
@@ -221,7 +190,8 @@ def catalog_holds(state: CliState, upstream_name: str | None, as_json: bool, out
     settings = state.settings()
     if upstream_name is not None:
         state.upstreams(upstream_name)
-    held = run_async(_holds(settings, upstream_name))
+    held: list[dict[str, object]] = []
+    run_command(_holds(settings, upstream_name, held))
     if as_json or output == "json":
         click.echo(json.dumps({"holds": held}, ensure_ascii=False, indent=2))
         return
@@ -235,14 +205,9 @@ def catalog_holds(state: CliState, upstream_name: str | None, as_json: bool, out
         )
 
 
-async def _holds(settings: Settings, upstream: str | None) -> list[dict[str, object]]:
-    from procurd.catalog.pricing import holds
-
-    database = await open_current_database(settings)
-    try:
-        return await database_errors(holds(database, upstream))
-    finally:
-        await database.close()
+async def _holds(settings: Settings, upstream: str | None, held: list[dict[str, object]]) -> None:
+    async with open_operations(settings) as operations:
+        held.extend(await operations.catalog.holds(upstream))
 
 
 @catalog.command("release-hold")
@@ -253,26 +218,14 @@ async def _holds(settings: Settings, upstream: str | None) -> list[dict[str, obj
 def catalog_release_hold(state: CliState, upstream_name: str, sku_id: int) -> None:
     """Release a SKU's price hold: its selling price follows the rules and its current cost again."""
     settings = state.settings(secrets=True)
-    (upstream,) = state.upstreams(upstream_name)
-    released = run_async(_release(settings, upstream, sku_id))
-    if released is None:
-        click.echo(f"procurd: SKU {sku_id} of {upstream_name} has no price hold", err=True)
-        raise SystemExit(EXIT_FAILURE)
+    state.upstreams(upstream_name)
+    run_command(_release(settings, upstream_name, sku_id))
+
+
+async def _release(settings: Settings, upstream: str, sku_id: int) -> None:
+    async with open_operations(settings) as operations:
+        released = await operations.catalog.release_hold(upstream, sku_id)
     click.echo(
-        f"{upstream_name} SKU {sku_id}: hold released; selling price now {released.sell_price} "
+        f"{upstream} SKU {sku_id}: hold released; selling price now {released.sell_price} "
         f"{released.sell_currency or ''}".rstrip()
     )
-
-
-async def _release(settings: Settings, upstream: UpstreamSettings, sku_id: int) -> ReleasedHold | None:
-    from procurd.catalog.pricing import release_hold
-    from procurd.upstream.client import UpstreamClient
-
-    database = await open_current_database(settings)
-    try:
-        async with UpstreamClient(upstream) as client:
-            return await database_errors(
-                release_hold(database, upstream.name, sku_id, settings.pricing, client=client)
-            )
-    finally:
-        await database.close()

@@ -4,16 +4,9 @@ from __future__ import annotations
 
 import click
 
-from procurd.cli.base import (
-    CliState,
-    common_options,
-    database_errors,
-    ensure_database_directory,
-    main,
-    open_database,
-    pass_state,
-    run_async,
-)
+from procurd.cli.base import CliState, common_options, main, pass_state, run_command
+from procurd.config import Settings
+from procurd.operations import upgrade_database
 
 
 @main.group()
@@ -27,19 +20,11 @@ def db() -> None:
 @pass_state
 def db_upgrade(state: CliState, revision: str) -> None:
     """Create the schema or migrate it to the current version (safe to run on every start)."""
-    from procurd.db import migrate
+    run_command(_upgrade(state.settings(), revision))
 
-    settings = state.settings()
-    ensure_database_directory(settings)
 
-    async def upgrade() -> tuple[str | None, str | None]:
-        database = open_database(settings.database.url)
-        try:
-            return await database_errors(migrate.upgrade(database, revision))
-        finally:
-            await database.close()
-
-    before, after = run_async(upgrade())
+async def _upgrade(settings: Settings, revision: str) -> None:
+    before, after = await upgrade_database(settings, revision)
     if before == after:
         click.echo(f"database already at revision {after}")
     else:

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from procurd.cli.base import fail_usage, main, run_async
-from procurd.db.database import sqlite_location_problem
+from procurd.operations import file_location_problem
 
 
 @main.command()
@@ -29,7 +29,7 @@ def demo(directory: Path) -> None:
 
     from procurd.demo import DATABASE_NAME, run_demo
 
-    problem = sqlite_location_problem(directory / DATABASE_NAME)
+    problem = file_location_problem(directory / DATABASE_NAME)
     if problem is not None:
         fail_usage(f"--dir {directory}: {problem}")
 

@@ -1,19 +1,25 @@
 """``procurd doctor``: is this installation ready to run? One line per check, ✔ or ✗ with what to do.
 
 Every check is an async function of the :class:`Examination` returning its :class:`Finding` list;
-:data:`DOCTOR_CHECKS` is the list ``procurd doctor`` runs, in order. A new check (alert URLs reachable, say)
-is one more function appended there. The exit code is 0 only when every finding is ✔.
+:data:`DOCTOR_CHECKS` is the list ``procurd doctor`` runs, in order. A new check is one more function
+appended there. The exit code is 0 only when every finding is ✔.
+
+The upstreams are checked with the installation's own signed ping (:mod:`procurd.operations`), through
+the request budget every process shares; the clock offset is read from the ``Date`` of that signed answer.
+That budget lives in the database, so the upstreams are checked once the database is usable.
 """
 
 from __future__ import annotations
 
 import sys
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from procurd.cli.base import CliState, common_options, main, pass_state, run_async
 from procurd.config import ConfigError, Settings, UpstreamSettings
+from procurd.operations import DatabaseError, InstallationError, check_database, open_operations
+from procurd.operations.housekeeping import alert_url_problems
+from procurd.operations.upstreams import AuthError, PingResult, UpstreamError
 from procurd.output import count, echo
 
 # The upstream refuses a request whose timestamp is more than 60 s off its clock; warn well before that.
@@ -38,6 +44,8 @@ class Examination:
     database_settings: Settings | None
     """The configuration without its secret files (enough for the database), when that loads."""
     config_error: str | None
+    database_ready: bool = False
+    """Set by the database check: the upstream checks need the database (the request budget is there)."""
 
 
 DoctorCheck = Callable[[Examination], Awaitable[list[Finding]]]
@@ -66,94 +74,59 @@ async def check_configuration(exam: Examination) -> list[Finding]:
     return findings
 
 
-async def check_database(exam: Examination) -> list[Finding]:
-    from procurd.db.database import open_database, sqlite_file, sqlite_location_problem
-    from procurd.db.errors import DatabaseError
-    from procurd.db.revision import HEAD_REVISION, current_revision
-
+async def check_database_ready(exam: Examination) -> list[Finding]:
     settings = exam.database_settings
     if settings is None:
         return [Finding(False, "database", "not checked", "fix the configuration first")]
-    path = sqlite_file(settings.database.url)
-    problem = None if path is None else sqlite_location_problem(path)
-    if problem is not None:
-        return [Finding(False, "database", problem, "correct [database] url")]
-    fix = "check [database] url, and that the database server runs and accepts procurd"
-    try:
-        database = open_database(settings.database.url)
-    except DatabaseError as exc:
-        return [Finding(False, "database", f"cannot be used: {exc.reason}", fix)]
-    try:
-        current = await current_revision(database)
-    except DatabaseError as exc:
-        return [Finding(False, "database", f"cannot be used: {exc.reason}", fix)]
-    finally:
-        await database.close()
-    if current != HEAD_REVISION:
-        state = "empty" if current is None else f"at revision {current}"
-        return [Finding(False, "database", f"{state}; this version needs revision {HEAD_REVISION}",
-                        "run `procurd db upgrade`")]  # fmt: skip
-    return [Finding(True, "database", f"reachable, at the current revision {HEAD_REVISION}")]
+    found = await check_database(settings)
+    exam.database_ready = found.ok
+    return [Finding(found.ok, "database", found.detail, found.fix)]
 
 
 async def check_upstreams(exam: Examination) -> list[Finding]:
     settings = exam.settings
-    if settings is None:
-        names = [u.name for u in exam.database_settings.upstreams] if exam.database_settings else ["(all)"]
-        return [
-            Finding(False, f"upstream {name}", "not checked", "fix the configuration first") for name in names
-        ]
+    if settings is None or not exam.database_ready:
+        source = exam.database_settings or settings
+        names = [u.name for u in source.upstreams] if source else ["(all)"]
+        fix = "fix the configuration first" if settings is None else "make the database usable first"
+        return [Finding(False, f"upstream {name}", "not checked", fix) for name in names]
     findings: list[Finding] = []
-    for upstream in settings.upstreams:
-        findings += await _check_upstream(upstream)
+    try:
+        async with open_operations(settings) as operations:
+            for upstream in settings.upstreams:
+                outcome = await operations.upstreams.ping(upstream.name)
+                findings += upstream_findings(upstream, outcome)
+    except (InstallationError, DatabaseError) as exc:
+        reason = exc.message if isinstance(exc, InstallationError) else exc.reason
+        findings.append(Finding(False, "upstreams", f"not checked: {reason}", "make the database usable"))
     return findings
 
 
-async def _check_upstream(upstream: UpstreamSettings) -> list[Finding]:
-    from procurd.upstream.client import UpstreamClient
-    from procurd.upstream.errors import AuthError, UpstreamError
-
+def upstream_findings(upstream: UpstreamSettings, outcome: PingResult | UpstreamError) -> list[Finding]:
+    """What a signed ping of ``upstream`` tells: authentication, balance, clock."""
     subject = f"upstream {upstream.name}"
-    async with UpstreamClient(upstream) as client:
-        try:
-            result = await client.ping()
-        except AuthError as exc:
-            return [Finding(False, subject, f"authentication failed: {exc.code}", exc.hint)]
-        except UpstreamError as exc:
-            fix = f"check base_url {upstream.base_url} and that this machine can reach it"
-            return [Finding(False, subject, f"no answer: {exc}", fix)]
-    site = f" at {result.site_name}" if result.site_name else ""
+    if isinstance(outcome, AuthError):
+        return [Finding(False, subject, f"authentication failed: {outcome.code}", outcome.hint)]
+    if isinstance(outcome, UpstreamError):
+        fix = f"check base_url {upstream.base_url} and that this machine can reach it"
+        return [Finding(False, subject, f"no answer: {outcome}", fix)]
+    site = f" at {outcome.site_name}" if outcome.site_name else ""
     findings = [
-        Finding(True, subject, f"authenticated{site} ({upstream.base_url}), {result.latency_ms:.0f} ms")
+        Finding(True, subject, f"authenticated{site} ({upstream.base_url}), {outcome.latency_ms:.0f} ms")
     ]
-    balance = f"{result.balance} {result.currency}"
-    if result.balance > 0:
+    balance = f"{outcome.balance} {outcome.currency}"
+    if outcome.balance > 0:
         findings.append(Finding(True, f"{subject} balance", balance))
     else:
         fix = "top up the wallet of the API user: every purchase is paid from it"
         findings.append(Finding(False, f"{subject} balance", balance, fix))
-    findings.append(await _check_clock(upstream))
+    findings.append(clock_finding(upstream, outcome.clock_offset_seconds))
     return findings
 
 
-async def _check_clock(upstream: UpstreamSettings) -> Finding:
-    """The clock offset, from the Date header of the upstream's answer to a plain HEAD request."""
-    import aiohttp
-
-    from procurd.upstream.errors import clock_offset
-
+def clock_finding(upstream: UpstreamSettings, offset: float | None) -> Finding:
+    """The clock offset, from the Date header of the upstream's answer to the signed ping."""
     subject = f"upstream {upstream.name} clock"
-    try:
-        timeout = aiohttp.ClientTimeout(total=upstream.timeout_seconds)
-        async with (
-            aiohttp.ClientSession(timeout=timeout) as session,
-            session.head(upstream.api_root) as answer,
-        ):
-            offset = clock_offset(time.time(), answer.headers.get("Date"))
-    except (aiohttp.ClientError, TimeoutError) as exc:
-        return Finding(
-            False, subject, f"not measured: {type(exc).__name__}", "check that the upstream is reachable"
-        )
     if offset is None:
         return Finding(True, subject, "not measured (the upstream sends no Date header)")
     direction = "ahead of" if offset >= 0 else "behind"
@@ -167,25 +140,27 @@ async def _check_clock(upstream: UpstreamSettings) -> Finding:
 async def check_alert_urls(exam: Examination) -> list[Finding]:
     """Each ``[alerts] urls`` entry is a notification URL Apprise knows, and its host answers a connection
     (no message is sent: ``procurd alerts test`` sends one)."""
-    from procurd.alerts import reachability, shown_url
-
     settings = exam.settings or exam.database_settings
     if settings is None:
         return []
-    urls = settings.alerts.urls
-    if not urls:
+    if not settings.alerts.urls:
         return [Finding(True, "alerts", "no [alerts] urls: alerts are recorded only (procurd alerts list)")]
     findings = []
-    for url, problem in zip(urls, await reachability(urls), strict=True):
+    for shown, problem in await alert_url_problems(settings):
         if problem is None:
-            findings.append(Finding(True, f"alerts {shown_url(url)}", "reachable"))
+            findings.append(Finding(True, f"alerts {shown}", "reachable"))
         else:
             fix = "correct the URL in [alerts] urls or check the network (`procurd alerts test` sends one)"
-            findings.append(Finding(False, f"alerts {shown_url(url)}", problem, fix))
+            findings.append(Finding(False, f"alerts {shown}", problem, fix))
     return findings
 
 
-DOCTOR_CHECKS: list[DoctorCheck] = [check_configuration, check_database, check_upstreams, check_alert_urls]
+DOCTOR_CHECKS: list[DoctorCheck] = [
+    check_configuration,
+    check_database_ready,
+    check_upstreams,
+    check_alert_urls,
+]
 """What ``procurd doctor`` checks, in order; append a check here to add one."""
 
 

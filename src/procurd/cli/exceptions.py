@@ -1,4 +1,5 @@
-"""``procurd exceptions``: the exception queue (list, retry, resolve), straight on the database."""
+"""``procurd exceptions``: the exception queue (list, retry, resolve), through the installation's
+operations (the same as the admin API's and the console's)."""
 
 from __future__ import annotations
 
@@ -6,12 +7,12 @@ import math
 
 import click
 
-from procurd.cli.base import CliState, common_options, fail_usage, main, pass_state
-from procurd.cli.orders import Refused, emit_json, json_option, open_runtime, print_procurement, run_command
+from procurd.cli.base import CliState, common_options, emit_json, fail_usage, main, pass_state, run_command
+from procurd.cli.orders import json_option, print_procurement
 from procurd.config import Settings
-from procurd.core.procurement import Event, Resolve, Retry, Source
+from procurd.operations import Operations, Refused, open_operations
+from procurd.operations.orders import DEFAULT_BULK_RETRY, MAX_BULK_RETRY
 from procurd.output import Column, ago, count, echo, print_table
-from procurd.procurement.service import DEFAULT_BULK_RETRY, MAX_BULK_RETRY
 
 MAX_PAGE_SIZE = 100
 
@@ -39,11 +40,9 @@ def exceptions_list(
 async def _list(
     settings: Settings, upstream: str | None, reason: str | None, page: int, page_size: int, as_json: bool
 ) -> None:
-    async with open_runtime(settings) as runtime:
-        problem = await runtime.service.filter_problem(upstream, reason)
-        if problem is not None:
-            fail_usage(f"{problem[0]}: {problem[1]}")
-        total, items = await runtime.service.exceptions(upstream, reason, page, page_size)
+    async with open_operations(settings) as operations:
+        await _check_filters(operations, upstream, reason)
+        total, items = await operations.orders.exceptions(upstream, reason, page, page_size)
     if as_json:
         emit_json({"ok": True, "items": items, "total": total, "page": page, "page_size": page_size})
         return
@@ -82,9 +81,7 @@ async def _list(
 @pass_state
 def exceptions_retry(state: CliState, procurement_id: int, note: str | None, as_json: bool) -> None:
     """Send the procurement again (under a new number once the upstream canceled the old one)."""
-    run_command(
-        _act(state.settings(), procurement_id, Retry(note.strip() if note else None), as_json), as_json
-    )
+    run_command(_act(state.settings(), procurement_id, "retry", note, as_json), as_json)
 
 
 @exceptions_group.command("retry-all")
@@ -119,19 +116,23 @@ def exceptions_retry_all(
     settings = state.settings()
     if upstream and upstream not in [configured.name for configured in settings.upstreams]:
         fail_usage(f"no upstream {upstream!r} in the configuration")
-    run_command(
-        _retry_all(settings, upstream, reason, note.strip() if note else None, limit, as_json), as_json
-    )
+    run_command(_retry_all(settings, upstream, reason, everything, note, limit, as_json), as_json)
 
 
 async def _retry_all(
-    settings: Settings, upstream: str | None, reason: str | None, note: str | None, limit: int, as_json: bool
+    settings: Settings,
+    upstream: str | None,
+    reason: str | None,
+    everything: bool,
+    note: str | None,
+    limit: int,
+    as_json: bool,
 ) -> None:
-    async with open_runtime(settings) as runtime:
-        problem = await runtime.service.filter_problem(upstream, reason)
-        if problem is not None:
-            fail_usage(f"{problem[0]}: {problem[1]}")
-        result = await runtime.service.retry_exceptions(upstream, reason, note, limit)
+    async with open_operations(settings) as operations:
+        await _check_filters(operations, upstream, reason)
+        result = await operations.orders.retry_exceptions(
+            upstream=upstream, reason=reason, everything=everything, note=note, limit=limit
+        )
     if as_json:
         emit_json(
             {"ok": True, "retried": result.retried, "skipped": result.skipped, "remaining": result.remaining}
@@ -155,27 +156,29 @@ def exceptions_resolve(state: CliState, procurement_id: int, note: str, as_json:
     """Close the exception by hand."""
     if not note.strip():
         fail_usage("--note must not be empty")
-    run_command(_act(state.settings(), procurement_id, Resolve(note.strip()), as_json), as_json)
+    run_command(_act(state.settings(), procurement_id, "resolve", note, as_json), as_json)
 
 
-async def _act(settings: Settings, procurement_id: int, event: Event, as_json: bool) -> None:
-    from procurd.core.procurement import NotAllowed
+async def _check_filters(operations: Operations, upstream: str | None, reason: str | None) -> None:
+    """A filter naming no upstream or reason procurd knows is a usage mistake (exit 2, the known values)."""
+    try:
+        await operations.orders.check_filters(upstream, reason)
+    except Refused as refused:
+        fail_usage(f"{refused.code}: {refused.message}")
 
-    async with open_runtime(settings) as runtime:
-        try:
-            applied = await runtime.service.apply(procurement_id, event, Source.ADMIN)
-        except NotAllowed as exc:
-            raise Refused(exc.code, exc.message) from None
-        if applied is None:
-            raise Refused("procurement_not_found", f"no procurement {procurement_id}")
-        procurement = await runtime.service.procurement(procurement_id)
-        order = await runtime.service.order(applied.procurement.order_no)
-    assert procurement is not None
+
+async def _act(settings: Settings, procurement_id: int, action: str, note: str | None, as_json: bool) -> None:
+    async with open_operations(settings) as operations:
+        if action == "retry":
+            answer = await operations.orders.retry(procurement_id, note)
+        else:
+            answer = await operations.orders.resolve(procurement_id, note or "")
+    procurement, order = answer["procurement"], answer["order"]
     if as_json:
         emit_json({"ok": True, "procurement": procurement, "order": order})
         return
-    if isinstance(event, Retry):
+    if action == "retry":
         echo(f"procurement {procurement_id} queued again as {procurement['downstream_order_no']}")
     else:
         echo(f"procurement {procurement_id} resolved")
-    print_procurement(dict(procurement, order_no=applied.procurement.order_no))
+    print_procurement(dict(procurement, order_no=order["order_no"]))

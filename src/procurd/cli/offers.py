@@ -8,9 +8,10 @@ from typing import Any
 
 import click
 
-from procurd.cli.base import CliState, common_options, main, pass_state
-from procurd.cli.orders import Refused, emit_json, json_option, open_runtime, run_command
+from procurd.cli.base import CliState, common_options, emit_json, main, pass_state, run_command
+from procurd.cli.orders import json_option
 from procurd.config import Settings
+from procurd.operations import open_operations
 from procurd.output import Column, count, echo, print_table
 
 MAX_PAGE_SIZE = 100
@@ -40,15 +41,9 @@ def offers_set(state: CliState, code: str, sources: tuple[str, ...], as_json: bo
 
 
 async def _set(settings: Settings, code: str, raw: tuple[str, ...], as_json: bool) -> None:
-    from procurd import offers
-    from procurd.offers import OfferError
-
-    async with open_runtime(settings) as runtime:
-        try:
-            sources = [offers.parse_source(text) for text in raw]
-            stored = await offers.put_offer(runtime.database, code, sources, runtime.service.upstream_names)
-        except OfferError as exc:
-            raise Refused(exc.code, exc.message) from None
+    async with open_operations(settings) as operations:
+        sources = [operations.offers.parse_source(text) for text in raw]
+        stored = await operations.offers.put(code, sources)
     if as_json:
         emit_json({"ok": True, "created": stored.created, "offer": stored.view})
         return
@@ -67,12 +62,8 @@ def offers_show(state: CliState, code: str, as_json: bool) -> None:
 
 
 async def _show(settings: Settings, code: str, as_json: bool) -> None:
-    from procurd import offers
-
-    async with open_runtime(settings) as runtime:
-        view = await offers.offer_view(runtime.database, code)
-    if view is None:
-        raise Refused("offer_not_found", f"no offer {code!r}")
+    async with open_operations(settings) as operations:
+        view = await operations.offers.view(code)
     if as_json:
         emit_json({"ok": True, "offer": view})
         return
@@ -91,10 +82,8 @@ def offers_list(state: CliState, page: int, page_size: int, as_json: bool) -> No
 
 
 async def _list(settings: Settings, page: int, page_size: int, as_json: bool) -> None:
-    from procurd import offers
-
-    async with open_runtime(settings) as runtime:
-        total, items = await offers.offers_page(runtime.database, page, page_size)
+    async with open_operations(settings) as operations:
+        total, items = await operations.offers.page(page, page_size)
     if as_json:
         emit_json({"ok": True, "items": items, "total": total, "page": page, "page_size": page_size})
         return
@@ -127,12 +116,8 @@ def offers_delete(state: CliState, code: str, as_json: bool) -> None:
 
 
 async def _delete(settings: Settings, code: str, as_json: bool) -> None:
-    from procurd import offers
-
-    async with open_runtime(settings) as runtime:
-        deleted = await offers.delete_offer(runtime.database, code)
-    if not deleted:
-        raise Refused("offer_not_found", f"no offer {code!r}")
+    async with open_operations(settings) as operations:
+        await operations.offers.delete(code)
     if as_json:
         emit_json({"ok": True, "code": code, "deleted": True})
         return

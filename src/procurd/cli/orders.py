@@ -1,9 +1,10 @@
-"""``procurd order``: submit, show and cancel orders, straight on the database (daemon running or not).
+"""``procurd order``: submit, show and cancel orders through the installation's operations (daemon
+running or not).
 
-The same semantics as the admin API: a submit is validated against the mirror and queued for the workers,
-a cancel goes to the upstream first. Human output is aligned text (:mod:`procurd.output`); ``--json`` or
-``--output json`` (only the latter for ``submit``, whose ``--json`` reads a body) prints what the admin API
-would answer. Exit codes: 0 done, 1 refused or
+The same operations as the admin API: a submit is validated against the mirror and queued for the
+submitters, a cancel goes to the upstream first (through the budget every process shares). Human output
+is aligned text (:mod:`procurd.output`); ``--json`` or ``--output json`` (only the latter for ``submit``,
+whose ``--json`` reads a body) prints what the admin API would answer. Exit codes: 0 done, 1 refused or
 failed (the reason on stderr), 2 usage or configuration.
 """
 
@@ -11,27 +12,15 @@ from __future__ import annotations
 
 import functools
 import json
-import sys
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Mapping
 from typing import IO, Any
 
 import click
 
-from procurd.cli.base import (
-    EXIT_FAILURE,
-    CliState,
-    common_options,
-    database_errors,
-    fail_usage,
-    main,
-    open_current_database,
-    pass_state,
-    run_async,
-)
+from procurd.cli.base import CliState, common_options, emit_json, fail_usage, main, pass_state, run_command
 from procurd.config import Settings
+from procurd.operations import open_operations
 from procurd.output import Column, cell, count, echo, print_fields, print_table, utc, when
-from procurd.runtime import Runtime
 
 # --- shared by the order, exceptions and status commands -----------------------------------------------
 
@@ -49,44 +38,6 @@ def json_option(command: Callable[..., Any]) -> Callable[..., Any]:
     return click.option("--json", "as_json", is_flag=True, help="Print JSON (what the admin API answers).")(
         with_output
     )
-
-
-class Refused(Exception):
-    """The service refused the command: exit code 1, the reason on stderr (and as JSON with --json)."""
-
-    def __init__(self, code: str, message: str, **extra: Any) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.extra = extra
-
-
-@asynccontextmanager
-async def open_runtime(settings: Settings) -> AsyncIterator[Runtime]:
-    """A runtime on the configured database (which must be at the current migration)."""
-    database = await open_current_database(settings)
-    runtime = Runtime.build(settings, database=database)
-    try:
-        yield runtime
-    finally:
-        await runtime.close()
-
-
-def run_command(coroutine: Coroutine[Any, Any, Any], as_json: bool) -> None:
-    """Run a command's coroutine; a refusal ends the program with exit code 1."""
-    try:
-        run_async(database_errors(coroutine))
-    except Refused as refused:
-        click.echo(f"procurd: {refused.code}: {refused.message}", err=True)
-        if as_json:
-            emit_json(
-                {"ok": False, "error_code": refused.code, "error_message": refused.message, **refused.extra}
-            )
-        sys.exit(EXIT_FAILURE)
-
-
-def emit_json(data: Mapping[str, Any]) -> None:
-    click.echo(json.dumps(data, ensure_ascii=False, indent=2, default=str))
 
 
 def print_procurement(item: Mapping[str, Any], *, show_payload: bool = False) -> None:
@@ -136,15 +87,6 @@ def print_procurement(item: Mapping[str, Any], *, show_payload: bool = False) ->
             echo(f"    {line}")
         if fulfillment.get("delivery_data") is not None:
             echo(f"    delivery data: {cell(fulfillment['delivery_data'])}")
-
-
-def cancel_items(denied: Any) -> list[dict[str, Any]]:
-    """Why each item of a denied cancel could not be canceled."""
-    return [
-        {"procurement_id": item.procurement_id or None, "downstream_order_no": item.downstream_order_no,
-         "reason": item.reason}
-        for item in denied.items
-    ]  # fmt: skip
 
 
 def hide_payloads(order: Mapping[str, Any]) -> dict[str, Any]:
@@ -247,23 +189,8 @@ def _form_data(value: str) -> dict[str, Any]:
 
 
 async def _submit(settings: Settings, raw: bytes, as_json: bool) -> None:
-    from procurd.core.intake import IntakeError, parse_order_request
-    from procurd.http.admin import decode_json
-    from procurd.http.errors import ApiError
-
-    try:
-        body = decode_json(raw)
-    except ApiError as error:
-        raise Refused(error.code, error.message) from None
-    if not isinstance(body, dict):
-        raise Refused("invalid_request", "the body must be a JSON object")
-    async with open_runtime(settings) as runtime:
-        try:
-            result = await runtime.service.submit(parse_order_request(body))
-        except IntakeError as exc:
-            raise Refused(
-                exc.code, exc.message, **({"details": exc.details} if exc.details else {})
-            ) from None
+    async with open_operations(settings) as operations:
+        result = await operations.orders.submit_json(raw)
     if as_json:
         emit_json({"ok": True, "created": result.created, "order": result.order})
         return
@@ -284,11 +211,9 @@ def order_show(state: CliState, order_no: str, show_payload: bool, as_json: bool
 
 
 async def _show(settings: Settings, order_no: str, show_payload: bool, as_json: bool) -> None:
-    async with open_runtime(settings) as runtime:
-        order = await runtime.service.order(order_no)
-        if order is None:
-            raise Refused("order_not_found", f"no order {order_no!r}")
-        audit = await runtime.service.audit(order_no)
+    async with open_operations(settings) as operations:
+        order = await operations.orders.view(order_no)
+        audit = await operations.orders.audit(order_no)
     shown = order if show_payload else hide_payloads(order)
     if as_json:
         emit_json({"ok": True, "order": shown, "audit": audit})
@@ -316,18 +241,8 @@ def order_cancel(state: CliState, order_no: str, as_json: bool) -> None:
 
 
 async def _cancel(settings: Settings, order_no: str, as_json: bool) -> None:
-    from procurd.procurement.cancel import CancelDenied, OrderNotFound, cancel_order
-
-    async with open_runtime(settings) as runtime:
-        try:
-            order = await cancel_order(runtime.service, order_no, runtime.cancel_upstream)
-        except OrderNotFound:
-            raise Refused("order_not_found", f"no order {order_no!r}") from None
-        except CancelDenied as exc:
-            items = cancel_items(exc)
-            raise Refused(
-                "cancel_not_allowed", f"order {order_no} cannot be canceled: {exc}", items=items
-            ) from None
+    async with open_operations(settings) as operations:
+        order = await operations.orders.cancel(order_no)
     if as_json:
         emit_json({"ok": True, "order": hide_payloads(order)})
         return

@@ -1,11 +1,17 @@
-"""``procurd ping``: connectivity check of each configured upstream."""
+"""``procurd ping``: connectivity check of each configured upstream.
+
+The ping is the installation's operation: signed, through the budget every process shares, and recorded
+(the health row the status report shows, alert ``low_balance``) as the daemon's own pings are.
+"""
 
 from __future__ import annotations
 
 import click
 
-from procurd.cli.base import EXIT_FAILURE, CliState, common_options, main, pass_state, run_async
-from procurd.config import UpstreamSettings
+from procurd.cli.base import EXIT_FAILURE, CliState, common_options, main, pass_state, run_command
+from procurd.config import Settings, UpstreamSettings
+from procurd.operations import open_operations
+from procurd.operations.upstreams import AuthError, PingResult, UpstreamError
 
 SUPPORTED_PROTOCOL = "1.0"
 
@@ -17,45 +23,43 @@ SUPPORTED_PROTOCOL = "1.0"
 def ping(state: CliState, upstream_name: str | None) -> None:
     """Check connectivity: site name, protocol version, balance, currency, member level, latency."""
     upstreams = state.upstreams(upstream_name)
-    failures = run_async(_ping_all(upstreams))
+    failures: list[str] = []
+    run_command(_ping_all(state.settings(secrets=True), upstreams, failures))
     if failures:
         raise SystemExit(EXIT_FAILURE)
 
 
-async def _ping_all(upstreams: list[UpstreamSettings]) -> int:
-    failures = 0
-    for upstream in upstreams:
-        ok = await _ping_one(upstream)
-        failures += not ok
-    return failures
+async def _ping_all(settings: Settings, upstreams: list[UpstreamSettings], failures: list[str]) -> None:
+    async with open_operations(settings) as operations:
+        for upstream in upstreams:
+            outcome = await operations.upstreams.ping(upstream.name)
+            if not show_ping(upstream, outcome):
+                failures.append(upstream.name)
 
 
-async def _ping_one(upstream: UpstreamSettings) -> bool:
-    from procurd.upstream.client import UpstreamClient
-    from procurd.upstream.errors import AuthError, UpstreamError
-
-    async with UpstreamClient(upstream) as client:
-        try:
-            result = await client.ping()
-        except AuthError as exc:
-            click.echo(f"{upstream.name}: authentication failed: {exc.code}: {exc.hint}", err=True)
-            return False
-        except UpstreamError as exc:
-            click.echo(f"{upstream.name}: {exc}", err=True)
-            return False
+def show_ping(upstream: UpstreamSettings, outcome: PingResult | UpstreamError) -> bool:
+    """Print what a ping found; whether it succeeded."""
+    if isinstance(outcome, AuthError):
+        click.echo(f"{upstream.name}: authentication failed: {outcome.code}: {outcome.hint}", err=True)
+        return False
+    if isinstance(outcome, UpstreamError):
+        status = f"HTTP {outcome.http_status} " if outcome.http_status is not None else ""
+        message = f": {outcome.message}" if outcome.message else ""
+        click.echo(f"{upstream.name}: {status}{outcome.code}{message}", err=True)
+        return False
     level = "none"
-    if result.member_level is not None:
-        names = result.member_level.name or {}
-        level = next(iter(names.values()), None) or result.member_level.slug or "unnamed"
+    if outcome.member_level is not None:
+        names = outcome.member_level.name or {}
+        level = next(iter(names.values()), None) or outcome.member_level.slug or "unnamed"
     click.echo(f"{upstream.name}: ok ({upstream.base_url})")
-    click.echo(f"  site name:        {result.site_name}")
-    click.echo(f"  protocol version: {result.protocol_version}")
-    click.echo(f"  balance:          {result.balance} {result.currency}")
+    click.echo(f"  site name:        {outcome.site_name}")
+    click.echo(f"  protocol version: {outcome.protocol_version}")
+    click.echo(f"  balance:          {outcome.balance} {outcome.currency}")
     click.echo(f"  member level:     {level}")
-    click.echo(f"  latency:          {result.latency_ms} ms")
-    if result.protocol_version != SUPPORTED_PROTOCOL:
+    click.echo(f"  latency:          {outcome.latency_ms} ms")
+    if outcome.protocol_version != SUPPORTED_PROTOCOL:
         click.echo(
-            f"{upstream.name}: warning: protocol version {result.protocol_version!r} is not "
+            f"{upstream.name}: warning: protocol version {outcome.protocol_version!r} is not "
             f"{SUPPORTED_PROTOCOL!r}; procurd speaks {SUPPORTED_PROTOCOL}",
             err=True,
         )

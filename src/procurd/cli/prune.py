@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from procurd.cli.base import CliState, common_options, main, pass_state
-from procurd.cli.orders import Refused, emit_json, json_option, open_runtime, run_command
+from procurd.cli.base import CliState, common_options, emit_json, main, pass_state, run_command
+from procurd.cli.orders import json_option
 from procurd.config import Settings
+from procurd.operations import open_operations
+from procurd.operations.housekeeping import TABLES
 from procurd.output import Column, count, echo, print_table
 
 
@@ -19,13 +21,8 @@ def prune_command(state: CliState, as_json: bool) -> None:
 
 
 async def _prune(settings: Settings, as_json: bool) -> None:
-    from procurd.instance import instance_id
-    from procurd.retention import TABLES, prune
-
-    async with open_runtime(settings) as runtime:
-        report = await prune(runtime.database, settings.retention, instance_id())
-    if report.skipped:
-        raise Refused("prune_in_progress", "another instance is pruning now; try again when it is done")
+    async with open_operations(settings) as operations:
+        report = await operations.housekeeping.prune()
     if as_json:
         emit_json({"ok": True, "deleted": report.deleted, "total": report.total})
         return

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import click
 
-from procurd.cli.base import CliState, common_options, main, pass_state
-from procurd.cli.orders import emit_json, json_option, open_runtime, run_command
+from procurd.cli.base import CliState, common_options, emit_json, main, pass_state, run_command
+from procurd.cli.orders import json_option
 from procurd.config import Settings
+from procurd.operations import open_operations
+from procurd.operations.upstreams import finding_view
 from procurd.output import Column, count, echo, print_table
 
 
@@ -38,17 +40,9 @@ def reconcile_command(
 async def _reconcile(
     settings: Settings, upstream: str | None, window: float, repair: bool, as_json: bool
 ) -> None:
-    from procurd.reconcile import finding_view, reconcile
-
-    async with open_runtime(settings) as runtime:
-        report = await reconcile(
-            runtime.service,
-            runtime.clients,
-            runtime.alerts,
-            upstream=upstream,
-            window_seconds=window,
-            repair=repair,
-            trigger="manual",
+    async with open_operations(settings) as operations:
+        report = await operations.upstreams.reconcile(
+            upstream=upstream, window_seconds=window, repair=repair, trigger="manual"
         )
     findings = [finding_view(finding) for finding in report.findings]
     if as_json:

@@ -6,7 +6,8 @@ import sys
 
 import click
 
-from procurd.cli.base import CliState, common_options, ensure_database_directory, main, pass_state, run_async
+from procurd.cli.base import CliState, common_options, main, pass_state, run_async
+from procurd.operations import InstallationError, check_database_location
 
 
 @main.command()
@@ -17,7 +18,11 @@ def run(state: CliState) -> None:
     from procurd.daemon import StartupError, run_daemon
 
     settings = state.settings(secrets=True, daemon=True)
-    ensure_database_directory(settings)
+    try:
+        check_database_location(settings)
+    except InstallationError as exc:
+        click.echo(f"procurd: {exc.message}", err=True)
+        sys.exit(exc.exit_code)
     try:
         code = run_async(run_daemon(settings))
     except StartupError as exc:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from procurd.cli.base import CliState, common_options, main, pass_state
-from procurd.cli.orders import emit_json, json_option, open_runtime, run_command
+from procurd.cli.base import CliState, common_options, emit_json, main, pass_state, run_command
+from procurd.cli.orders import json_option
 from procurd.config import Settings
+from procurd.operations import open_operations
 from procurd.output import print_status
 
 
@@ -18,10 +19,8 @@ def status(state: CliState, as_json: bool) -> None:
 
 
 async def _status(settings: Settings, as_json: bool) -> None:
-    from procurd.status import status_report
-
-    async with open_runtime(settings) as runtime:
-        report = await status_report(runtime)
+    async with open_operations(settings) as operations:
+        report = await operations.housekeeping.status()
     if as_json:
         emit_json(report)
         return

@@ -2,9 +2,11 @@
 holds, alerts, reconciliation, status, metrics, and the web console under ``/ui/``
 (:mod:`procurd.http.console`).
 
-JSON everywhere but the console. Success answers carry ``"ok": true``; failures
-``{"ok": false, "error_code", "error_message"}`` with a meaningful HTTP status. When ``server.admin_token``
-is set, every path but ``/healthz`` and the console needs ``Authorization: Bearer <admin_token>``.
+Every action is the installation's operation (:mod:`procurd.operations`), as the console, the command line
+and the daemon's schedule run it. JSON everywhere but the console. Success answers carry ``"ok": true``;
+failures ``{"ok": false, "error_code", "error_message"}`` with a meaningful HTTP status. When
+``server.admin_token`` is set, every path but ``/healthz`` and the console needs ``Authorization: Bearer
+<admin_token>``.
 """
 
 from __future__ import annotations
@@ -17,17 +19,11 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 from prometheus_client.aiohttp import make_aiohttp_handler
 
-from procurd import offers
-from procurd.alerts import alert_view
-from procurd.catalog.pricing import holds, release_hold
-from procurd.core.alerts import KINDS
-from procurd.core.exact import loads_exact
-from procurd.core.intake import CONFLICTS, MALFORMED, IntakeError, parse_order_request
 from procurd.core.numbers import MAX_ID
-from procurd.core.procurement import Resolve, Retry
 from procurd.http.console import console_middleware, is_console_path, setup_console
 from procurd.http.errors import (
     HEALTH_PATH,
+    OPERATIONS,
     RUNTIME,
     ApiError,
     Handler,
@@ -37,48 +33,25 @@ from procurd.http.errors import (
     listener_app,
     read_body,
 )
-from procurd.http.json_limits import json_problem
-from procurd.http.operations import (
+from procurd.http.inputs import (
     DEFAULT_PAGE_SIZE,
     MAX_FILTER_CHARS,
     MAX_PAGE,
     MAX_PAGE_SIZE,
-    cancel_order,
-    check_bulk_filter,
-    check_bulk_limit,
-    check_known_filters,
-    check_note,
-    check_order_no,
-    handle_exception,
-    order_not_found,
     parse_procurement_id,
     query_int,
     query_text,
 )
-from procurd.offers import OfferError
-from procurd.procurement.service import DEFAULT_BULK_RETRY
+from procurd.operations import Operations
+from procurd.operations.orders import DEFAULT_BULK_RETRY, check_order_no, decode_json
 from procurd.reconcile import runs_with_findings
 from procurd.runtime import Runtime
-from procurd.status import refresh_metrics, status_report
+from procurd.status import refresh_metrics
 
 log = structlog.get_logger("procurd.admin")
 
 
 # --- request helpers --------------------------------------------------------------------------------------
-
-
-def decode_json(raw: bytes) -> Any:
-    """The body as JSON with every fractional number an exact ``Decimal``; 400 ``invalid_json`` otherwise,
-    and 400 ``invalid_request`` for JSON that cannot be stored (a NUL, an unpaired surrogate, deep
-    nesting)."""
-    try:
-        body = loads_exact(raw)
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        raise ApiError(400, "invalid_json", "the body is not valid JSON") from None
-    problem = json_problem(body)
-    if problem is not None:
-        raise ApiError(400, "invalid_request", f"the body cannot be accepted: {problem}")
-    return body
 
 
 async def _json_object(request: web.Request, *, optional: bool = False) -> dict[str, Any]:
@@ -91,11 +64,14 @@ async def _json_object(request: web.Request, *, optional: bool = False) -> dict[
     return body
 
 
-def _intake_error(exc: IntakeError) -> ApiError:
-    """400 for a malformed request, 409 for one that collides with an earlier order, 422 otherwise."""
-    status = 400 if exc.code in MALFORMED else 409 if exc.code in CONFLICTS else 422
-    extra = {"details": exc.details} if exc.details else {}
-    return ApiError(status, exc.code, exc.message, **extra)
+def _fields(body: dict[str, Any], allowed: set[str]) -> None:
+    unknown = sorted(set(body) - allowed)
+    if unknown:
+        raise ApiError(400, "invalid_request", f"unknown field {unknown[0]!r}")
+
+
+def _operations(request: web.Request) -> Operations:
+    return request.app[OPERATIONS]
 
 
 # --- handlers ---------------------------------------------------------------------------------------------
@@ -103,39 +79,27 @@ def _intake_error(exc: IntakeError) -> ApiError:
 
 async def submit_order(request: web.Request) -> web.Response:
     """Accept a locally paid order for procurement: 202 when new, 200 for a repeat of the same body."""
-    runtime = request.app[RUNTIME]
     body = await _json_object(request)
-    try:
-        order_request = parse_order_request(body)
-        result = await runtime.service.submit(order_request)
-    except IntakeError as exc:
-        raise _intake_error(exc) from None
-    if result.created:
-        runtime.metrics.orders_accepted.inc()
+    result = await _operations(request).orders.submit(body)
     return json_response({"ok": True, "order": result.order}, 202 if result.created else 200)
 
 
 async def get_order(request: web.Request) -> web.Response:
-    order_no = check_order_no(request.match_info["order_no"])
-    view = await request.app[RUNTIME].service.order(order_no)
-    if view is None:
-        raise order_not_found(order_no)
+    view = await _operations(request).orders.view(request.match_info["order_no"])
     return json_response({"ok": True, "order": view})
 
 
 async def post_cancel(request: web.Request) -> web.Response:
     """Upstream-first cancel of the whole order; 409 ``cancel_not_allowed`` with the reason of each item."""
-    order_no = check_order_no(request.match_info["order_no"])
-    view = await cancel_order(request.app[RUNTIME], order_no)
+    view = await _operations(request).orders.cancel(request.match_info["order_no"])
     return json_response({"ok": True, "order": view})
 
 
 async def order_audit(request: web.Request) -> web.Response:
-    runtime = request.app[RUNTIME]
+    orders = _operations(request).orders
     order_no = check_order_no(request.match_info["order_no"])
-    if await runtime.service.order(order_no) is None:
-        raise order_not_found(order_no)
-    return json_response({"ok": True, "order_no": order_no, "audit": await runtime.service.audit(order_no)})
+    await orders.view(order_no)
+    return json_response({"ok": True, "order_no": order_no, "audit": await orders.audit(order_no)})
 
 
 async def list_exceptions(request: web.Request) -> web.Response:
@@ -144,8 +108,7 @@ async def list_exceptions(request: web.Request) -> web.Response:
     reason = query_text(query, "reason")
     page = query_int(query, "page", 1, 1, MAX_PAGE)
     page_size = query_int(query, "page_size", DEFAULT_PAGE_SIZE, 1, MAX_PAGE_SIZE)
-    await check_known_filters(request.app[RUNTIME], upstream, reason)
-    total, items = await request.app[RUNTIME].service.exceptions(upstream, reason, page, page_size)
+    total, items = await _operations(request).orders.exceptions(upstream, reason, page, page_size)
     return json_response({"ok": True, "items": items, "total": total, "page": page, "page_size": page_size})
 
 
@@ -153,27 +116,24 @@ async def retry_exception(request: web.Request) -> web.Response:
     """Send the procurement again (under a new number once the upstream canceled the old one)."""
     procurement_id = parse_procurement_id(request.match_info["id"])
     body = await _json_object(request, optional=True)
-    note = check_note(body.get("note"), required=False)
-    answer = await handle_exception(request.app[RUNTIME], procurement_id, Retry(note))
+    answer = await _operations(request).orders.retry(procurement_id, body.get("note"))
     return json_response({"ok": True, **answer})
 
 
 async def retry_exceptions(request: web.Request) -> web.Response:
     """Send many exceptions again: ``{"reason", "upstream", "all", "note", "limit"}``, oldest first."""
-    runtime = request.app[RUNTIME]
     body = await _json_object(request, optional=True)
-    unknown = sorted(set(body) - {"reason", "upstream", "all", "note", "limit"})
-    if unknown:
-        raise ApiError(400, "invalid_request", f"unknown field {unknown[0]!r}")
-    reason = _body_filter(body, "reason")
-    upstream = _body_filter(body, "upstream")
+    _fields(body, {"reason", "upstream", "all", "note", "limit"})
     everything = body.get("all", False)
     if not isinstance(everything, bool):
         raise ApiError(400, "invalid_request", "all must be true or false")
-    await check_bulk_filter(runtime, upstream, reason, everything)
-    limit = check_bulk_limit(body.get("limit", DEFAULT_BULK_RETRY))
-    note = check_note(body.get("note"), required=False)
-    result = await runtime.service.retry_exceptions(upstream, reason, note, limit)
+    result = await _operations(request).orders.retry_exceptions(
+        upstream=_body_filter(body, "upstream"),
+        reason=_body_filter(body, "reason"),
+        everything=everything,
+        note=body.get("note"),
+        limit=body.get("limit", DEFAULT_BULK_RETRY),
+    )
     return json_response(
         {"ok": True, "retried": result.retried, "skipped": result.skipped, "remaining": result.remaining}
     )
@@ -194,21 +154,16 @@ async def resolve_exception(request: web.Request) -> web.Response:
     """Close the exception by hand; ``{"note": TEXT}`` is required."""
     procurement_id = parse_procurement_id(request.match_info["id"])
     body = await _json_object(request, optional=True)
-    note = check_note(body.get("note"), required=True)
-    assert note is not None
-    answer = await handle_exception(request.app[RUNTIME], procurement_id, Resolve(note))
+    answer = await _operations(request).orders.resolve(procurement_id, body.get("note"))
     return json_response({"ok": True, **answer})
 
 
 async def list_alerts(request: web.Request) -> web.Response:
     """Recent alerts, the latest first: ``kind``, ``page``, ``page_size``."""
     kind = query_text(request.query, "kind")
-    if kind is not None and kind not in KINDS:
-        raise ApiError(400, "unknown_kind", f"no alert kind {kind!r} (known: {', '.join(KINDS)})")
     page = query_int(request.query, "page", 1, 1, MAX_PAGE)
     page_size = query_int(request.query, "page_size", DEFAULT_PAGE_SIZE, 1, MAX_PAGE_SIZE)
-    total, found = await request.app[RUNTIME].alerts.recent(page, page_size, kind)
-    items = [alert_view(alert) for alert in found]
+    total, items = await _operations(request).housekeeping.alerts(page, page_size, kind)
     return json_response({"ok": True, "items": items, "total": total, "page": page, "page_size": page_size})
 
 
@@ -219,39 +174,28 @@ async def list_reconciliations(request: web.Request) -> web.Response:
     return json_response({"ok": True, "runs": runs})
 
 
-def _upstream_name(runtime: Runtime, name: str) -> str:
-    if name not in {upstream.name for upstream in runtime.settings.upstreams}:
-        raise ApiError(404, "unknown_upstream", f"no upstream {name!r} is configured")
-    return name
-
-
 async def list_price_holds(request: web.Request) -> web.Response:
     """SKUs whose selling price is held after a steep cost increase (``upstream`` filter), oldest first."""
-    runtime = request.app[RUNTIME]
+    catalog = _operations(request).catalog
     upstream = query_text(request.query, "upstream")
     if upstream is not None:
-        _upstream_name(runtime, upstream)
-    return json_response({"ok": True, "items": await holds(runtime.database, upstream)})
+        catalog.upstream(upstream)
+    return json_response({"ok": True, "items": await catalog.holds(upstream)})
 
 
 async def release_price_hold(request: web.Request) -> web.Response:
     """Release a SKU's price hold: it is priced from the rules and its current cost at once."""
-    runtime = request.app[RUNTIME]
-    upstream = _upstream_name(runtime, request.match_info["upstream"])
+    catalog = _operations(request).catalog
+    upstream = catalog.upstream(request.match_info["upstream"])
     raw = request.match_info["sku_id"]
     if not (raw.isascii() and raw.isdigit()) or int(raw) > MAX_ID:
         raise ApiError(400, "invalid_id", "the SKU id must be a non-negative integer")
-    sku_id = int(raw)
-    released = await release_hold(
-        runtime.database, upstream, sku_id, runtime.settings.pricing, client=runtime.client(upstream)
-    )
-    if released is None:
-        raise ApiError(404, "hold_not_found", f"SKU {sku_id} of {upstream} has no price hold")
+    released = await catalog.release_hold(upstream, int(raw))
     return json_response(
         {
             "ok": True,
             "upstream": upstream,
-            "sku_id": sku_id,
+            "sku_id": released.sku_id,
             "sell_price": released.sell_price,
             "sell_currency": released.sell_currency,
         }
@@ -260,94 +204,61 @@ async def release_price_hold(request: web.Request) -> web.Response:
 
 async def start_catalog_sync(request: web.Request) -> web.Response:
     """Start a catalogue pass now: ``{"upstream": NAME, "full": true, "allow_mass_removal": false}``; 202."""
-    runtime = request.app[RUNTIME]
+    catalog = _operations(request).catalog
     body = await _json_object(request, optional=True)
-    unknown = sorted(set(body) - {"upstream", "full", "allow_mass_removal"})
-    if unknown:
-        raise ApiError(400, "invalid_request", f"unknown field {unknown[0]!r}")
-    names = [upstream.name for upstream in runtime.settings.upstreams]
+    _fields(body, {"upstream", "full", "allow_mass_removal"})
     name = body.get("upstream")
-    if name is None:
-        if len(names) != 1:
-            raise ApiError(400, "upstream_required", f"name the upstream: one of {', '.join(names)}")
-        name = names[0]
-    if not isinstance(name, str):
+    if name is not None and not isinstance(name, str):
         raise ApiError(400, "invalid_request", "upstream must be a string")
-    upstream = _upstream_name(runtime, name)
+    upstream = catalog.upstream(name)
     flags = {}
     for flag in ("full", "allow_mass_removal"):
         value = body.get(flag, False)
         if not isinstance(value, bool):
             raise ApiError(400, "invalid_request", f"{flag} must be true or false")
         flags[flag] = value
-    if flags["allow_mass_removal"] and not flags["full"]:
-        raise ApiError(400, "invalid_request", "allow_mass_removal needs full: only a full pass removes")
-    if not runtime.start_catalog_sync(upstream, **flags):
+    if not catalog.start_sync(upstream, **flags):
         raise ApiError(409, "sync_in_progress", f"a pass of {upstream} is already running in this instance")
     log.info("catalog.sync_requested", upstream=upstream, **flags)
     return json_response({"ok": True, "upstream": upstream, "started": True, **flags}, 202)
-
-
-OFFER_ERROR_STATUS = {"invalid_request": 400, "invalid_offer_code": 400, "invalid_source": 400}
-
-
-def _offer_error(error: OfferError) -> ApiError:
-    return ApiError(OFFER_ERROR_STATUS.get(error.code, 422), error.code, error.message)
-
-
-def _offer_code(request: web.Request) -> str:
-    try:
-        return offers.check_code(request.match_info["code"])
-    except OfferError as exc:
-        raise _offer_error(exc) from None
 
 
 async def list_offers(request: web.Request) -> web.Response:
     """Every offer with its sources and the one in use now, by code."""
     page = query_int(request.query, "page", 1, 1, MAX_PAGE)
     page_size = query_int(request.query, "page_size", DEFAULT_PAGE_SIZE, 1, MAX_PAGE_SIZE)
-    total, items = await offers.offers_page(request.app[RUNTIME].database, page, page_size)
+    total, items = await _operations(request).offers.page(page, page_size)
     return json_response({"ok": True, "items": items, "total": total, "page": page, "page_size": page_size})
 
 
 async def get_offer(request: web.Request) -> web.Response:
-    code = _offer_code(request)
-    view = await offers.offer_view(request.app[RUNTIME].database, code)
-    if view is None:
-        raise ApiError(404, "offer_not_found", f"no offer {code!r}")
+    view = await _operations(request).offers.view(request.match_info["code"])
     return json_response({"ok": True, "offer": view})
 
 
 async def put_offer(request: web.Request) -> web.Response:
     """Create or replace an offer: ``{"sources": [{"upstream", "sku_id"}, ...]}``, first choice first; 201
     when it is new."""
-    runtime = request.app[RUNTIME]
-    code = _offer_code(request)
+    offers = _operations(request).offers
+    code = offers.check_code(request.match_info["code"])
     body = await _json_object(request)
-    unknown = sorted(set(body) - {"code", "sources"})
-    if unknown:
-        raise ApiError(400, "invalid_request", f"unknown field {unknown[0]!r}")
+    _fields(body, {"code", "sources"})
     if "code" in body and body["code"] != code:
         raise ApiError(400, "invalid_request", "code in the body differs from the one in the path")
-    try:
-        sources = offers.check_sources(body.get("sources"), runtime.service.upstream_names)
-        stored = await offers.put_offer(runtime.database, code, sources, runtime.service.upstream_names)
-    except OfferError as exc:
-        raise _offer_error(exc) from None
+    stored = await offers.put_request(code, body.get("sources"))
     return json_response(
         {"ok": True, "created": stored.created, "offer": stored.view}, 201 if stored.created else 200
     )
 
 
 async def delete_offer(request: web.Request) -> web.Response:
-    code = _offer_code(request)
-    if not await offers.delete_offer(request.app[RUNTIME].database, code):
-        raise ApiError(404, "offer_not_found", f"no offer {code!r}")
+    code = request.match_info["code"]
+    await _operations(request).offers.delete(code)
     return json_response({"ok": True, "code": code, "deleted": True})
 
 
 async def get_status(request: web.Request) -> web.Response:
-    return json_response(await status_report(request.app[RUNTIME]))
+    return json_response(await _operations(request).housekeeping.status())
 
 
 def metrics_handler(runtime: Runtime) -> Handler:
@@ -390,8 +301,9 @@ def bearer_auth(token: str) -> Middleware:
     return middleware
 
 
-def make_admin_app(runtime: Runtime) -> web.Application:
-    """The admin API (see ``procurd/http/openapi.yaml``) bound to ``runtime``."""
+def make_admin_app(operations: Operations) -> web.Application:
+    """The admin API (see ``procurd/http/openapi.yaml``) acting through ``operations``."""
+    runtime = operations.runtime
     token = runtime.settings.server.admin_token.get_secret_value()
     app = listener_app(
         "admin",
@@ -402,7 +314,8 @@ def make_admin_app(runtime: Runtime) -> web.Application:
         middlewares=(bearer_auth(token), console_middleware()),
     )
     app[RUNTIME] = runtime
-    setup_console(app, runtime)
+    app[OPERATIONS] = operations
+    setup_console(app, operations)
     router = app.router
     router.add_post("/api/v1/orders", submit_order)
     router.add_get("/api/v1/orders/{order_no}", get_order)

@@ -15,9 +15,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from procurd.core.exact import loads_exact
+from procurd.core.json_limits import json_problem, raw_json_is_plain, text_problem
 from procurd.core.numbers import MAX_ID
 from procurd.core.procurement import UpstreamReport
-from procurd.http.json_limits import json_problem, raw_json_is_plain, text_problem
 from procurd.upstream.models import Fulfillment
 
 MAX_NUMBER_CHARS = 96  # the longest downstream / upstream order number procurd stores

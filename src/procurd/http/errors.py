@@ -28,8 +28,10 @@ from aiohttp.typedefs import Middleware
 from aiohttp.web_protocol import RequestPayloadError
 
 from procurd.config import ServerSettings
+from procurd.core.refusals import Refused
 from procurd.db.errors import DatabaseUnavailable
 from procurd.metrics import Metrics
+from procurd.operations import Operations
 from procurd.runtime import Runtime
 
 log = structlog.get_logger("procurd.http")
@@ -41,6 +43,7 @@ MAX_BODY_BYTES = 1024 * 1024
 REQUEST_ID_HEADER = "X-Request-Id"
 HEALTH_PATH = "/healthz"
 RUNTIME = web.AppKey("procurd.runtime", Runtime)
+OPERATIONS = web.AppKey("procurd.operations", Operations)
 
 # aiohttp's own HTTP errors (unknown path, wrong method, body too large ...) as error codes.
 HTTP_ERROR_CODES = {
@@ -54,8 +57,9 @@ HTTP_ERROR_CODES = {
 }
 
 
-class ApiError(Exception):
-    """A failure answer: HTTP status, error code, a message for a person, and extra fields."""
+class ApiError(Refused):
+    """A failure answer: HTTP status, error code, a message for a person, extra fields, and what the HTTP
+    answer needs besides (headers, closing the connection)."""
 
     def __init__(
         self,
@@ -67,13 +71,9 @@ class ApiError(Exception):
         close_connection: bool = False,
         **extra: Any,
     ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
+        super().__init__(status, code, message, **extra)
         self.headers = dict(headers or {})
         self.close_connection = close_connection
-        self.extra = extra
 
 
 class ClientGone(Exception):
@@ -155,11 +155,13 @@ def public_error_body(status: int, code: str, message: str) -> dict[str, Any]:
     return {"ok": False, "error_code": code, "message": message}
 
 
-def error_response(error: ApiError, body: ErrorBody) -> web.Response:
+def error_response(error: Refused, body: ErrorBody) -> web.Response:
+    """The answer to a refusal (an operation's, or the HTTP layer's own :class:`ApiError`)."""
     data = body(error.status, error.code, error.message)
     data.update(error.extra)
-    response = json_response(data, error.status, error.headers)
-    if error.close_connection:
+    headers = error.headers if isinstance(error, ApiError) else None
+    response = json_response(data, error.status, headers)
+    if isinstance(error, ApiError) and error.close_connection:
         response.force_close()
     return response
 
@@ -196,7 +198,7 @@ async def _answer(
 ) -> web.StreamResponse:
     try:
         return await handler(request)
-    except ApiError as error:
+    except Refused as error:
         return error_response(error, body)
     except ClientGone:
         log.info("http.client_disconnected", method=request.method, route=route_name(request))

@@ -28,6 +28,7 @@ from procurd.config import CALLBACK_PATH, Settings
 from procurd.http.admin import make_admin_app
 from procurd.http.errors import LISTENER, listener_runner
 from procurd.http.public import make_public_app
+from procurd.operations import Operations
 from procurd.procurement.submitter import Submitter
 from procurd.runtime import Runtime
 from procurd.sandbox import Sandbox, SandboxConfig
@@ -105,11 +106,15 @@ class Stack:
     """A running procurd (both listeners) in front of the sandbox upstream."""
 
     sandbox: Sandbox
-    runtime: Runtime
+    operations: Operations
     admin_url: str
     public_url: str
     admin_token: str
     session: aiohttp.ClientSession
+
+    @property
+    def runtime(self) -> Runtime:
+        return self.operations.runtime
 
     @property
     def settings(self) -> Settings:
@@ -162,7 +167,7 @@ class Stack:
 
     async def sync(self, upstream: str = "main") -> SyncReport:
         """One catalogue pass of ``upstream`` into the mirror, as configured (pricing included)."""
-        return await self.runtime.sync_catalog(upstream)
+        return await self.operations.catalog.sync(upstream)
 
     async def post_signed(
         self, url: str, body: bytes, *, sign_path: str = CALLBACK_PATH, upstream: str = "main"
@@ -271,17 +276,17 @@ async def procurd_stack(
                 pricing=pricing,
                 webhook_url=webhook_url,
             )
-            runtime = Runtime.build(settings, instance="test-instance")
+            operations = Operations(Runtime.build(settings, instance="test-instance"))
             try:
-                await runtime.start()
+                await operations.runtime.start()
                 async with (
-                    serve(make_public_app(runtime), public_sock) as public_url,
-                    serve(make_admin_app(runtime)) as admin_url,
+                    serve(make_public_app(operations.runtime), public_sock) as public_url,
+                    serve(make_admin_app(operations)) as admin_url,
                     aiohttp.ClientSession() as session,
                 ):
-                    yield Stack(sandbox, runtime, admin_url, public_url, admin_token, session)
+                    yield Stack(sandbox, operations, admin_url, public_url, admin_token, session)
                     await sandbox.close()
             finally:
-                await runtime.close()
+                await operations.close()
     finally:
         public_sock.close()

@@ -20,6 +20,7 @@ from procurd.sandbox.catalog import dump_json, money_text, parse_instant
 from procurd.sandbox.faults import AFTER_KINDS, BEFORE_KINDS, RequestFault
 from procurd.sandbox.site import SandboxSite
 from procurd.sandbox.state import ApiError, ApiUser, bad_request
+from procurd.sandbox.traffic import UNKNOWN_ENDPOINT
 from procurd.signing import HeaderNames, parse_timestamp, signature_matches, timestamp_fresh
 
 API_PREFIX = "/api/v1/upstream"
@@ -149,19 +150,25 @@ class SignedApi:
     async def _handle(
         self, request: web.Request, route: Route | None, params: dict[str, str], path_known: bool
     ) -> web.Response:
+        api_key = request.headers.get(self._names().api_key, "").strip()
         if route is None:
+            self.site.record_request(UNKNOWN_ENDPOINT, api_key, False, await self._signed(request))
             if path_known:
                 raise ApiError(405, "method_not_allowed", f"{request.method} is not allowed here")
             raise ApiError(404, "not_found", "no such endpoint")
         endpoint = route.endpoint
-        api_key = request.headers.get(self._names().api_key, "").strip()
         rate_limited = self.config.rate_limit and bool(api_key) and not self._rate_limit_allows(api_key)
-        self.site.record_request(endpoint, api_key, rate_limited)
         if rate_limited:
+            self.site.record_request(endpoint, api_key, rate_limited)
             return json_response(
                 {"status_code": 429, "msg": "too many requests", "data": {"request_id": uuid.uuid4().hex}}
             )
-        user, body = await self.authenticate(request)
+        try:
+            user, body = await self.authenticate(request)
+        except ApiError:
+            self.site.record_request(endpoint, api_key, False, authenticated=False)
+            raise
+        self.site.record_request(endpoint, api_key, False, authenticated=True)
         early = await self._before(request, endpoint)
         if early is not None:
             return early
@@ -176,6 +183,15 @@ class SignedApi:
         if after.kind == "drop":
             return abort_connection(request)
         return json_response(ApiError(500, "internal_error", "internal server error").body(), 500)
+
+    async def _signed(self, request: web.Request) -> bool:
+        """Whether a request carries signature headers that verify for an active key (what a strict site
+        checks of every request, whatever its path)."""
+        try:
+            await self.authenticate(request)
+        except ApiError:
+            return False
+        return True
 
     def _rate_limit_allows(self, api_key: str) -> bool:
         return self.site.rate_limiter.allow(

@@ -60,11 +60,13 @@ class SandboxSite:
 
     # -- requests -------------------------------------------------------------------------------------
 
-    def record_request(self, endpoint: str, api_key: str, rate_limited: bool) -> None:
+    def record_request(
+        self, endpoint: str, api_key: str, rate_limited: bool, authenticated: bool | None = None
+    ) -> None:
         """Count one request to the signed API (refused ones included)."""
         self.request_counts[endpoint] += 1
         self.request_counts[ALL_ENDPOINTS] += 1
-        self.requests.add(RequestRecord(self.state.now(), api_key, endpoint, rate_limited))
+        self.requests.add(RequestRecord(self.state.now(), api_key, endpoint, rate_limited, authenticated))
 
     def reset_requests(self) -> None:
         """Forget the requests counted so far."""

@@ -1,5 +1,7 @@
-"""What the signed API was asked: each request's arrival, API key and endpoint, and whether the rate limit
-refused it. Tests read it to assert "no rate-limit answers" or to measure request rates."""
+"""What the signed API was asked: each request's arrival, API key and endpoint, whether the rate limit
+refused it, and whether it carried a valid signature (a strict upstream counts one that does not as a
+failed authentication). Tests read it to assert "no rate-limit answers", "every request signed", or to
+measure request rates."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 ALL_ENDPOINTS = "*"
+UNKNOWN_ENDPOINT = "unknown"
 DEFAULT_CAPACITY = 100_000  # the oldest records are forgotten beyond this many
 
 
@@ -16,8 +19,9 @@ DEFAULT_CAPACITY = 100_000  # the oldest records are forgotten beyond this many
 class RequestRecord:
     at: float  # the site's clock (Unix seconds, its offset included) when the request arrived
     api_key: str  # as the request named it; "" when the header was missing
-    endpoint: str
+    endpoint: str  # the endpoint's name, or "unknown" for a path or method the API does not have
     rate_limited: bool
+    authenticated: bool | None = None  # signature headers valid for an active key; None: not looked at
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -25,6 +29,7 @@ class RequestRecord:
             "api_key": self.api_key,
             "endpoint": self.endpoint,
             "rate_limited": self.rate_limited,
+            "authenticated": self.authenticated,
         }
 
 

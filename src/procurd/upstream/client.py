@@ -31,6 +31,7 @@ from procurd.upstream.errors import (
     UpstreamError,
     UpstreamTimeout,
     classify_response,
+    clock_offset,
     truncate,
 )
 from procurd.upstream.models import (
@@ -81,6 +82,7 @@ class _Answer:
     seconds: float
     body_digest: bytes = b""
     seen: bool = False
+    server_date: str | None = None  # the answer's Date header
 
 
 class UpstreamClient:
@@ -146,7 +148,8 @@ class UpstreamClient:
     async def ping(self, *, priority: Priority = Priority.PING) -> PingResult:
         """Connectivity check: site, protocol version, the API user's balance and member level."""
         answer = await self._send(_Call("ping", "POST", "/ping", priority))
-        body = {**answer.body, "latency_ms": round(answer.seconds * 1000, 1)}
+        offset = clock_offset(self._clock(), answer.server_date)
+        body = {**answer.body, "latency_ms": round(answer.seconds * 1000, 1), "clock_offset_seconds": offset}
         return self._model(PingResult, body, "ping")
 
     async def categories(self, *, priority: Priority = Priority.CATALOG) -> list[Category]:
@@ -326,6 +329,7 @@ class UpstreamClient:
             headers["Content-Type"] = "application/json"
         status: int | None = None
         digest = b""
+        server_date: str | None = None
         try:
             async with session.request(
                 call.method,
@@ -336,6 +340,7 @@ class UpstreamClient:
                 allow_redirects=False,
             ) as response:
                 status = response.status
+                server_date = response.headers.get("Date")
                 raw = await response.read()
                 if call.seen is not None:
                     digest = hashlib.sha256(raw).digest()
@@ -348,7 +353,7 @@ class UpstreamClient:
                     endpoint=call.endpoint,
                     content_type=response.headers.get("Content-Type"),
                     retry_after=response.headers.get("Retry-After"),
-                    server_date=response.headers.get("Date"),
+                    server_date=server_date,
                     local_time=self._clock(),
                     header_prefix=self._settings.header_prefix,
                     sensitive=(self._settings.secret(), headers[self._header_names.signature]),
@@ -381,7 +386,7 @@ class UpstreamClient:
             )
         if isinstance(result, UpstreamError):
             raise result
-        return _Answer(result, seconds, digest)
+        return _Answer(result, seconds, digest, server_date=server_date)
 
     def _open_session(self) -> aiohttp.ClientSession:
         if self._closed:

@@ -167,6 +167,9 @@ class PingResult(UpstreamModel):
     member_level: MemberLevel | None = None
     latency_ms: float = 0.0
     """Measured by the client: from sending the request to reading the whole answer."""
+    clock_offset_seconds: float | None = None
+    """Measured by the client: how far this machine's clock is ahead of the upstream's (negative: behind),
+    from the Date header of the signed answer; None when the upstream sends none."""
 
 
 class OrderCreated(UpstreamModel):

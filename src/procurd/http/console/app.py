@@ -11,15 +11,16 @@ from procurd.http.console.context import CONSOLE, STATIC_PREFIX, Console
 from procurd.http.console.render import setup_templates
 from procurd.http.console.session import SessionCodec
 from procurd.http.console.views import add_routes
-from procurd.runtime import Runtime
+from procurd.operations import Operations
 
 
-def setup_console(app: web.Application, runtime: Runtime) -> None:
+def setup_console(app: web.Application, operations: Operations) -> None:
     """Add the console's routes, templates and static files to ``app``, whose middlewares must include
     :func:`~procurd.http.console.middleware.console_middleware` inside the bearer check."""
-    token = runtime.settings.server.admin_token.get_secret_value()
-    codec = SessionCodec(token, runtime.settings.server.console_session_seconds)
-    app[CONSOLE] = Console(runtime, codec, login_required=bool(token), admin_token=token)
+    settings = operations.settings
+    token = settings.server.admin_token.get_secret_value()
+    codec = SessionCodec(token, settings.server.console_session_seconds)
+    app[CONSOLE] = Console(operations, codec, login_required=bool(token), admin_token=token)
     setup_templates(app)
     add_routes(app.router)
     static = Path(str(files("procurd.http.console").joinpath("static")))

@@ -19,6 +19,7 @@ from procurd.http.console.session import (
     SessionCodec,
 )
 from procurd.http.errors import ApiError
+from procurd.operations import Operations
 from procurd.runtime import Runtime
 
 PREFIX = "/ui"
@@ -32,10 +33,14 @@ _SAFE_NEXT = re.compile(r"^/ui/[A-Za-z0-9/_.:~%?&=+,;@-]*$")
 
 @dataclass
 class Console:
-    runtime: Runtime
+    operations: Operations
     codec: SessionCodec
     login_required: bool
     admin_token: str
+
+    @property
+    def runtime(self) -> Runtime:
+        return self.operations.runtime
 
 
 CONSOLE = web.AppKey("procurd.console", Console)

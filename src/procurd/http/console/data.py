@@ -1,5 +1,6 @@
 """What each console page shows: one function per page, reading through the same service and stores as the
-JSON API.
+JSON API; the two actions that say what they did in words (a pass started, a hold released) act through the
+installation's operations, as the JSON API does.
 """
 
 from __future__ import annotations
@@ -10,12 +11,12 @@ from typing import Any, Generic, TypeVar
 
 from procurd import offers
 from procurd.alerts import alert_view
-from procurd.catalog import pricing
 from procurd.config import UpstreamSettings
 from procurd.core.orders import iso
 from procurd.db.console_store import CatalogSlice, OrderSummary
 from procurd.db.stores import Tx
 from procurd.http.errors import ApiError
+from procurd.operations import Operations
 from procurd.runtime import Runtime
 from procurd.status import status_report
 
@@ -213,12 +214,12 @@ async def sync_page(runtime: Runtime, upstream: str | None, page: int, page_size
     )
 
 
-async def start_sync(runtime: Runtime, upstream: str, *, full: bool) -> str:
+async def start_sync(operations: Operations, upstream: str, *, full: bool) -> str:
     """Start a catalogue pass of ``upstream`` now, as ``POST /api/v1/catalog/sync`` does; what was done, for a
     person."""
-    if upstream not in runtime.service.upstream_names:
+    if upstream not in operations.runtime.service.upstream_names:
         raise ApiError(400, "unknown_upstream", f"no upstream {upstream!r}")
-    if not runtime.start_catalog_sync(upstream, full=full):
+    if not operations.catalog.start_sync(upstream, full=full):
         raise ApiError(409, "sync_in_progress", f"a pass of {upstream} is already running in this instance")
     kind = "full" if full else "catalogue"
     return f"A {kind} pass of {upstream} starts now; it shows here once it has begun."
@@ -266,13 +267,9 @@ async def reconcile_page(runtime: Runtime, page: int, page_size: int) -> Paged[d
     return Paged(items, total, page, page_size)
 
 
-async def release_hold(runtime: Runtime, upstream: str, sku_id: int) -> str:
+async def release_hold(operations: Operations, upstream: str, sku_id: int) -> str:
     """Release the price hold of a SKU (what ``POST /api/v1/catalog/holds/{upstream}/{sku_id}/release``
     does); what was done, for a person."""
-    released = await pricing.release_hold(
-        runtime.database, upstream, sku_id, runtime.settings.pricing, client=runtime.client(upstream)
-    )
-    if released is None:
-        raise ApiError(404, "hold_not_found", f"SKU {sku_id} of {upstream} has no price hold")
+    released = await operations.catalog.release_hold(upstream, sku_id)
     price = f"{released.sell_price} {released.sell_currency}" if released.sell_price else "no price"
     return f"The hold on {upstream} SKU {sku_id} is released; it now sells at {price}."

@@ -17,6 +17,8 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 from multidict import MultiDict
 
+from procurd.core.json_limits import text_problem
+from procurd.core.refusals import Refused
 from procurd.db.errors import DatabaseUnavailable
 from procurd.http.console.context import (
     CONSOLE,
@@ -36,7 +38,6 @@ from procurd.http.console.context import (
 from procurd.http.console.render import render
 from procurd.http.console.session import FLASH_COOKIE, SESSION_COOKIE, Session
 from procurd.http.errors import ApiError, Handler, read_body, route_name
-from procurd.http.json_limits import text_problem
 
 log = structlog.get_logger("procurd.console")
 
@@ -111,7 +112,7 @@ async def _answer(
         if request.method == "POST":
             request[FORM] = await _checked_form(request, console, session)
         return await handler(request)
-    except ApiError as error:
+    except Refused as error:
         return error_page(request, error)
     except web.HTTPException as error:
         if error.status < 400:
@@ -165,7 +166,7 @@ def _login_url(request: web.Request) -> str:
     return LOGIN_PATH
 
 
-def error_page(request: web.Request, error: ApiError) -> web.Response:
+def error_page(request: web.Request, error: Refused) -> web.Response:
     context: dict[str, Any] = {
         "status": error.status,
         "title": STATUS_TITLES.get(error.status, "Error"),
@@ -174,7 +175,8 @@ def error_page(request: web.Request, error: ApiError) -> web.Response:
         "items": error.extra.get("items", []),
     }
     response = render(request, "error.html", context, status=error.status)
-    response.headers.update(error.headers)
+    if isinstance(error, ApiError):
+        response.headers.update(error.headers)
     return response
 
 

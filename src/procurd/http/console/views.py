@@ -1,9 +1,9 @@
 """The console's pages and form actions.
 
-Pages read through :mod:`procurd.http.console.data`; actions check their input and act through
-:mod:`procurd.http.operations` and the procurement service, exactly as the JSON API does, then redirect back
-with a message (post/redirect/get). Refusals raise :class:`~procurd.http.errors.ApiError`, which the
-console's middleware shows as an error page.
+Pages read through :mod:`procurd.http.console.data`; actions check their input and act through the
+installation's operations (:mod:`procurd.operations`), exactly as the JSON API does, then redirect back
+with a message (post/redirect/get). Refusals (:class:`~procurd.core.refusals.Refused`) are shown by the
+console's middleware as an error page.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from urllib.parse import quote
 import structlog
 from aiohttp import web
 
-from procurd.core.procurement import Resolve, Retry
 from procurd.http.console import data
 from procurd.http.console.context import (
     CONSOLE,
@@ -32,22 +31,16 @@ from procurd.http.console.context import (
 from procurd.http.console.render import plural, render
 from procurd.http.console.session import Flash
 from procurd.http.errors import ApiError
-from procurd.http.operations import (
+from procurd.http.inputs import (
     DEFAULT_PAGE_SIZE,
     MAX_PAGE,
     MAX_PAGE_SIZE,
-    cancel_order,
-    check_bulk_filter,
-    check_bulk_limit,
-    check_note,
-    check_order_no,
-    handle_exception,
-    order_not_found,
     parse_procurement_id,
     query_int,
     query_text,
 )
-from procurd.procurement.service import DEFAULT_BULK_RETRY
+from procurd.operations import Operations
+from procurd.operations.orders import DEFAULT_BULK_RETRY, check_order_no, order_not_found
 from procurd.runtime import Runtime
 
 log = structlog.get_logger("procurd.console")
@@ -58,6 +51,10 @@ MAX_TOKEN_CHARS = 4096
 
 def _runtime(request: web.Request) -> Runtime:
     return request.app[CONSOLE].runtime
+
+
+def _operations(request: web.Request) -> Operations:
+    return request.app[CONSOLE].operations
 
 
 def _paging(request: web.Request) -> tuple[int, int]:
@@ -139,31 +136,29 @@ async def exceptions(request: web.Request) -> web.Response:
 
 async def retry_exception(request: web.Request) -> web.Response:
     procurement_id = parse_procurement_id(request.match_info["id"])
-    note = check_note(form_text(request, "note"), required=False)
-    await handle_exception(_runtime(request), procurement_id, Retry(note))
+    await _operations(request).orders.retry(procurement_id, form_text(request, "note"))
     text = f"Procurement {procurement_id} is queued to be sent again."
     return redirect_with(request, _back(request, "/ui/exceptions"), Flash("ok", text))
 
 
 async def resolve_exception(request: web.Request) -> web.Response:
     procurement_id = parse_procurement_id(request.match_info["id"])
-    note = check_note(form_text(request, "note"), required=True)
-    assert note is not None
-    await handle_exception(_runtime(request), procurement_id, Resolve(note))
+    await _operations(request).orders.resolve(procurement_id, form_text(request, "note"))
     text = f"Procurement {procurement_id} is resolved."
     return redirect_with(request, _back(request, "/ui/exceptions"), Flash("ok", text))
 
 
 async def retry_exceptions(request: web.Request) -> web.Response:
     """Send every exception with a reason again (within an upstream when one is chosen), oldest first."""
-    runtime = _runtime(request)
     reason = form_text(request, "reason").strip() or None
     upstream = form_text(request, "upstream").strip() or None
-    await check_bulk_filter(runtime, upstream, reason, everything=False)
     raw_limit = form_text(request, "limit").strip() or str(DEFAULT_BULK_RETRY)
-    limit = check_bulk_limit(int(raw_limit) if raw_limit.isascii() and raw_limit.isdigit() else None)
-    note = check_note(form_text(request, "note"), required=False)
-    result = await runtime.service.retry_exceptions(upstream, reason, note, limit)
+    result = await _operations(request).orders.retry_exceptions(
+        upstream=upstream,
+        reason=reason,
+        note=form_text(request, "note"),
+        limit=int(raw_limit) if raw_limit.isascii() and raw_limit.isdigit() else None,
+    )
     parts = [f"{plural(len(result.retried), 'exception')} sent again"]
     if result.skipped:
         skipped = ", ".join(f"{item['id']} ({item['error_code']})" for item in result.skipped[:10])
@@ -230,7 +225,7 @@ def _order_context(detail: data.OrderDetail) -> dict[str, Any]:
 
 async def cancel(request: web.Request) -> web.Response:
     order_no = check_order_no(request.match_info["order_no"])
-    await cancel_order(_runtime(request), order_no)
+    await _operations(request).orders.cancel(order_no)
     return redirect_with(request, order_path(order_no), Flash("ok", f"Order {order_no} is canceled."))
 
 
@@ -251,7 +246,7 @@ async def release_hold(request: web.Request) -> web.Response:
     if upstream not in _runtime(request).service.upstream_names:
         raise ApiError(404, "unknown_upstream", f"no upstream {upstream!r}")
     sku_id = parse_procurement_id(request.match_info["sku_id"])
-    text = await data.release_hold(_runtime(request), upstream, sku_id)
+    text = await data.release_hold(_operations(request), upstream, sku_id)
     return redirect_with(request, _back(request, "/ui/catalog"), Flash("ok", text))
 
 
@@ -265,7 +260,7 @@ async def sync_runs(request: web.Request) -> web.Response:
 async def sync_now(request: web.Request) -> web.Response:
     upstream = form_text(request, "upstream").strip()
     full = form_text(request, "full") == "on"
-    text = await data.start_sync(_runtime(request), upstream, full=full)
+    text = await data.start_sync(_operations(request), upstream, full=full)
     log.info("console.sync_requested", upstream=upstream, full=full)
     return redirect_with(request, _back(request, "/ui/sync"), Flash("ok", text))
 

@@ -1,0 +1,50 @@
+"""Reading what the JSON admin API and the web console are sent: query parameters and path ids, checked
+alike by both. The operations themselves are :mod:`procurd.operations`; a bad input is answered 400 (or
+404 for an id no record can have) with the same codes on both doors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from procurd.core.json_limits import text_problem
+from procurd.core.numbers import MAX_ID
+from procurd.http.errors import ApiError
+
+DEFAULT_PAGE_SIZE = 20
+MAX_PAGE_SIZE = 100
+MAX_PAGE = 1_000_000
+MAX_FILTER_CHARS = 64
+
+
+def query_int(query: Mapping[str, str], name: str, default: int, low: int, high: int) -> int:
+    """An integer query parameter from ``low`` to ``high``; 400 ``invalid_query`` otherwise."""
+    raw = query.get(name, "").strip()
+    if not raw:
+        return default
+    if not (raw.isascii() and raw.isdigit()) or not low <= int(raw) <= high:
+        raise ApiError(400, "invalid_query", f"{name} must be an integer from {low} to {high}")
+    return int(raw)
+
+
+def query_text(query: Mapping[str, str], name: str, max_chars: int = MAX_FILTER_CHARS) -> str | None:
+    """A text query parameter (a filter), stripped; ``None`` when empty; 400 ``invalid_query`` when too
+    long or not storable text."""
+    value = query.get(name, "").strip()
+    if len(value) > max_chars:
+        raise ApiError(400, "invalid_query", f"{name} is longer than {max_chars} characters")
+    problem = text_problem(value)
+    if problem is not None:
+        raise ApiError(400, "invalid_query", f"{name} {problem}")
+    return value or None
+
+
+def parse_procurement_id(raw: str) -> int:
+    """A procurement id from a path or a form: 400 ``invalid_id`` when not a number, 404 when no
+    procurement can have it."""
+    if not (raw.isascii() and raw.isdigit()):
+        raise ApiError(400, "invalid_id", "the procurement id must be a positive integer")
+    value = int(raw)
+    if not 0 < value <= MAX_ID:
+        raise ApiError(404, "procurement_not_found", f"no procurement {raw}")
+    return value

@@ -1,0 +1,135 @@
+"""What a process needs of the installation before it operates: a database it can use, at the schema this
+version needs; and, for a command, the alerts it raised sent before it ends."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+
+from procurd.alerts import AlertDispatcher
+from procurd.config import Settings
+from procurd.db.database import Database, open_database, sqlite_file, sqlite_location_problem
+from procurd.db.errors import DatabaseError
+from procurd.db.revision import HEAD_REVISION, current_revision, describe_mismatch
+from procurd.runtime import Runtime
+
+log = structlog.get_logger("procurd.installation")
+
+ALERT_DELIVERY_SECONDS = 10.0  # how long a command spends sending the alerts it raised
+
+
+class InstallationError(Exception):
+    """The installation cannot be used as it is; the message is one line for a person. ``exit_code`` 2 for
+    a configuration mistake, 1 for a database that cannot be used."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.message = message
+        self.exit_code = exit_code
+
+
+def database_location_problem(settings: Settings) -> str | None:
+    """Why the configured SQLite file cannot be where ``[database] url`` says (its directory is created when
+    missing), or ``None``."""
+    path = sqlite_file(settings.database.url)
+    return None if path is None else sqlite_location_problem(path)
+
+
+def file_location_problem(path: Path) -> str | None:
+    """Why a SQLite database cannot be kept at ``path`` (its directory is created when missing), or
+    ``None``."""
+    return sqlite_location_problem(path)
+
+
+def check_database_location(settings: Settings) -> None:
+    """:class:`InstallationError` (exit code 2) when the configured SQLite file cannot be where it is
+    configured."""
+    problem = database_location_problem(settings)
+    if problem is not None:
+        raise InstallationError(f"{settings.source or 'environment'}: [database] url: {problem}", 2)
+
+
+def _open(settings: Settings) -> Database:
+    check_database_location(settings)
+    try:
+        return open_database(settings.database.url)
+    except DatabaseError as exc:
+        raise InstallationError(f"database error: {exc.reason}") from None
+
+
+async def open_checked_database(settings: Settings) -> Database:
+    """The configured database, at the current migration; :class:`InstallationError` otherwise."""
+    database = _open(settings)
+    try:
+        mismatch = describe_mismatch(await current_revision(database))
+    except DatabaseError as exc:
+        await database.close()
+        raise InstallationError(f"database error: {exc.reason}") from None
+    if mismatch is not None:
+        await database.close()
+        raise InstallationError(mismatch)
+    return database
+
+
+async def upgrade_database(settings: Settings, revision: str = "head") -> tuple[str | None, str | None]:
+    """Create the schema or migrate it (``procurd db upgrade``); the revisions before and after."""
+    from procurd.db import migrate  # Alembic is loaded only here
+
+    database = _open(settings)
+    try:
+        return await migrate.upgrade(database, revision)
+    except DatabaseError as exc:
+        raise InstallationError(f"database error: {exc.reason}") from None
+    finally:
+        await database.close()
+
+
+@dataclass(frozen=True, slots=True)
+class DatabaseCheck:
+    """What ``procurd doctor`` finds of the database."""
+
+    ok: bool
+    detail: str
+    fix: str = ""
+
+
+async def check_database(settings: Settings) -> DatabaseCheck:
+    """Whether the database can be reached and is at the revision this version needs."""
+    fix = "check [database] url, and that the database server runs and accepts procurd"
+    try:
+        database = _open(settings)
+    except InstallationError as exc:
+        return DatabaseCheck(False, exc.message, "correct [database] url" if exc.exit_code == 2 else fix)
+    try:
+        current = await current_revision(database)
+    except DatabaseError as exc:
+        return DatabaseCheck(False, f"cannot be used: {exc.reason}", fix)
+    finally:
+        await database.close()
+    if current != HEAD_REVISION:
+        state = "empty" if current is None else f"at revision {current}"
+        return DatabaseCheck(
+            False, f"{state}; this version needs revision {HEAD_REVISION}", "run `procurd db upgrade`"
+        )
+    return DatabaseCheck(True, f"reachable, at the current revision {HEAD_REVISION}")
+
+
+async def deliver_due_alerts(runtime: Runtime, seconds: float = ALERT_DELIVERY_SECONDS) -> None:
+    """Send the alerts that are due now to every ``[alerts] urls`` entry, for ``seconds`` at most (what a
+    command raised is then on its way before the command ends; what is left, the daemon sends)."""
+    if not runtime.alerts.delivering:
+        return
+    dispatcher = AlertDispatcher(runtime.alerts, runtime.instance)
+    deadline = time.monotonic() + seconds
+    try:
+        async with asyncio.timeout(seconds):
+            while time.monotonic() < deadline:
+                due_in = await dispatcher.step()
+                if due_in is None or due_in > 0:
+                    return
+    except TimeoutError:
+        log.warning("alerts.delivery_cut_short", seconds=seconds)

@@ -1,0 +1,205 @@
+"""Operations on orders and the exception queue: intake, upstream-first cancel, a person's retry and
+resolve, bulk retry. Each goes through the procurement service (the one state path) with the source that
+records who acted (``intake`` for intake, ``admin`` for a person, whatever door they used)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import structlog
+
+from procurd.core.exact import loads_exact
+from procurd.core.intake import CONFLICTS, MALFORMED, IntakeError, parse_order_request
+from procurd.core.json_limits import json_problem, text_problem
+from procurd.core.numbers import MAX_ID, ORDER_NO_PATTERN
+from procurd.core.procurement import NotAllowed, Resolve, Retry, Source
+from procurd.core.refusals import Refused
+from procurd.procurement import cancel
+from procurd.procurement.service import DEFAULT_BULK_RETRY, MAX_BULK_RETRY, BulkRetry, IntakeResult
+from procurd.runtime import Runtime
+
+log = structlog.get_logger("procurd.orders")
+
+MAX_NOTE_CHARS = 4000
+
+__all__ = ["DEFAULT_BULK_RETRY", "MAX_BULK_RETRY", "BulkRetry", "IntakeResult", "OrderOperations"]
+
+
+def decode_json(raw: bytes) -> Any:
+    """A request body as JSON with every fractional number an exact ``Decimal``; 400 ``invalid_json``
+    otherwise, and 400 ``invalid_request`` for JSON that cannot be stored (a NUL, an unpaired surrogate,
+    deep nesting)."""
+    try:
+        body = loads_exact(raw)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise Refused(400, "invalid_json", "the body is not valid JSON") from None
+    problem = json_problem(body)
+    if problem is not None:
+        raise Refused(400, "invalid_request", f"the body cannot be accepted: {problem}")
+    return body
+
+
+def intake_refusal(exc: IntakeError) -> Refused:
+    """400 for a malformed request, 409 for one that collides with an earlier order, 422 otherwise."""
+    status = 400 if exc.code in MALFORMED else 409 if exc.code in CONFLICTS else 422
+    extra = {"details": exc.details} if exc.details else {}
+    return Refused(status, exc.code, exc.message, **extra)
+
+
+def order_not_found(order_no: str) -> Refused:
+    return Refused(404, "order_not_found", f"no order {order_no!r}")
+
+
+def check_order_no(order_no: str) -> str:
+    """An order number; one that no order can have is answered 404 without asking the database."""
+    if not ORDER_NO_PATTERN.fullmatch(order_no):
+        raise order_not_found(order_no)
+    return order_no
+
+
+def check_procurement_id(value: int) -> int:
+    if not 0 < value <= MAX_ID:
+        raise Refused(404, "procurement_not_found", f"no procurement {value}")
+    return value
+
+
+def check_note(note: Any, *, required: bool) -> str | None:
+    """A person's note: stripped, ``None`` when empty and optional; 400 ``note_required`` when required and
+    missing, 400 ``invalid_request`` when too long or not storable text."""
+    if note is None and not required:
+        return None
+    if not isinstance(note, str) or (required and not note.strip()):
+        raise Refused(400, "note_required", "note must be a non-empty string")
+    if len(note) > MAX_NOTE_CHARS:
+        raise Refused(400, "invalid_request", f"note is longer than {MAX_NOTE_CHARS} characters")
+    problem = text_problem(note)
+    if problem is not None:
+        raise Refused(400, "invalid_request", f"note {problem}")
+    return note.strip() or None
+
+
+def check_bulk_limit(limit: Any) -> int:
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_BULK_RETRY:
+        raise Refused(400, "invalid_request", f"limit must be an integer from 1 to {MAX_BULK_RETRY}")
+    return limit
+
+
+class OrderOperations:
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+
+    async def submit(self, body: Mapping[str, Any]) -> IntakeResult:
+        """Accept a locally paid order for procurement (queued for the submitters; nothing is bought here).
+        A repeat of the same body answers the existing order; the same number with another body is refused
+        409 ``order_conflict``."""
+        try:
+            result = await self.runtime.service.submit(parse_order_request(dict(body)))
+        except IntakeError as exc:
+            raise intake_refusal(exc) from None
+        if result.created:
+            self.runtime.metrics.orders_accepted.inc()
+        return result
+
+    async def submit_json(self, raw: bytes) -> IntakeResult:
+        """:meth:`submit` of a raw JSON request body."""
+        body = decode_json(raw)
+        if not isinstance(body, dict):
+            raise Refused(400, "invalid_request", "the body must be a JSON object")
+        return await self.submit(body)
+
+    async def view(self, order_no: str) -> dict[str, Any]:
+        """The order view; 404 ``order_not_found``."""
+        view = await self.runtime.service.order(check_order_no(order_no))
+        if view is None:
+            raise order_not_found(order_no)
+        return view
+
+    async def audit(self, order_no: str) -> list[dict[str, Any]]:
+        return await self.runtime.service.audit(order_no)
+
+    async def cancel(self, order_no: str) -> dict[str, Any]:
+        """Upstream-first cancel of the whole order; its order view, or 409 ``cancel_not_allowed`` with the
+        reason of each item (``items``)."""
+        runtime = self.runtime
+        check_order_no(order_no)
+        try:
+            view = await cancel.cancel_order(runtime.service, order_no, runtime.cancel_upstream)
+        except cancel.OrderNotFound:
+            raise order_not_found(order_no) from None
+        except cancel.CancelDenied as exc:
+            items = [
+                {"procurement_id": item.procurement_id or None,
+                 "downstream_order_no": item.downstream_order_no, "reason": item.reason}
+                for item in exc.items
+            ]  # fmt: skip
+            log.info("order.cancel_denied", order_no=order_no, reasons=[item["reason"] for item in items])
+            raise Refused(
+                409, "cancel_not_allowed", f"order {order_no} cannot be canceled: {exc}", items=items
+            ) from None
+        log.info("order.canceled", order_no=order_no)
+        return view
+
+    async def retry(self, procurement_id: int, note: Any = None) -> dict[str, Any]:
+        """Send an exception's procurement again (under a new number once the upstream canceled the old);
+        ``note`` (optional) is checked as :func:`check_note` says."""
+        return await self._handle(procurement_id, Retry(check_note(note, required=False)))
+
+    async def resolve(self, procurement_id: int, note: Any) -> dict[str, Any]:
+        """Close an exception by hand, with a note for the audit trail (required, checked as
+        :func:`check_note` says)."""
+        checked = check_note(note, required=True)
+        assert checked is not None
+        return await self._handle(procurement_id, Resolve(checked))
+
+    async def _handle(self, procurement_id: int, event: Retry | Resolve) -> dict[str, Any]:
+        """The procurement and its order after a person's action, as the JSON API answers them; 409 with the
+        refusal's code when the action does not apply, 404 when there is no such procurement."""
+        service = self.runtime.service
+        check_procurement_id(procurement_id)
+        try:
+            applied = await service.apply(procurement_id, event, Source.ADMIN)
+        except NotAllowed as exc:
+            raise Refused(409, exc.code, exc.message) from None
+        if applied is None:
+            raise Refused(404, "procurement_not_found", f"no procurement {procurement_id}")
+        log.info("exception.handled", procurement_id=procurement_id, action=applied.decision.event)
+        return {
+            "procurement": await service.procurement(procurement_id),
+            "order": await service.order(applied.procurement.order_no),
+        }
+
+    async def retry_exceptions(
+        self,
+        *,
+        upstream: str | None = None,
+        reason: str | None = None,
+        everything: bool = False,
+        note: Any = None,
+        limit: Any = DEFAULT_BULK_RETRY,
+    ) -> BulkRetry:
+        """Send many exceptions again, oldest first: those of a reason or an upstream procurd knows, or
+        every one (``everything``); ``note`` and ``limit`` are checked as given."""
+        if reason is None and upstream is None and not everything:
+            raise Refused(
+                422,
+                "filter_required",
+                'name a reason or an upstream, or send "all": true for every exception',
+            )
+        await self.check_filters(upstream, reason)
+        return await self.runtime.service.retry_exceptions(
+            upstream, reason, check_note(note, required=False), check_bulk_limit(limit)
+        )
+
+    async def exceptions(
+        self, upstream: str | None, reason: str | None, page: int, page_size: int
+    ) -> tuple[int, list[dict[str, Any]]]:
+        """A page of the exception queue, filtered by an upstream and a reason procurd knows."""
+        await self.check_filters(upstream, reason)
+        return await self.runtime.service.exceptions(upstream, reason, page, page_size)
+
+    async def check_filters(self, upstream: str | None, reason: str | None) -> None:
+        """A filter naming no upstream or reason procurd knows is a typo: 400 naming the known values."""
+        problem = await self.runtime.service.filter_problem(upstream, reason)
+        if problem is not None:
+            raise Refused(400, *problem)

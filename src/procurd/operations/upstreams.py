@@ -1,0 +1,54 @@
+"""Operations that ask an upstream about itself or its orders: a ping, a reconciliation pass.
+
+A ping from the command line, the daemon's schedule or ``procurd doctor`` is the same signed request through
+the same budget, and records the same health row and alerts (``low_balance``).
+"""
+
+from __future__ import annotations
+
+from procurd.reconcile import ReconcileReport, finding_view, reconcile
+from procurd.runtime import Runtime
+from procurd.status import ping_upstream
+from procurd.upstream.errors import AuthError, UpstreamError
+from procurd.upstream.models import PingResult
+
+__all__ = [
+    "AuthError",
+    "PingResult",
+    "ReconcileReport",
+    "UpstreamError",
+    "UpstreamOperations",
+    "finding_view",
+]
+
+
+class UpstreamOperations:
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+
+    async def ping(self, upstream: str) -> PingResult | UpstreamError:
+        """Ping ``upstream`` now (signed, at ping priority in the shared budget) and record the outcome: the
+        health row, the balance, and alert ``low_balance`` when it is under the threshold."""
+        return await ping_upstream(self.runtime, upstream)
+
+    async def reconcile(
+        self,
+        *,
+        upstream: str | None = None,
+        window_seconds: float | None = None,
+        repair: bool | None = None,
+        trigger: str = "manual",
+    ) -> ReconcileReport:
+        """One reconciliation pass (``manual``: every procurement of the window that has an upstream order;
+        ``scheduled``: those not settled in agreement, and the settled ones once a day)."""
+        runtime = self.runtime
+        settings = runtime.settings.reconcile
+        return await reconcile(
+            runtime.service,
+            runtime.clients,
+            runtime.alerts,
+            upstream=upstream,
+            window_seconds=window_seconds or settings.window_seconds,
+            repair=settings.repair if repair is None else repair,
+            trigger=trigger,
+        )
