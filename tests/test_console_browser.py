@@ -173,6 +173,33 @@ async def test_sign_in_with_a_wrong_then_the_right_token_and_see_the_overview(
     assert console.errors == []
 
 
+async def test_an_empty_queue_says_so_once_and_the_overview_tells_the_mirror_from_the_last_pass(
+    console: Console,
+) -> None:
+    """With nothing open the exception queue says "No exceptions." once. After an incremental pass that
+    listed one changed product, the overview shows the mirror's totals and, apart, what that pass listed."""
+    page = console.page
+    await console.sign_in()
+    await page.goto(console.url("/ui/exceptions"))
+    await expect(page.get_by_text("No exceptions.")).to_have_count(1)
+
+    state = console.stack.sandbox.state
+    sku = state.product(console.product).skus[0]
+    state.set_sku_price(sku.id, "9.95")
+    report = await console.stack.sync("main")
+    assert (report.kind, report.products) == ("incremental", 1)
+    mirrored = state.active_products()
+    skus = sum(len(product.skus) for product in mirrored)
+    listed = len(state.product(console.product).skus)
+    await page.goto(console.url("/ui/"))
+    main = page.locator("#upstream-main")
+    await expect(main).to_contain_text(f"{len(mirrored)} products, {skus} SKUs")
+    await expect(main).to_contain_text(
+        f"this pass listed 1 product and {listed} SKU{'s' if listed > 1 else ''}"
+    )
+    assert console.errors == []
+
+
 async def test_exception_from_a_drained_wallet_is_retried_from_the_page_after_a_refill(
     console: Console,
 ) -> None:

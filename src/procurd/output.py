@@ -31,9 +31,11 @@ def echo(line: str = "") -> None:
 
 
 def count(number: int, noun: str) -> str:
-    """``1 exception``, ``2 exceptions``, ``0 exceptions``; ``2 mismatches``."""
+    """``1 exception``, ``2 exceptions``, ``0 exceptions``; ``2 mismatches``, ``2 categories``."""
     if number == 1:
         return f"{number} {noun}"
+    if noun.endswith("y") and noun[-2:-1] not in ("a", "e", "i", "o", "u"):
+        return f"{number} {noun[:-1]}ies"
     return f"{number} {noun}{'es' if noun.endswith(('s', 'x', 'ch', 'sh')) else 's'}"
 
 
@@ -227,6 +229,14 @@ def print_status(report: dict[str, Any]) -> None:
         echo("reconciliation: never run")
 
 
+def mirror_text(mirror: dict[str, int]) -> str:
+    """What the mirror holds of an upstream: its products, SKUs and categories still listed."""
+    return (
+        f"{count(mirror['products'], 'product')}, {count(mirror['skus'], 'SKU')}, "
+        f"{count(mirror['categories'], 'category')}"
+    )
+
+
 def _upstream_fields(upstream: dict[str, Any]) -> list[tuple[str, Any]]:
     ping = upstream["last_ping"]
     sync = upstream["last_sync"]
@@ -250,11 +260,15 @@ def _upstream_fields(upstream: dict[str, Any]) -> list[tuple[str, Any]]:
         fields.append(
             ("auth error", f"{auth['code']} {when(auth['at'])}: run `procurd ping` for what to check")
         )
+    mirror = upstream.get("mirror")
+    if mirror is not None:
+        fields.append(("mirror", mirror_text(mirror)))
     if sync["at"] is None:
         fields.append(("last sync", "never"))
     else:
-        sync_text = f"{sync['status']} {when(sync['at'])}: {count(sync['products'] or 0, 'product')}, "
-        sync_text += count(sync["skus"] or 0, "SKU")
+        kind = f" ({sync['kind']})" if sync.get("kind") else ""
+        listed = f"{count(sync['products'] or 0, 'product')} and {count(sync['skus'] or 0, 'SKU')} listed"
+        sync_text = f"{sync['status']}{kind} {when(sync['at'])}: {listed}"
         fields.append(("last sync", sync_text + (f" ({sync['error']})" if sync.get("error") else "")))
     queue = upstream["queue"]
     by_state = ", ".join(f"{state} {number}" for state, number in queue.items() if number)

@@ -45,6 +45,7 @@ class _Facts:
     instances: list[Instance]
     alerts_last_day: int
     last_reconcile: ReconcileRun | None
+    mirror: dict[str, dict[str, int]]
 
 
 def _facts(tx: Tx, upstreams: list[str], day_ago: datetime) -> _Facts:
@@ -63,6 +64,7 @@ def _facts(tx: Tx, upstreams: list[str], day_ago: datetime) -> _Facts:
         instances=tx.instances.all(),
         alerts_last_day=tx.alerts.count_since(day_ago),
         last_reconcile=tx.reconcile.last_finished(),
+        mirror=tx.mirror.totals(),
     )
 
 
@@ -81,6 +83,7 @@ async def status_report(runtime: Runtime) -> dict[str, Any]:
         status["callbacks"]["accepted"] += accepted
         status["callbacks"]["rejected"] += rejected
         status["exceptions_by_reason"] = facts.exceptions.get(upstream.name, {})
+        status["mirror"] = facts.mirror.get(upstream.name, {"categories": 0, "products": 0, "skus": 0})
         upstreams.append(status)
     events_pending = facts.events_pending
     stale_before = now - timedelta(seconds=ALIVE_BEATS * runtime.settings.server.heartbeat_seconds)

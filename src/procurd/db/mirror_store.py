@@ -583,6 +583,21 @@ class MirrorStore:
             statement = statement.where(mirror_skus.c.upstream == upstream)
         return list(self.connection.execute(statement).mappings())
 
+    def totals(self) -> dict[str, dict[str, int]]:
+        """Per upstream, the categories, products and SKUs the mirror holds that the upstream still lists
+        (inactive ones included)."""
+        totals: dict[str, dict[str, int]] = {}
+        tables = (("categories", mirror_categories), ("products", mirror_products), ("skus", mirror_skus))
+        for name, table in tables:
+            statement = (
+                select(table.c.upstream, func.count())
+                .where(table.c.removed_at.is_(None))
+                .group_by(table.c.upstream)
+            )
+            for upstream, number in self.connection.execute(statement):
+                totals.setdefault(upstream, {"categories": 0, "products": 0, "skus": 0})[name] = int(number)
+        return totals
+
     def product_ids(self, upstream: str) -> list[int]:
         statement = select(mirror_products.c.id).where(mirror_products.c.upstream == upstream)
         return list(self.connection.execute(statement).scalars())
