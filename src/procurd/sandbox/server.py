@@ -9,7 +9,7 @@ from types import TracebackType
 import structlog
 from aiohttp import web
 
-from procurd.sandbox.api import API_PREFIX, SignedApi
+from procurd.sandbox.api import API_PREFIX, signed_api
 from procurd.sandbox.config import SandboxConfig
 from procurd.sandbox.control import add_control_routes
 from procurd.sandbox.site import SandboxSite
@@ -52,7 +52,7 @@ class Sandbox(SandboxSite):
 
     def build_app(self) -> web.Application:
         app = web.Application()
-        app.router.add_route("*", API_PREFIX + "{tail:(/.*)?}", SignedApi(self).dispatch)
+        app.router.add_route("*", API_PREFIX + "{tail:(/.*)?}", signed_api(self).dispatch)
         add_control_routes(app, self)
         return app
 

@@ -9,10 +9,11 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
-from typing import Any, TypeGuard
+from typing import Any
 from urllib.parse import urlsplit
 
 from procurd.config import private_url_reason
+from procurd.protocol import OrderSubmission, ProtocolError, bad_request
 from procurd.sandbox.catalog import (
     SKU,
     UNLIMITED,
@@ -47,27 +48,9 @@ MEMBER_LEVEL = {
 }
 
 
-class ApiError(Exception):
-    """A failure answer of the signed API: HTTP status, ``error_code`` and ``error_message``."""
-
-    def __init__(self, status: int, code: str, message: str, extra: Mapping[str, Any] | None = None) -> None:
-        super().__init__(f"{code}: {message}")
-        self.status = status
-        self.code = code
-        self.message = message
-        self.extra = dict(extra or {})
-
-    def body(self) -> dict[str, Any]:
-        return {"ok": False, **self.extra, "error_code": self.code, "error_message": self.message}
-
-
 class SandboxStateError(ValueError):
     """A test or operator asked the sandbox for a change its orders cannot make (for example completing
     an order that was never delivered)."""
-
-
-def bad_request(message: str) -> ApiError:
-    return ApiError(400, "bad_request", message)
 
 
 @dataclass
@@ -222,19 +205,6 @@ class CreateResult:
     @property
     def payment_failed(self) -> bool:
         return self.created and self.order.status == "canceled"
-
-
-def _is_int(value: Any) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _optional_text(body: Mapping[str, Any], key: str) -> str | None:
-    value = body.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise bad_request(f"{key} must be a string")
-    return value
 
 
 def _decimal(value: Decimal | str | int) -> Decimal:
@@ -508,7 +478,7 @@ class SandboxState:
         """The caller's own order, or ``order_not_found`` (another key's order is not found either)."""
         order = self.orders.get(order_id)
         if order is None or order.api_key != api_key:
-            raise ApiError(404, "order_not_found", "order not found")
+            raise ProtocolError(404, "order_not_found", "order not found")
         return order
 
     def callback_url_problem(self, url: str) -> str | None:
@@ -523,37 +493,46 @@ class SandboxState:
             return None
         return private_url_reason(url)
 
-    def create_order(self, api_key: str, body: Any, flags: NewOrderFlags = NewOrderFlags()) -> CreateResult:
+    def existing_order(self, api_key: str, downstream_order_no: str) -> SandboxOrder | None:
+        """The order a repeated POST /orders answers: the key's earlier one under that number."""
+        existing = self._order_index.get((api_key, downstream_order_no))
+        return None if existing is None else self.orders[existing]
+
+    def create_order(
+        self, api_key: str, submission: OrderSubmission, flags: NewOrderFlags = NewOrderFlags()
+    ) -> CreateResult:
         """POST /orders: idempotency, then validation in the real site's order, then the wallet."""
-        if not isinstance(body, dict):
-            raise bad_request("the body must be a JSON object")
         user = self.users[api_key]
-        downstream_no = _optional_text(body, "downstream_order_no")
+        downstream_no = submission.downstream_order_no
         if downstream_no:
-            existing = self._order_index.get((api_key, downstream_no))
+            existing = self.existing_order(api_key, downstream_no)
             if existing is not None:
-                return CreateResult(self.orders[existing], created=False)
-        sku_id = body.get("sku_id")
-        if not _is_int(sku_id):
-            raise bad_request("sku_id is required and must be an integer")
-        sku = self.skus.get(sku_id)
+                return CreateResult(existing, created=False)
+        sku = self.skus.get(submission.sku_id)
         product = self.visible_product(sku.product_id) if sku is not None else None
         if sku is None or product is None or not sku.is_active:
-            raise ApiError(400, "sku_unavailable", "sku is missing or inactive")
+            raise ProtocolError(400, "sku_unavailable", "sku is missing or inactive")
         if not product.is_active:
-            raise ApiError(400, "product_unavailable", "product is inactive or unavailable")
-        quantity, form, trace_id, callback_url = self._order_fields(body, product)
+            raise ProtocolError(400, "product_unavailable", "product is inactive or unavailable")
+        quantity, form = submission.quantity, submission.manual_form_data
+        if product.is_manual:
+            missing = self._missing_form_fields(product, form)
+            if missing:
+                raise bad_request(f"manual_form_data is required for this product: missing {missing}")
+        callback_url = submission.callback_url
         if callback_url:
             problem = self.callback_url_problem(callback_url)
             if problem is not None:
-                raise ApiError(400, "invalid_callback_url", f"callback_url is not allowed: {problem}")
+                raise ProtocolError(400, "invalid_callback_url", f"callback_url is not allowed: {problem}")
         if not sku.in_stock(quantity):
-            raise ApiError(409, "insufficient_stock", "stock is too low for this quantity")
+            raise ProtocolError(409, "insufficient_stock", "stock is too low for this quantity")
         amount = sku.unit_price * quantity
         short = user.balance < amount
         if short and not flags.pending_payment and self.config.balance_failure == "insufficient_balance":
-            raise ApiError(402, "insufficient_balance", "wallet balance is too low")
-        order = self._new_order(user, product, sku, quantity, amount, downstream_no, trace_id, callback_url)
+            raise ProtocolError(402, "insufficient_balance", "wallet balance is too low")
+        order = self._new_order(
+            user, product, sku, quantity, amount, downstream_no, submission.trace_id, callback_url
+        )
         order.manual_form_data = form
         if flags.pending_payment:
             order.status = "pending_payment"
@@ -567,23 +546,6 @@ class SandboxState:
         return CreateResult(
             order, created=True, used_pending_payment=flags.pending_payment, used_hold_delivery=used_hold
         )
-
-    def _order_fields(
-        self, body: Mapping[str, Any], product: Product
-    ) -> tuple[int, dict[str, Any] | None, str | None, str | None]:
-        quantity = body.get("quantity")
-        if not _is_int(quantity) or quantity < 1:
-            raise bad_request("quantity is required and must be an integer of at least 1")
-        form = body.get("manual_form_data")
-        if form is not None and not isinstance(form, dict):
-            raise bad_request("manual_form_data must be an object")
-        if product.is_manual:
-            missing = self._missing_form_fields(product, form)
-            if missing:
-                raise bad_request(f"manual_form_data is required for this product: missing {missing}")
-        trace_id = _optional_text(body, "trace_id")
-        callback_url = _optional_text(body, "callback_url")
-        return quantity, form, trace_id, callback_url
 
     @staticmethod
     def _missing_form_fields(product: Product, form: Mapping[str, Any] | None) -> str:
@@ -671,7 +633,9 @@ class SandboxState:
         """POST /orders/:id/cancel: only ``pending_payment`` orders can be canceled."""
         order = self.find_order(api_key, order_id)
         if order.status != "pending_payment":
-            raise ApiError(409, "cancel_not_allowed", f"an order in status {order.status} cannot be canceled")
+            raise ProtocolError(
+                409, "cancel_not_allowed", f"an order in status {order.status} cannot be canceled"
+            )
         self._release_stock(order)
         self._touch(order, "canceled")
         return order
