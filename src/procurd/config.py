@@ -297,6 +297,59 @@ class RetentionSettings(_Section):
     alerts_days: NonNegativeDays = 90
 
 
+class ProviderLevelSettings(_Section):
+    """One ``[[provider.levels]]`` block: a price tier an account may have (seed 000's member level)."""
+
+    slug: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    name: dict[str, str] = Field(default_factory=dict)
+    icon: str = ""
+    discount_percent: ConfigDecimal = "0"
+
+    def discount(self) -> Decimal:
+        """The discount as a percentage from 0 (inclusive) to 100 (exclusive)."""
+        try:
+            percent = parse_amount("discount_percent", self.discount_percent)
+        except RuleError as exc:
+            raise ValueError(str(exc)) from None
+        if not 0 <= percent < 100:
+            raise ValueError("discount_percent: must be from 0 to below 100")
+        return percent
+
+    @model_validator(mode="after")
+    def _usable(self) -> ProviderLevelSettings:
+        self.discount()
+        return self
+
+
+class ProviderSettings(_Section):
+    """``[provider]``: procurd as the upstream of other sites (the seed 000 API on the public listener)."""
+
+    enabled: bool = False
+    upstreams: list[str] = Field(default_factory=list)  # [] = every configured upstream
+    site_name: str = Field(default="procurd", min_length=1, max_length=255)
+    currency: str = Field(default="CNY", pattern=r"^[A-Z]{3}$")
+    header_prefix: str = Field(default="Service", pattern=r"^[A-Za-z0-9][A-Za-z0-9-]*$")
+    rate_limit_per_minute: int = Field(default=60, ge=1, le=100_000)
+    rate_limit_block_seconds: PositiveSeconds = 30
+    allow_private_callback_url: bool = False
+    low_balance_threshold: Annotated[str, AfterValidator(_optional_amount)] = ""
+    callback_give_up_seconds: PositiveSeconds = 86400
+    levels: list[ProviderLevelSettings] = Field(default_factory=list)
+
+    @field_validator("levels")
+    @classmethod
+    def _unique_slugs(cls, value: list[ProviderLevelSettings]) -> list[ProviderLevelSettings]:
+        slugs = [level.slug for level in value]
+        for slug in slugs:
+            if slugs.count(slug) > 1:
+                raise ValueError(f"level slug {slug!r} is used more than once")
+        return value
+
+    def level(self, slug: str | None) -> ProviderLevelSettings | None:
+        """The level ``slug`` names; ``None`` for no level, or one that is no longer configured."""
+        return next((level for level in self.levels if level.slug == slug), None)
+
+
 class LoggingSettings(_Section):
     level: Literal["debug", "info", "warning", "error", "critical"] = "info"
     format: Literal["json", "console", "auto"] = "auto"
@@ -322,6 +375,7 @@ class Settings(BaseSettings):
     reconcile: ReconcileSettings = Field(default_factory=ReconcileSettings)
     retention: RetentionSettings = Field(default_factory=RetentionSettings)
     pricing: PricingSettings = Field(default_factory=PricingSettings)
+    provider: ProviderSettings = Field(default_factory=ProviderSettings)
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
 
     @field_validator("upstreams")
@@ -335,6 +389,21 @@ class Settings(BaseSettings):
         if len(set(keys)) != len(keys):
             raise ValueError("two upstreams share one api_key: callbacks could not be routed")
         return value
+
+    @model_validator(mode="after")
+    def _provider_offers_configured_upstreams(self) -> Settings:
+        names = [upstream.name for upstream in self.upstreams]
+        unknown = [name for name in self.provider.upstreams if name not in names]
+        if unknown:
+            raise ValueError(
+                f"[provider] upstreams: {unknown[0]!r} is not a configured upstream (configured: {', '.join(names)})"
+            )
+        return self
+
+    def offered_upstreams(self) -> list[str]:
+        """The upstreams whose mirrors the provider offers, in the order they are configured."""
+        chosen = self.provider.upstreams
+        return [upstream.name for upstream in self.upstreams if not chosen or upstream.name in chosen]
 
     @classmethod
     def settings_customise_sources(

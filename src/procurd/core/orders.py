@@ -22,6 +22,7 @@ class Order:
     exception: bool
     created_at: datetime
     updated_at: datetime
+    provider: bool = False  # taken in from a downstream site: a provider order follows it
 
 
 OrderStatus = tuple[str, bool]

@@ -139,6 +139,7 @@ def to_order(row: RowMapping) -> Order:
         exception=bool(row["exception"]),
         created_at=row["created_at"],
         updated_at=row["updated_at"],
+        provider=bool(row["provider"]),
     )
 
 
@@ -164,6 +165,7 @@ _ORDER_COLUMNS = (
     orders.c.fingerprint,
     orders.c.status,
     orders.c.exception,
+    orders.c.provider,
     orders.c.created_at,
     orders.c.updated_at,
 )

@@ -14,7 +14,9 @@ from procurd.db.instance_store import InstanceStore
 from procurd.db.leases import LeaseStore
 from procurd.db.mirror_store import MirrorStore
 from procurd.db.offer_store import OfferStore
+from procurd.db.offered_store import OfferedStore
 from procurd.db.procurement_store import ProcurementStore
+from procurd.db.provider_store import ProviderStore
 from procurd.db.rate_budget import RateBudgetStore, rate_budget_store
 from procurd.db.reconcile_store import ReconcileStore
 from procurd.db.retention_store import RetentionStore
@@ -74,3 +76,11 @@ class Tx:
     @cached_property
     def rate_budget(self) -> RateBudgetStore:
         return rate_budget_store(self.connection)
+
+    @cached_property
+    def provider(self) -> ProviderStore:
+        return ProviderStore(self.connection)
+
+    @cached_property
+    def offered(self) -> OfferedStore:
+        return OfferedStore(self.connection)

@@ -47,10 +47,12 @@ from procurd.core.procurement import (
     SourceRef,
     UpstreamReport,
 )
+from procurd.core.provider import ProviderIntake, ProviderOrder
 from procurd.core.sources import default_limit, first_available, offer_limits
 from procurd.db.offer_store import Offer
 from procurd.db.procurement_store import AuditRow
 from procurd.db.stores import Tx
+from procurd.procurement.provider_orders import ProviderBatch
 
 ACCEPTED: OrderStatus = ("paid", False)  # an order as intake first records it
 
@@ -68,10 +70,12 @@ class ReportRejected(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Intake:
-    """Take in a paid order (its items' upstreams already filled in)."""
+    """Take in a paid order (its items' upstreams already filled in); with ``provider``, a downstream
+    site's order, charged to its wallet in the same transaction."""
 
     request: OrderRequest
     fingerprint: str
+    provider: ProviderIntake | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,8 +163,9 @@ class Applied:
 @dataclass(frozen=True, slots=True)
 class IntakeResult:
     created: bool
-    order: dict[str, Any]
+    order: dict[str, Any]  # the local order's view ({} for a provider order its wallet could not pay)
     admitted: tuple[Applied, ...] = ()
+    provider: ProviderOrder | None = None  # a provider intake's order (new, or the one it repeats)
 
 
 Result = IntakeResult | Applied | list[Applied] | list[Procurement] | None
@@ -217,6 +222,8 @@ class _Batch:
     events: list[_Event] = field(default_factory=list)
     requests: dict[str, Mapping[str, Any]] = field(default_factory=dict)
     exceptions_opened: list[tuple[Key, ExceptionOpened]] = field(default_factory=list)
+    provider: ProviderBatch = field(default_factory=ProviderBatch)
+    provider_ids: dict[str, int] = field(default_factory=dict)  # new provider orders' ids, once flushed
 
 
 def apply_batch(tx: Tx, commands: Sequence[Command], rules: Rules) -> list[Result | Exception]:
@@ -258,6 +265,8 @@ def apply_batch(tx: Tx, commands: Sequence[Command], rules: Rules) -> list[Resul
         wanted.update(claimed.values())
     batch.orders = store.lock_orders(wanted)
     batch.items = store.items_of(batch.orders)
+    provider_intakes = [intake.provider for intake in intakes if intake.provider is not None]
+    batch.provider = ProviderBatch.load(tx, batch.orders, provider_intakes)
     # A claim checks the cost (and an offer every source) against the mirror as it is now.
     claimed_keys = [
         key
@@ -404,12 +413,61 @@ def _intake(
 ) -> Callable[[dict[Key, int]], Result]:
     request = command.request
     order_no = request.order_no
+    provider = command.provider
+    if provider is not None:
+        repeated = batch.provider.existing(provider)
+        if repeated is not None:
+            return lambda ids: IntakeResult(False, {}, provider=_provider_with_id(batch, repeated))
     existing = batch.orders.get(order_no) or batch.new_orders.get(order_no)
     if existing is not None:
         if existing.fingerprint != command.fingerprint:
             raise IntakeError("order_conflict", f"order {order_no} exists with a different body")
         items = tuple(batch.items.get(order_no, ()))
         return lambda ids: IntakeResult(False, order_view(existing, _with_ids(items, ids)))
+    steps = _admissions(batch, request, numbers, skus, offers)
+    if provider is not None and not batch.provider.can_pay(provider):
+        refused = batch.provider.record(provider, batch.now, paid=False)
+        return lambda ids: IntakeResult(True, {}, provider=_provider_with_id(batch, refused))
+    order = Order(
+        order_no=order_no,
+        trace_id=request.trace_id,
+        fingerprint=command.fingerprint,
+        status=ACCEPTED[0],
+        exception=ACCEPTED[1],
+        created_at=batch.now,
+        updated_at=batch.now,
+        provider=provider is not None,
+    )
+    batch.new_orders[order_no] = order
+    batch.requests[order_no] = request.canonical()
+    batch.orders[order_no] = order
+    batch.items[order_no] = []
+    charged = None if provider is None else batch.provider.record(provider, batch.now, paid=True)
+    admitted = _apply(batch, steps, Source.INTAKE)
+    return lambda ids: IntakeResult(
+        True,
+        order_view(batch.orders[order_no], _with_ids(tuple(batch.items[order_no]), ids)),
+        tuple(_with_id(applied, ids) for applied in admitted),
+        None if charged is None else _provider_with_id(batch, charged),
+    )
+
+
+def _provider_with_id(batch: _Batch, order: ProviderOrder) -> ProviderOrder:
+    """A provider order as the batch left it, with its id once the batch wrote it."""
+    current = batch.provider.orders.get(order.order_no, order)
+    return current if current.id else replace(current, id=batch.provider_ids[current.order_no])
+
+
+def _admissions(
+    batch: _Batch,
+    request: OrderRequest,
+    numbers: Mapping[tuple[str, str], Any],
+    skus: Mapping[tuple[str, int], MirroredSku],
+    offers: Mapping[str, Offer],
+) -> list[tuple[None, Event]]:
+    """Each item's first event, once every item is found buyable as asked (:class:`IntakeError` when one
+    is not: nothing is written)."""
+    order_no = request.order_no
     steps: list[tuple[None, Event]] = []
     for position, item in enumerate(request.items):
         number = item_number(order_no, position)
@@ -452,25 +510,7 @@ def _intake(
             offer_code=item.offer,
         )
         steps.append((None, admit))
-    order = Order(
-        order_no=order_no,
-        trace_id=request.trace_id,
-        fingerprint=command.fingerprint,
-        status=ACCEPTED[0],
-        exception=ACCEPTED[1],
-        created_at=batch.now,
-        updated_at=batch.now,
-    )
-    batch.new_orders[order_no] = order
-    batch.requests[order_no] = request.canonical()
-    batch.orders[order_no] = order
-    batch.items[order_no] = []
-    admitted = _apply(batch, steps, Source.INTAKE)
-    return lambda ids: IntakeResult(
-        True,
-        order_view(batch.orders[order_no], _with_ids(tuple(batch.items[order_no]), ids)),
-        tuple(_with_id(applied, ids) for applied in admitted),
-    )
+    return steps
 
 
 def _sku_source(
@@ -542,6 +582,8 @@ def _apply(batch: _Batch, steps: Sequence[tuple[Procurement | None, Event]], sou
                 batch.exceptions_opened.append((key, effect))
     for order_no in touched:
         _refresh_order(batch, order_no)
+        if batch.orders[order_no].provider:
+            batch.provider.follow(order_no, batch.items[order_no], batch.now)
     return results
 
 
@@ -577,10 +619,12 @@ def _flush(batch: _Batch) -> dict[Key, int]:
                 "exception": order.exception,
                 "created_at": order.created_at,
                 "updated_at": order.updated_at,
+                "provider": order.provider,
             }
             for order in batch.new_orders.values()
         ]
     )
+    batch.provider_ids = batch.provider.flush(batch.tx, batch.now)
     new = list(batch.inserted.values())
     ids = {_key(p): p.id for p in batch.updated.values()}
     ids.update(zip([_key(p) for p in new], store.insert_procurements(new), strict=True))

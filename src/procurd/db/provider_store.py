@@ -1,0 +1,546 @@
+"""Statements of the provider role's accounts, wallets, orders and callbacks.
+
+Wallet balances are integer cents, so that "never below zero" is a condition the database checks: a movement
+by hand is one conditional ``UPDATE ... RETURNING``; the state path locks the accounts a batch concerns (in
+id order, after the orders it locks) and writes the balances it decided.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    Connection,
+    RowMapping,
+    and_,
+    bindparam,
+    func,
+    insert,
+    or_,
+    select,
+    tuple_,
+    type_coerce,
+    update,
+)
+
+from procurd.core.provider import Account, ProviderOrder
+from procurd.db.schema import (
+    provider_accounts,
+    provider_callback_attempts,
+    provider_callbacks,
+    provider_ledger,
+    provider_orders,
+)
+
+
+def to_account(row: RowMapping) -> Account:
+    return Account(**{column.name: row[column.name] for column in provider_accounts.c})
+
+
+def to_order(row: RowMapping) -> ProviderOrder:
+    return ProviderOrder(**{column.name: row[column.name] for column in provider_orders.c})
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerEntry:
+    id: int
+    account_id: int
+    amount_cents: int
+    kind: str
+    order_id: int | None
+    note: str | None
+    balance_after_cents: int
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class CallbackDue:
+    """A provider order whose status is to be told to its downstream site, claimed by one dispatcher."""
+
+    order_id: int
+    account_id: int
+    status: str
+    attempts: int
+    first_attempt_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class CallbackState:
+    order_id: int
+    account_id: int
+    status: str
+    pending: bool
+    attempts: int
+    first_attempt_at: datetime | None
+    next_attempt_at: datetime | None
+    delivered_at: datetime | None
+    given_up_at: datetime | None
+    last_error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class CallbackAttempt:
+    at: datetime
+    status: str
+    http_status: int | None
+    ok: bool
+    message: str | None
+    replay: bool
+
+
+_UPDATE_ORDER = (
+    update(provider_orders)
+    .where(provider_orders.c.order_no == bindparam("b_order_no"))
+    .values(
+        status=bindparam("status"),
+        fulfillment=bindparam("fulfillment"),
+        refunded_cents=bindparam("refunded_cents"),
+        updated_at=bindparam("updated_at"),
+    )
+)
+_WRITE_BALANCE = (
+    update(provider_accounts)
+    .where(provider_accounts.c.id == bindparam("b_id"))
+    .values(balance_cents=bindparam("balance_cents"), updated_at=bindparam("updated_at"))
+)
+
+
+class ProviderStore:
+    def __init__(self, connection: Connection) -> None:
+        self.connection = connection
+
+    # --- accounts ------------------------------------------------------------------------------------------
+
+    def create_account(
+        self, name: str, api_key: str, api_secret: str, currency: str, now: datetime
+    ) -> Account:
+        row = (
+            self.connection.execute(
+                insert(provider_accounts)
+                .values(
+                    name=name,
+                    api_key=api_key,
+                    api_secret=api_secret,
+                    status="active",
+                    level=None,
+                    balance_cents=0,
+                    currency=currency,
+                    created_at=now,
+                    updated_at=now,
+                )
+                .returning(*provider_accounts.c)
+            )
+            .mappings()
+            .one()
+        )
+        return to_account(row)
+
+    def account(
+        self, *, name: str | None = None, api_key: str | None = None, id: int | None = None
+    ) -> Account | None:
+        if name is not None:
+            condition = provider_accounts.c.name == name
+        elif api_key is not None:
+            condition = provider_accounts.c.api_key == api_key
+        else:
+            condition = provider_accounts.c.id == id
+        row = self.connection.execute(select(provider_accounts).where(condition)).mappings().first()
+        return None if row is None else to_account(row)
+
+    def accounts(self) -> list[Account]:
+        rows = self.connection.execute(
+            select(provider_accounts).order_by(provider_accounts.c.name)
+        ).mappings()
+        return [to_account(row) for row in rows]
+
+    def order_counts(self) -> dict[int, dict[str, int]]:
+        """Per account, its orders by status."""
+        statement = select(provider_orders.c.account_id, provider_orders.c.status, func.count()).group_by(
+            provider_orders.c.account_id, provider_orders.c.status
+        )
+        counts: dict[int, dict[str, int]] = {}
+        for account_id, status, number in self.connection.execute(statement):
+            counts.setdefault(account_id, {})[status] = int(number)
+        return counts
+
+    def update_account(self, account_id: int, now: datetime, **values: Any) -> None:
+        self.connection.execute(
+            update(provider_accounts)
+            .where(provider_accounts.c.id == account_id)
+            .values(**values, updated_at=now)
+        )
+
+    def lock_accounts(self, ids: Iterable[int]) -> dict[int, Account]:
+        """The accounts, locked for this transaction in id order (the state path locks them after the
+        orders, so that two transactions never wait for each other)."""
+        wanted = sorted(set(ids))
+        if not wanted:
+            return {}
+        statement = (
+            select(provider_accounts)
+            .where(provider_accounts.c.id.in_(wanted))
+            .order_by(provider_accounts.c.id)
+            .with_for_update()
+        )
+        return {row["id"]: to_account(row) for row in self.connection.execute(statement).mappings()}
+
+    def move(
+        self,
+        account_id: int,
+        cents: int,
+        kind: str,
+        note: str | None,
+        now: datetime,
+        *,
+        order_id: int | None = None,
+    ) -> int | None:
+        """Add ``cents`` (negative: take) to the wallet unless that leaves it below zero, with its ledger row;
+        the balance after, or ``None`` when the wallet is short."""
+        balance = provider_accounts.c.balance_cents
+        after = self.connection.execute(
+            update(provider_accounts)
+            .where(provider_accounts.c.id == account_id, balance + cents >= 0)
+            .values(balance_cents=balance + cents, updated_at=now)
+            .returning(balance)
+        ).scalar_one_or_none()
+        if after is None:
+            return None
+        self.insert_ledger(
+            [
+                {"account_id": account_id, "amount_cents": cents, "kind": kind, "order_id": order_id,
+                 "note": note, "balance_after_cents": int(after), "created_at": now}
+            ]
+        )  # fmt: skip
+        return int(after)
+
+    def write_balances(self, balances: Mapping[int, int], now: datetime) -> None:
+        """Store balances the state path decided on accounts it holds locked."""
+        if balances:
+            self.connection.execute(
+                _WRITE_BALANCE,
+                [
+                    {"b_id": account_id, "balance_cents": cents, "updated_at": now}
+                    for account_id, cents in balances.items()
+                ],
+            )
+
+    def insert_ledger(self, rows: Sequence[Mapping[str, Any]]) -> None:
+        if rows:
+            self.connection.execute(insert(provider_ledger), list(rows))
+
+    def ledger(self, account_id: int, page: int, page_size: int) -> tuple[int, list[LedgerEntry]]:
+        """The account's wallet movements, the newest first."""
+        total = self.connection.execute(
+            select(func.count())
+            .select_from(provider_ledger)
+            .where(provider_ledger.c.account_id == account_id)
+        ).scalar_one()
+        rows = self.connection.execute(
+            select(provider_ledger)
+            .where(provider_ledger.c.account_id == account_id)
+            .order_by(provider_ledger.c.id.desc())
+            .limit(page_size)
+            .offset((page - 1) * page_size)
+        ).mappings()
+        return int(total), [
+            LedgerEntry(**{column.name: row[column.name] for column in provider_ledger.c}) for row in rows
+        ]
+
+    def ledger_totals(self) -> dict[int, int]:
+        """Per account, the sum of its ledger (what its balance must equal)."""
+        statement = select(provider_ledger.c.account_id, func.sum(provider_ledger.c.amount_cents)).group_by(
+            provider_ledger.c.account_id
+        )
+        return {int(account_id): int(total or 0) for account_id, total in self.connection.execute(statement)}
+
+    # --- orders --------------------------------------------------------------------------------------------
+
+    def orders_by_downstream(self, keys: Iterable[tuple[int, str]]) -> dict[tuple[int, str], ProviderOrder]:
+        wanted = sorted(set(keys))
+        if not wanted:
+            return {}
+        statement = select(provider_orders).where(
+            tuple_(provider_orders.c.account_id, provider_orders.c.downstream_order_no).in_(wanted)
+        )
+        rows = self.connection.execute(statement).mappings()
+        found = [to_order(row) for row in rows]
+        return {(order.account_id, order.downstream_order_no or ""): order for order in found}
+
+    def orders_by_no(self, order_nos: Iterable[str]) -> dict[str, ProviderOrder]:
+        wanted = sorted(set(order_nos))
+        if not wanted:
+            return {}
+        rows = self.connection.execute(select(provider_orders).where(provider_orders.c.order_no.in_(wanted)))
+        return {order.order_no: order for order in (to_order(row) for row in rows.mappings())}
+
+    def order(self, order_id: int, account_id: int | None = None) -> ProviderOrder | None:
+        conditions = [provider_orders.c.id == order_id]
+        if account_id is not None:
+            conditions.append(provider_orders.c.account_id == account_id)
+        row = self.connection.execute(select(provider_orders).where(*conditions)).mappings().first()
+        return None if row is None else to_order(row)
+
+    def orders(
+        self, account_id: int | None, status: str | None, page: int, page_size: int
+    ) -> tuple[int, list[ProviderOrder]]:
+        """Orders, the newest first (of one account, of one status)."""
+        conditions = []
+        if account_id is not None:
+            conditions.append(provider_orders.c.account_id == account_id)
+        if status is not None:
+            conditions.append(provider_orders.c.status == status)
+        total = self.connection.execute(
+            select(func.count()).select_from(provider_orders).where(*conditions)
+        ).scalar_one()
+        rows = self.connection.execute(
+            select(provider_orders)
+            .where(*conditions)
+            .order_by(provider_orders.c.id.desc())
+            .limit(page_size)
+            .offset((page - 1) * page_size)
+        ).mappings()
+        return int(total), [to_order(row) for row in rows]
+
+    def insert_orders(self, rows: Sequence[Mapping[str, Any]]) -> list[int]:
+        """Insert new provider orders; their ids, in the order given."""
+        ids = []
+        for row in rows:  # one by one: RETURNING with executemany is not on every driver
+            ids.append(
+                int(
+                    self.connection.execute(
+                        insert(provider_orders).values(**row).returning(provider_orders.c.id)
+                    ).scalar_one()
+                )
+            )
+        return ids
+
+    def update_orders(self, rows: Sequence[Mapping[str, Any]]) -> None:
+        if rows:
+            self.connection.execute(_UPDATE_ORDER, list(rows))
+
+    def status_counts(self) -> dict[str, int]:
+        statement = select(provider_orders.c.status, func.count()).group_by(provider_orders.c.status)
+        return {status: int(number) for status, number in self.connection.execute(statement)}
+
+    # --- callbacks ------------------------------------------------------------------------------------------
+
+    def tell(self, order_ids_and_accounts: Sequence[tuple[int, int, str]], now: datetime) -> None:
+        """A new status for each ``(order_id, account_id, status)`` to tell: pending from now, its tries
+        counted afresh (a status not yet told is replaced by the newer one)."""
+        if not order_ids_and_accounts:
+            return
+        wanted = sorted({order_id for order_id, _, _ in order_ids_and_accounts})
+        known = set(
+            self.connection.execute(
+                select(provider_callbacks.c.order_id).where(provider_callbacks.c.order_id.in_(wanted))
+            ).scalars()
+        )
+        fresh = {
+            "pending": True, "attempts": 0, "first_attempt_at": None, "next_attempt_at": now,
+            "delivered_at": None, "given_up_at": None, "last_error": None, "updated_at": now,
+        }  # fmt: skip
+        inserts, updates = [], []
+        for order_id, account_id, status in order_ids_and_accounts:
+            if order_id in known:
+                updates.append({"b_order_id": order_id, "status": status, **fresh})
+            else:
+                inserts.append({"order_id": order_id, "account_id": account_id, "status": status, **fresh,
+                                "lease_owner": None, "lease_expires_at": None})  # fmt: skip
+                known.add(order_id)
+        if inserts:
+            self.connection.execute(insert(provider_callbacks), inserts)
+        if updates:
+            statement = (
+                update(provider_callbacks)
+                .where(provider_callbacks.c.order_id == bindparam("b_order_id"))
+                .values({name: bindparam(name) for name in ("status", *fresh)})
+            )
+            self.connection.execute(statement, updates)
+
+    def claim_callbacks(
+        self, owner: str, now: datetime, lease_until: datetime, limit: int
+    ) -> list[CallbackDue]:
+        """Take callbacks that are due for ``owner`` until ``lease_until``."""
+        due = (
+            select(provider_callbacks.c.order_id)
+            .where(
+                provider_callbacks.c.pending.is_(True),
+                provider_callbacks.c.next_attempt_at <= now,
+                or_(provider_callbacks.c.lease_owner.is_(None), provider_callbacks.c.lease_expires_at < now),
+            )
+            .order_by(provider_callbacks.c.next_attempt_at)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+        )
+        ids = list(self.connection.execute(due).scalars())
+        if not ids:
+            return []
+        self.connection.execute(
+            update(provider_callbacks)
+            .where(provider_callbacks.c.order_id.in_(ids))
+            .values(lease_owner=owner, lease_expires_at=lease_until)
+        )
+        rows = self.connection.execute(
+            select(provider_callbacks).where(provider_callbacks.c.order_id.in_(ids))
+        ).mappings()
+        return [
+            CallbackDue(
+                row["order_id"], row["account_id"], row["status"], row["attempts"], row["first_attempt_at"]
+            )
+            for row in rows
+        ]
+
+    def settle_callback(
+        self,
+        order_id: int,
+        owner: str | None,
+        status: str,
+        now: datetime,
+        *,
+        delivered: bool,
+        next_attempt_at: datetime | None,
+        gave_up: bool,
+        error: str | None,
+    ) -> None:
+        """What the try of telling ``status`` did (a try by ``owner``'s claim, or a replay without one); a
+        newer status that arrived meanwhile stays pending."""
+        conditions = [provider_callbacks.c.order_id == order_id, provider_callbacks.c.status == status]
+        if owner is not None:
+            conditions.append(provider_callbacks.c.lease_owner == owner)
+        attempts = provider_callbacks.c.attempts
+        values: dict[str, Any] = {
+            "attempts": attempts + 1,
+            "first_attempt_at": func.coalesce(
+                provider_callbacks.c.first_attempt_at,
+                type_coerce(now, provider_callbacks.c.first_attempt_at.type),
+            ),
+            "lease_owner": None,
+            "lease_expires_at": None,
+            "updated_at": now,
+        }
+        if delivered:
+            values.update(
+                pending=False, delivered_at=now, next_attempt_at=None, last_error=None, given_up_at=None
+            )
+        elif gave_up:
+            values.update(pending=False, given_up_at=now, next_attempt_at=None, last_error=error)
+        else:
+            values.update(next_attempt_at=next_attempt_at, last_error=error)
+        self.connection.execute(update(provider_callbacks).where(*conditions).values(**values))
+        if owner is not None:
+            # A claim whose status was replaced meanwhile: let it go, the newer status is due now.
+            self.connection.execute(
+                update(provider_callbacks)
+                .where(provider_callbacks.c.order_id == order_id, provider_callbacks.c.lease_owner == owner)
+                .values(lease_owner=None, lease_expires_at=None)
+            )
+
+    def log_attempt(
+        self,
+        order_id: int,
+        status: str,
+        now: datetime,
+        http_status: int | None,
+        ok: bool,
+        message: str | None,
+        *,
+        replay: bool,
+    ) -> None:
+        self.connection.execute(
+            insert(provider_callback_attempts).values(
+                order_id=order_id,
+                at=now,
+                status=status,
+                http_status=http_status,
+                ok=ok,
+                message=message,
+                replay=replay,
+            )
+        )
+
+    def callback_state(self, order_id: int) -> CallbackState | None:
+        row = (
+            self.connection.execute(
+                select(provider_callbacks).where(provider_callbacks.c.order_id == order_id)
+            )
+            .mappings()
+            .first()
+        )
+        if row is None:
+            return None
+        return CallbackState(**{name: row[name] for name in CallbackState.__slots__})
+
+    def attempts(self, order_id: int, limit: int = 100) -> list[CallbackAttempt]:
+        """The order's callback tries, the newest first."""
+        rows = self.connection.execute(
+            select(provider_callback_attempts)
+            .where(provider_callback_attempts.c.order_id == order_id)
+            .order_by(provider_callback_attempts.c.id.desc())
+            .limit(limit)
+        ).mappings()
+        return [
+            CallbackAttempt(
+                row["at"], row["status"], row["http_status"], row["ok"], row["message"], row["replay"]
+            )
+            for row in rows
+        ]
+
+    def next_callback_due(self) -> datetime | None:
+        column = provider_callbacks.c.next_attempt_at
+        value = self.connection.execute(
+            select(type_coerce(func.min(column), column.type)).where(provider_callbacks.c.pending.is_(True))
+        ).scalar_one_or_none()
+        return value if isinstance(value, datetime) else None
+
+    def failing_callbacks(self, since: datetime) -> dict[int, tuple[int, int]]:
+        """Per account: its callbacks still failing after first being tried before ``since``, and those given
+        up since then."""
+        failing = (
+            select(provider_callbacks.c.account_id, func.count())
+            .where(
+                provider_callbacks.c.pending.is_(True),
+                provider_callbacks.c.attempts > 0,
+                provider_callbacks.c.first_attempt_at <= since,
+            )
+            .group_by(provider_callbacks.c.account_id)
+        )
+        given_up = (
+            select(provider_callbacks.c.account_id, func.count())
+            .where(
+                provider_callbacks.c.given_up_at.is_not(None),
+                provider_callbacks.c.pending.is_(False),
+                provider_callbacks.c.delivered_at.is_(None),
+            )
+            .group_by(provider_callbacks.c.account_id)
+        )
+        found: dict[int, tuple[int, int]] = {}
+        for account_id, number in self.connection.execute(failing):
+            found[int(account_id)] = (int(number), 0)
+        for account_id, number in self.connection.execute(given_up):
+            previous = found.get(int(account_id), (0, 0))
+            found[int(account_id)] = (previous[0], int(number))
+        return found
+
+    def callback_counts(self) -> dict[str, int]:
+        """Callbacks pending, failing (tried without success), given up."""
+        pending = self.connection.execute(
+            select(func.count()).select_from(provider_callbacks).where(provider_callbacks.c.pending.is_(True))
+        ).scalar_one()
+        failing = self.connection.execute(
+            select(func.count())
+            .select_from(provider_callbacks)
+            .where(provider_callbacks.c.pending.is_(True), provider_callbacks.c.attempts > 0)
+        ).scalar_one()
+        given_up = self.connection.execute(
+            select(func.count())
+            .select_from(provider_callbacks)
+            .where(
+                and_(
+                    provider_callbacks.c.given_up_at.is_not(None), provider_callbacks.c.delivered_at.is_(None)
+                )
+            )
+        ).scalar_one()
+        return {"pending": int(pending), "failing": int(failing), "given_up": int(given_up)}
