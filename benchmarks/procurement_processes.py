@@ -28,7 +28,7 @@ from procurd.logs import configure_logging
 from procurd.sandbox import Sandbox, SandboxConfig, SandboxOrder
 from procurd.sandbox.callbacks import callback_body
 from procurd.sandbox.catalog import UNLIMITED
-from procurd.sandbox.ratelimit import RateLimiter
+from procurd.protocol.ratelimit import RateLimiter
 from procurd.sandbox.state import FULFILLED_STATUSES
 from procurd.signing import HeaderNames
 

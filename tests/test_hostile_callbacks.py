@@ -316,7 +316,7 @@ async def hostile_target(database_url: str, **server: Any) -> AsyncIterator[Targ
             try:
                 await runtime.start()
                 async with (
-                    serve(make_public_app(runtime), public_sock) as public_url,
+                    serve(make_public_app(operations), public_sock) as public_url,
                     serve(make_admin_app(operations)) as admin_url,
                     aiohttp.ClientSession(
                         connector=aiohttp.TCPConnector(force_close=bool(server))

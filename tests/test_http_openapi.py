@@ -35,7 +35,7 @@ async def apps(database_url: str) -> AsyncIterator[dict[str, web.Application]]:
     )
     operations = Operations(Runtime.build(settings))
     try:
-        yield {"public": make_public_app(operations.runtime), "admin": make_admin_app(operations)}
+        yield {"public": make_public_app(operations), "admin": make_admin_app(operations)}
     finally:
         await operations.close()
 

@@ -7,8 +7,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from procurd.protocol.ratelimit import RateLimiter
 from procurd.sandbox import Sandbox, SandboxConfig
-from procurd.sandbox.ratelimit import RateLimiter
 from procurd.sandbox.testing import ApiResponse, ControlClient, ManualClock, SignedClient
 
 

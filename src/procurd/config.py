@@ -395,8 +395,9 @@ class Settings(BaseSettings):
         names = [upstream.name for upstream in self.upstreams]
         unknown = [name for name in self.provider.upstreams if name not in names]
         if unknown:
+            configured = ", ".join(names)
             raise ValueError(
-                f"[provider] upstreams: {unknown[0]!r} is not a configured upstream (configured: {', '.join(names)})"
+                f"[provider] upstreams: {unknown[0]!r} is not a configured upstream (those are: {configured})"
             )
         return self
 

@@ -36,6 +36,7 @@ from procurd.http.public import make_public_app
 from procurd.operations import Operations, Refused
 from procurd.procurement.poller import Poller
 from procurd.procurement.submitter import Submitter
+from procurd.provider.callbacks import CallbackDispatcher
 from procurd.runtime import Runtime
 from procurd.systemd import Notifier
 from procurd.upstream.errors import AuthError, BusinessError, UpstreamError
@@ -108,7 +109,7 @@ class Daemon:
         await self.heartbeat.start()
         server = self.settings.server
         self.public_port = await self._listen(
-            make_public_app(self.runtime), server.public_host, server.public_port
+            make_public_app(self.operations), server.public_host, server.public_port
         )
         self.admin_port = await self._listen(
             make_admin_app(self.operations), server.admin_host, server.admin_port
@@ -116,6 +117,11 @@ class Daemon:
         self._start_workers()
         self._start_scheduler()
         self.operations.catalog.start_reprice()
+        if self.settings.provider.enabled:
+            # The configuration may have changed what is offered and how: every document is rebuilt.
+            self.operations.catalog.start_task(
+                "provider-catalog", lambda: self.operations.provider.refresh(full=True)
+            )
         self.notifier.ready(f"listening on {self.public_port} (public) and {self.admin_port} (admin)")
         log.info(
             "daemon.started",
@@ -171,6 +177,16 @@ class Daemon:
             workers.append(dispatcher)
         if runtime.alerts.delivering:
             workers.append(AlertDispatcher(runtime.alerts, runtime.instance))
+        if settings.provider.enabled:
+            callbacks = CallbackDispatcher(
+                runtime.database,
+                settings.provider,
+                runtime.instance,
+                sender=self.operations.provider.sender,
+                wakeup=runtime.service.wakeups.provider_callbacks,
+                idle_seconds=idle,
+            )
+            workers.append(callbacks)
         workers += [self.heartbeat, self.singletons]
         for worker in workers:
             self.workers[worker.name] = worker
@@ -261,8 +277,9 @@ class Daemon:
             await self.operations.housekeeping.prune()
 
     async def _checks_job(self) -> None:
-        """Orders stuck at the upstream."""
+        """Orders stuck at the upstream; the provider's wallets and callbacks."""
         await self.operations.housekeeping.check_stuck_orders()
+        await self.operations.provider.check()
 
     async def _submission_answered(self, upstream: str, outcome: OrderCreated | UpstreamError) -> None:
         """An auth error makes the upstream unhealthy; a refused payment refreshes the balance shown."""

@@ -102,6 +102,20 @@ class Metrics:
             ["upstream", "reason"], registry=r,
         )  # fmt: skip
         self.alerts = Counter("procurd_alerts", "Alerts raised, by kind.", ["kind"], registry=r)
+        self.provider_requests = Counter(
+            "procurd_provider_requests", "Requests of downstream sites to the provider's API, by account "
+            "(\"-\" before one is known), endpoint and outcome (ok, or the error code).",
+            ["account", "endpoint", "outcome"], registry=r,
+        )  # fmt: skip
+        self.provider_orders = Counter(
+            "procurd_provider_orders",
+            "Orders of downstream sites, by account and outcome (paid, payment_failed, repeat).",
+            ["account", "outcome"], registry=r,
+        )  # fmt: skip
+        self.provider_balance = Gauge(
+            "procurd_provider_account_balance", "Wallet balance of each provider account.",
+            ["account", "currency"], registry=r,
+        )  # fmt: skip
         self.http_requests = Counter(
             "procurd_http_requests", "HTTP requests answered, by listener, route and status.",
             ["listener", "route", "status"], registry=r,
@@ -205,6 +219,11 @@ class Metrics:
         self.instances_alive.set(sum(1 for instance in report.get("instances", []) if instance.get("alive")))
         storefront = report.get("storefront") or {}
         self.pending_events.set(int(storefront.get("events_pending", 0)))
+        self.provider_balance.clear()
+        for account in (report.get("provider") or {}).get("balances", []):
+            balance = _number(account.get("balance"))
+            if balance is not None:
+                self.provider_balance.labels(account["name"], account["currency"]).set(balance)
 
     def _set_upstream(self, upstream: Mapping[str, Any]) -> None:
         name = str(upstream["name"])

@@ -17,6 +17,7 @@ from procurd.catalog.sync import SyncReport
 from procurd.config import UpstreamSettings
 from procurd.core.orders import iso
 from procurd.core.procurement import State
+from procurd.core.provider import cents_text
 from procurd.db.health_store import UpstreamHealth
 from procurd.db.instance_store import Instance
 from procurd.db.reconcile_store import ReconcileRun
@@ -46,9 +47,32 @@ class _Facts:
     alerts_last_day: int
     last_reconcile: ReconcileRun | None
     mirror: dict[str, dict[str, int]]
+    provider: dict[str, Any] | None
 
 
-def _facts(tx: Tx, upstreams: list[str], day_ago: datetime) -> _Facts:
+def _provider_facts(tx: Tx, currency: str) -> dict[str, Any]:
+    """The provider's accounts (with each balance), orders by status, callbacks, offered products."""
+    accounts = tx.provider.accounts()
+    listed, offered = tx.offered.counts()
+    return {
+        "enabled": True,
+        "currency": currency,
+        "accounts": len(accounts),
+        "accounts_disabled": sum(1 for account in accounts if not account.active),
+        "balance_total": cents_text(sum(account.balance_cents for account in accounts)),
+        "balances": [
+            {"name": account.name, "balance": cents_text(account.balance_cents), "currency": account.currency,
+             "status": account.status, "level": account.level}
+            for account in accounts
+        ],
+        "orders": tx.provider.status_counts(),
+        "callbacks": tx.provider.callback_counts(),
+        "products_listed": listed,
+        "products_offered": offered,
+    }  # fmt: skip
+
+
+def _facts(tx: Tx, upstreams: list[str], day_ago: datetime, provider_currency: str | None) -> _Facts:
     store = tx.procurements
     syncs = {}
     for name in upstreams:
@@ -65,6 +89,7 @@ def _facts(tx: Tx, upstreams: list[str], day_ago: datetime) -> _Facts:
         alerts_last_day=tx.alerts.count_since(day_ago),
         last_reconcile=tx.reconcile.last_finished(),
         mirror=tx.mirror.totals(),
+        provider=None if provider_currency is None else _provider_facts(tx, provider_currency),
     )
 
 
@@ -72,7 +97,9 @@ async def status_report(runtime: Runtime) -> dict[str, Any]:
     """Per configured upstream: health, last ping and sync, queue depths, open exceptions, callbacks."""
     now = utcnow()
     names = [upstream.name for upstream in runtime.settings.upstreams]
-    facts = await runtime.database.read(_facts, names, now - timedelta(days=1))
+    provider = runtime.settings.provider
+    currency = provider.currency if provider.enabled else None
+    facts = await runtime.database.read(_facts, names, now - timedelta(days=1), currency)
     upstreams = []
     for upstream in runtime.settings.upstreams:
         status = _upstream_status(
@@ -101,6 +128,7 @@ async def status_report(runtime: Runtime) -> dict[str, Any]:
             "webhook_configured": bool(runtime.settings.storefront.webhook_url),
             "events_pending": events_pending,
         },
+        "provider": facts.provider or {"enabled": False},
     }
 
 

@@ -30,6 +30,8 @@ class Kind(StrEnum):
     CALLBACKS_REJECTED = "callbacks_rejected"
     RECONCILE_MISMATCH = "reconcile_mismatch"
     INSTANCE_DOWN = "instance_down"
+    PROVIDER_LOW_BALANCE = "provider_low_balance"
+    PROVIDER_CALLBACKS_FAILING = "provider_callbacks_failing"
 
 
 KINDS = tuple(kind.value for kind in Kind)

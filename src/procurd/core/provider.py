@@ -241,6 +241,27 @@ def member_price(price: str, discount_percent: Decimal, floor: str | None) -> st
     return format(min(discounted, offered).quantize(CENT), "f")
 
 
+def member_document(
+    document: Mapping[str, Any], discount_percent: Decimal, floors: Mapping[str, str]
+) -> dict[str, Any]:
+    """A product as an account of a level sees it: every SKU and the product carry ``original_price`` (the
+    offered price), ``member_price`` and ``price_amount`` = ``member_price`` (seed 000 2.2)."""
+    skus = []
+    for sku in document.get("skus", []):
+        offered = str(sku["price_amount"])
+        member = member_price(offered, discount_percent, floors.get(str(sku["id"])))
+        skus.append({**sku, "price_amount": member, "original_price": offered, "member_price": member})
+    active = [Decimal(sku["price_amount"]) for sku in skus if sku.get("is_active")]
+    member = format(min(active), "f") if active else document.get("price_amount", "0.00")
+    return {
+        **document,
+        "skus": skus,
+        "price_amount": member,
+        "original_price": document.get("price_amount"),
+        "member_price": member,
+    }
+
+
 # --- the offered catalogue ----------------------------------------------------------------------------------
 
 Entity = str  # category | product | sku

@@ -209,10 +209,18 @@ class OfferedStore:
                 self.connection.execute(statement, list(chunk))
 
     def listing(
-        self, page: int, page_size: int, category_id: int | None, updated_after: datetime | None
+        self,
+        upstreams: Collection[str],
+        page: int,
+        page_size: int,
+        category_id: int | None,
+        updated_after: datetime | None,
     ) -> tuple[int, list[OfferedRow]]:
-        """A page of listed products in id order, and how many are listed under the filters."""
-        conditions: list[ColumnElement[bool]] = [provider_products.c.listed.is_(True)]
+        """A page of the upstreams' listed products in id order, and how many are listed under the filters."""
+        conditions: list[ColumnElement[bool]] = [
+            provider_products.c.listed.is_(True),
+            provider_products.c.upstream.in_(sorted(upstreams)),
+        ]
         if category_id is not None:
             conditions.append(provider_products.c.category_id == category_id)
         if updated_after is not None:

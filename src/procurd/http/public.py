@@ -30,6 +30,7 @@ from procurd.http.errors import (
     public_error_body,
     read_body,
 )
+from procurd.operations import Operations
 from procurd.procurement.service import ReportOutcome, ReportRejected
 from procurd.runtime import Runtime
 from procurd.signing import HeaderNames, parse_timestamp, signature_matches, timestamp_fresh
@@ -167,8 +168,10 @@ def configured_callback_path(runtime: Runtime) -> str:
     return urlsplit(runtime.settings.server.callback_url).path or "/"
 
 
-def make_public_app(runtime: Runtime) -> web.Application:
-    """The callback receiver and ``/healthz``; the receiver also answers at ``callback_url``'s own path."""
+def make_public_app(operations: Operations) -> web.Application:
+    """The callback receiver and ``/healthz``; the receiver also answers at ``callback_url``'s own path. With
+    ``[provider] enabled`` the provider's signed API is served under ``/api/v1/upstream`` too."""
+    runtime = operations.runtime
     app = listener_app("public", public_error_body, runtime.metrics, runtime.settings.server)
     app[RUNTIME] = runtime
     receiver = CallbackReceiver(runtime)
@@ -177,4 +180,8 @@ def make_public_app(runtime: Runtime) -> web.Application:
     if own_path not in (CALLBACK_PATH, HEALTH_PATH, "/") and "{" not in own_path:
         app.router.add_post(own_path, receiver.handle)
     app.router.add_get(HEALTH_PATH, healthz)
+    if runtime.settings.provider.enabled:
+        from procurd.http.provider import add_provider_routes
+
+        add_provider_routes(app, operations)
     return app

@@ -280,7 +280,7 @@ async def procurd_stack(
             try:
                 await operations.runtime.start()
                 async with (
-                    serve(make_public_app(operations.runtime), public_sock) as public_url,
+                    serve(make_public_app(operations), public_sock) as public_url,
                     serve(make_admin_app(operations)) as admin_url,
                     aiohttp.ClientSession() as session,
                 ):

@@ -31,6 +31,7 @@ from procurd.operations.installation import (
 )
 from procurd.operations.offers import OfferOperations
 from procurd.operations.orders import OrderOperations
+from procurd.operations.provider import ProviderOperations
 from procurd.operations.upstreams import UpstreamOperations
 from procurd.runtime import Runtime
 
@@ -57,6 +58,8 @@ class Operations:
         self.orders = OrderOperations(runtime)
         self.offers = OfferOperations(runtime)
         self.housekeeping = HousekeepingOperations(runtime)
+        self.provider = ProviderOperations(runtime, self.orders)
+        self.catalog.offered = self.provider.refresh
 
     @property
     def settings(self) -> Settings:
@@ -65,6 +68,7 @@ class Operations:
     async def close(self) -> None:
         """Cut short the work started in the background, then close the runtime."""
         await self.catalog.close()
+        await self.provider.sender.close()
         await self.runtime.close()
 
 

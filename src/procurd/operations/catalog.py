@@ -8,7 +8,7 @@ sync``), a pass records the same ``sync_runs`` row, raises the same alerts (``ma
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import structlog
@@ -17,6 +17,7 @@ from procurd.catalog.pricing import ReleasedHold, RepriceReport, holds, release_
 from procurd.catalog.sync import CatalogAlert, SyncOptions, SyncReport, run_sync
 from procurd.core.alerts import Kind, Occurrence
 from procurd.core.refusals import Refused
+from procurd.db.errors import DatabaseError
 from procurd.runtime import Runtime
 
 log = structlog.get_logger("procurd.catalog")
@@ -25,6 +26,8 @@ __all__ = ["CatalogOperations", "ReleasedHold", "RepriceReport", "SyncReport"]
 
 Progress = Callable[[int, int | None], None]
 """``progress(pages_done, pages_total)`` while a pass fetches; ``pages_total`` is None until known."""
+OfferedRefresh = Callable[..., Awaitable[Any]]
+"""Brings the provider's offered catalogue in step with the mirror (``upstreams``: those that changed)."""
 
 HELD_SHOWN = 20  # SKUs a price_held alert names one by one
 
@@ -34,6 +37,7 @@ class CatalogOperations:
         self.runtime = runtime
         # Passes and repricings started in the background of this process, by name.
         self.tasks: dict[str, asyncio.Task[Any]] = {}
+        self.offered: OfferedRefresh | None = None  # set when the provider's catalogue follows the mirror
 
     def upstream(self, name: str | None) -> str:
         """``name`` when it is configured, or the only upstream when ``name`` is None; refused otherwise."""
@@ -85,6 +89,8 @@ class CatalogOperations:
             rows_written=report.rows_written,
             error=report.error,
         )
+        if report.status in ("ok", "suspicious"):
+            await self._follow([upstream])
         occurrences = catalogue_alerts(report.alerts())
         if report.status == "failed":
             message = f"{upstream}: the catalogue pass {report.run_id} failed: {report.error}"
@@ -96,7 +102,7 @@ class CatalogOperations:
         """Start a pass of ``upstream`` in the background of this process; False when one runs already."""
         if allow_mass_removal and not full:
             raise Refused(400, "invalid_request", "allow_mass_removal needs full: only a full pass removes")
-        return self._start(
+        return self.start_task(
             f"catalog-sync:{upstream}",
             lambda: self.sync(upstream, full=full, allow_mass_removal=allow_mass_removal),
         )
@@ -120,11 +126,12 @@ class CatalogOperations:
             )
             await runtime.alerts.raise_(*held_alerts(report))
             reports.append(report)
+        await self._follow(names)
         return reports
 
     def start_reprice(self) -> bool:
         """Reprice every upstream in the background (the daemon does at start-up)."""
-        return self._start("catalog-reprice", self.reprice)
+        return self.start_task("catalog-reprice", self.reprice)
 
     async def release_hold(self, upstream: str, sku_id: int) -> ReleasedHold:
         """A SKU's price hold released: it is priced from the rules and its current cost at once."""
@@ -134,13 +141,26 @@ class CatalogOperations:
         )
         if released is None:
             raise Refused(404, "hold_not_found", f"SKU {sku_id} of {upstream} has no price hold")
+        await self._follow([upstream])
         return released
+
+    async def _follow(self, upstreams: list[str]) -> None:
+        """The provider's offered catalogue follows what the mirror's prices and rows now are (a refresh that
+        fails is logged; the next pass or repricing brings it in step)."""
+        if self.offered is None:
+            return
+        try:
+            await self.offered(upstreams)
+        except (DatabaseError, TimeoutError) as exc:
+            log.error("provider.catalog_refresh_failed", upstreams=upstreams, error=str(exc))
 
     async def holds(self, upstream: str | None = None) -> list[dict[str, Any]]:
         """Held SKUs, oldest hold first."""
         return await holds(self.runtime.database, upstream)
 
-    def _start(self, name: str, work: Callable[[], Coroutine[Any, Any, Any]]) -> bool:
+    def start_task(self, name: str, work: Callable[[], Coroutine[Any, Any, Any]]) -> bool:
+        """Run ``work`` in the background of this process unless a task of that name runs; whether it
+        started."""
         running = self.tasks.get(name)
         if running is not None and not running.done():
             return False

@@ -33,6 +33,7 @@ from procurd.core.procurement import (
     State,
     UpstreamReport,
 )
+from procurd.core.provider import ProviderIntake
 from procurd.db.batching import BatchWriter
 from procurd.db.database import Database
 from procurd.db.stores import Tx
@@ -96,6 +97,7 @@ class Wakeups:
     queued: dict[str, asyncio.Event] = field(default_factory=dict)
     polls: dict[str, asyncio.Event] = field(default_factory=dict)
     events: asyncio.Event = field(default_factory=asyncio.Event)
+    provider_callbacks: asyncio.Event = field(default_factory=asyncio.Event)
 
     def for_upstream(self, upstream: str) -> asyncio.Event:
         """Set when ``upstream`` has a procurement to submit, now or at a new due time."""
@@ -131,6 +133,7 @@ class ProcurementService:
             poll_max_seconds=procurement.poll_max_seconds,
         )
         self.upstream_names = [upstream.name for upstream in settings.upstreams]
+        self.provider = settings.provider.enabled
         self.rules = Rules(
             policy=self.policy,
             upstreams=tuple(self.upstream_names),
@@ -160,15 +163,17 @@ class ProcurementService:
 
     # --- changes ------------------------------------------------------------------------------------------
 
-    async def submit(self, request: OrderRequest) -> IntakeResult:
+    async def submit(self, request: OrderRequest, provider: ProviderIntake | None = None) -> IntakeResult:
         """Accept a locally paid order: validate it against the mirror and queue one procurement per item.
 
         Never calls an upstream. A repeat of the same body returns the existing order; the same number with
-        another body raises ``order_conflict`` (:class:`procurd.core.intake.IntakeError`).
+        another body raises ``order_conflict`` (:class:`procurd.core.intake.IntakeError`). With ``provider``
+        the order is a downstream site's, charged to its wallet in the same transaction (see
+        :mod:`procurd.procurement.provider_orders`).
         """
         default = self.upstream_names[0] if len(self.upstream_names) == 1 else None
         request = request.with_upstream(default)
-        result = await self._submit(Intake(request, request.fingerprint()))
+        result = await self._submit(Intake(request, request.fingerprint(), provider))
         assert isinstance(result, IntakeResult)
         if result.created:
             for applied in result.admitted:
@@ -315,6 +320,8 @@ class ProcurementService:
             self.wakeups.for_polls(p.upstream).set()
         if self.rules.storefront_events and applied.state_changed:
             self.wakeups.events.set()
+        if self.provider and applied.state_changed:
+            self.wakeups.provider_callbacks.set()
         _log(applied)
         for observer in self.observers:
             observer(applied)

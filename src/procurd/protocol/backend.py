@@ -120,9 +120,10 @@ class Backend:
         valid signature anyway)."""
 
     def answered(
-        self, request: web.Request, endpoint: str | None, caller: Caller | None, status: int
+        self, request: web.Request, endpoint: str | None, caller: Caller | None, status: int, outcome: str
     ) -> None:
-        """Every answer, once decided (for a request log or metrics)."""
+        """Every answer, once decided (for a request log or metrics): its HTTP status, and ``ok``, the error
+        code, ``rate_limited`` or ``fault``."""
 
     async def around(self, request: web.Request, endpoint: str) -> web.Response | None:
         """An answer instead of the endpoint's (the sandbox's fault knobs), or ``None``."""

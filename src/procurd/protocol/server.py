@@ -174,31 +174,35 @@ class SignedApi:
         route, params, path_known = match_route(request.path[len(API_PREFIX) :], request.method)
         endpoint = route.endpoint if route else None
         caller: Caller | None = None
+        outcome = "ok"
         try:
             if route is None:
                 await self.backend.unrouted(request, lambda: self.signed(request))
                 if path_known:
                     raise ProtocolError(405, "method_not_allowed", f"{request.method} is not allowed here")
                 raise ProtocolError(404, "not_found", "no such endpoint")
-            response, caller = await self._handle(request, route, params)
+            response, caller, outcome = await self._handle(request, route, params)
         except ProtocolError as error:
             response = json_response(error.body(), error.status)
+            outcome = error.code
         except Exception:  # any bug becomes the API's own 500 body, and is logged
             log.exception("protocol.request_failed", path=request.path, endpoint=endpoint)
             response = json_response(internal_error().body(), 500)
+            outcome = "internal_error"
         response.headers[hdrs.DATE] = formatdate(self.backend.now(), usegmt=True)
-        self.backend.answered(request, endpoint, caller, response.status)
+        self.backend.answered(request, endpoint, caller, response.status, outcome)
         return response
 
     async def _handle(
         self, request: web.Request, route: Route, params: dict[str, str]
-    ) -> tuple[web.Response, Caller | None]:
+    ) -> tuple[web.Response, Caller | None, str]:
+        """The answer, the caller once known, and the outcome (``ok``, an error code, ``rate_limited``)."""
         backend = self.backend
         endpoint = route.endpoint
         api_key = request.headers.get(self.header_names().api_key, "").strip()
         early = await backend.before_authentication(request, endpoint, api_key)
         if early is not None:
-            return early, None
+            return early, None, "rate_limited"
         try:
             caller, body = await self.authenticate(request)
         except ProtocolError as error:
@@ -207,15 +211,17 @@ class SignedApi:
             raise
         early = await backend.after_authentication(request, endpoint, caller)
         if early is not None:
-            return early, caller
+            return early, caller, "rate_limited"
         instead = await backend.around(request, endpoint)
         if instead is not None:
-            return instead, caller
+            return instead, caller, "fault"
+        outcome = "ok"
         try:
             response = await self._handlers[endpoint](request, caller, params, body)
         except ProtocolError as error:
             response = json_response(error.body(), error.status)
-        return await backend.after(request, endpoint, response), caller
+            outcome = error.code
+        return await backend.after(request, endpoint, response), caller, outcome
 
     async def authenticate(self, request: web.Request) -> tuple[Caller, bytes]:
         """The real sites' order: headers, timestamp, credential, body size, signature."""

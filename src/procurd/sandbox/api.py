@@ -116,7 +116,7 @@ class SandboxBackend(Backend):
         self.site.record_request(UNKNOWN_ENDPOINT, api_key, False, await signed())
 
     def answered(
-        self, request: web.Request, endpoint: str | None, caller: Caller | None, status: int
+        self, request: web.Request, endpoint: str | None, caller: Caller | None, status: int, outcome: str
     ) -> None:
         log.debug(
             "sandbox.request",

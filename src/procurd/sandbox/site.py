@@ -9,10 +9,10 @@ from collections import Counter
 from collections.abc import Callable
 from decimal import Decimal
 
+from procurd.protocol.ratelimit import RateLimiter
 from procurd.sandbox.callbacks import CallbackAttempt, CallbackSender, TaskTracker
 from procurd.sandbox.config import SandboxConfig
 from procurd.sandbox.faults import FaultPlan
-from procurd.sandbox.ratelimit import RateLimiter
 from procurd.sandbox.state import SandboxOrder, SandboxState
 from procurd.sandbox.traffic import ALL_ENDPOINTS, RequestLog, RequestRecord
 

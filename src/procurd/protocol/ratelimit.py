@@ -1,4 +1,8 @@
-"""The real sites' per-API-key rate limit: a sliding window, then a block."""
+"""The real sites' kind of rate limit: ``limit`` requests per sliding window per key, then the key blocked.
+
+The sandbox keys it on the raw API key (as Dujiao-Next does, before the signature is checked); the provider
+on the verified account, and failed authentications on the client's address.
+"""
 
 from __future__ import annotations
 
@@ -39,6 +43,11 @@ class RateLimiter:
     def blocked(self, key: str) -> bool:
         state = self._keys.get(key)
         return state is not None and self._clock() < state.blocked_until
+
+    def blocked_for(self, key: str) -> float:
+        """Seconds the key stays blocked (0 when it is not)."""
+        state = self._keys.get(key)
+        return 0.0 if state is None else max(0.0, state.blocked_until - self._clock())
 
     def reset(self) -> None:
         self._keys.clear()

@@ -1,0 +1,204 @@
+"""The provider's signed API on the public listener: seed 000's seven endpoints, served from the offered
+catalogue and the provider's operations (:mod:`procurd.operations.provider`) by the shared protocol server.
+
+The rate limit is the real sites' (``[provider] rate_limit_per_minute`` requests a minute per account, then
+the account refused for ``rate_limit_block_seconds``, answered HTTP 200 ``{"ok": false, "status_code": 429,
+...}`` with ``Retry-After``), but it is counted only for requests whose signature verified: a stranger who
+knows a key cannot spend its budget. Requests that fail authentication are limited per client address, in
+a bucket of their own. Each instance keeps its own counts.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+import structlog
+from aiohttp import hdrs, web
+
+from procurd.core.provider import Account, cents_text
+from procurd.core.refusals import Refused
+from procurd.operations import Operations
+from procurd.protocol import (
+    API_PREFIX,
+    Backend,
+    Caller,
+    Credential,
+    Listing,
+    OrderSubmission,
+    ProductQuery,
+    ProtocolError,
+    SignedApi,
+)
+from procurd.protocol.ratelimit import RateLimiter
+from procurd.protocol.server import dump_json, json_response
+
+log = structlog.get_logger("procurd.provider")
+
+WINDOW_SECONDS = 60.0
+
+
+def rate_limited(retry_after: float) -> web.Response:
+    """The real sites' answer to a key over its limit (HTTP 200, their storefront envelope), with
+    ``Retry-After``."""
+    response = json_response(
+        {
+            "ok": False,
+            "status_code": 429,
+            "msg": "too many requests",
+            "data": {"request_id": uuid.uuid4().hex},
+        }
+    )
+    response.headers[hdrs.RETRY_AFTER] = str(max(1, round(retry_after + 0.5)))
+    return response
+
+
+def protocol_error(refused: Refused) -> ProtocolError:
+    return ProtocolError(refused.status, refused.code, refused.message, refused.extra)
+
+
+class ProviderBackend(Backend):
+    """The provider's side of the shared signed API."""
+
+    def __init__(self, operations: Operations) -> None:
+        self.operations = operations
+        self.provider = operations.provider
+        self.settings = operations.settings.provider
+        self.metrics = operations.runtime.metrics
+        self.accounts = RateLimiter(time.monotonic)
+        self.strangers = RateLimiter(time.monotonic)
+
+    @property
+    def header_prefix(self) -> str:
+        return self.settings.header_prefix
+
+    @property
+    def max_body_bytes(self) -> int:
+        return 1024 * 1024
+
+    def now(self) -> float:
+        return time.time()
+
+    async def credential(self, api_key: str) -> Credential | None:
+        account = await self.provider.accounts.by_key(api_key)
+        if account is None:
+            return None
+        # A disabled account's key is refused as an invalid key (seed 000: "key invalid or disabled").
+        return Credential(account.api_secret, account.active, True, account)
+
+    # -- the rate limit ---------------------------------------------------------------------------------
+
+    def _limit(self, limiter: RateLimiter, key: str) -> web.Response | None:
+        settings = self.settings
+        if limiter.allow(
+            key, settings.rate_limit_per_minute, WINDOW_SECONDS, settings.rate_limit_block_seconds
+        ):
+            return None
+        return rate_limited(limiter.blocked_for(key) or settings.rate_limit_block_seconds)
+
+    async def before_authentication(
+        self, request: web.Request, endpoint: str, api_key: str
+    ) -> web.Response | None:
+        """An address whose requests keep failing authentication is refused before being checked again."""
+        blocked = self.strangers.blocked_for(_address(request))
+        return rate_limited(blocked) if blocked > 0 else None
+
+    def authentication_failed(
+        self, request: web.Request, endpoint: str, api_key: str, error: ProtocolError
+    ) -> None:
+        address = _address(request)
+        if self._limit(self.strangers, address) is not None:
+            log.warning("provider.authentication_throttled", remote=address, code=error.code)
+
+    async def after_authentication(
+        self, request: web.Request, endpoint: str, caller: Caller
+    ) -> web.Response | None:
+        account: Account = caller.account
+        return self._limit(self.accounts, f"account:{account.id}")
+
+    def answered(
+        self, request: web.Request, endpoint: str | None, caller: Caller | None, status: int, outcome: str
+    ) -> None:
+        account = caller.account.name if caller is not None else "-"
+        self.metrics.provider_requests.labels(account, endpoint or "unknown", outcome).inc()
+
+    # -- endpoints --------------------------------------------------------------------------------------
+
+    async def ping(self, caller: Caller) -> Mapping[str, Any]:
+        account: Account = await self.provider.accounts.get(caller.account.name)
+        level = self.provider.level(account)
+        member_level = None
+        if level is not None:
+            position = self.settings.levels.index(level) + 1
+            member_level = {"id": position, "name": level.name, "slug": level.slug, "icon": level.icon}
+        return {
+            "site_name": self.settings.site_name,
+            "user_id": account.id,
+            "balance": cents_text(account.balance_cents),
+            "currency": account.currency,
+            "member_level": member_level,
+        }
+
+    async def categories(self, caller: Caller) -> bytes:
+        return dump_json(await self.provider.categories())
+
+    async def products(self, caller: Caller, query: ProductQuery) -> Listing:
+        total, items = await self.provider.products(
+            caller.account, query.page, query.page_size, query.category_id, query.updated_after
+        )
+        return Listing(items, total)
+
+    async def product(self, caller: Caller, product_id: int) -> bytes:
+        try:
+            return await self.provider.product(caller.account, product_id)
+        except Refused as refused:
+            raise protocol_error(refused) from None
+
+    async def existing_order(self, caller: Caller, downstream_order_no: str) -> Mapping[str, Any] | None:
+        order = await self.provider.existing_order(caller.account, downstream_order_no)
+        return None if order is None else order.summary()
+
+    async def create_order(self, caller: Caller, submission: OrderSubmission) -> Mapping[str, Any]:
+        try:
+            order, created = await self.provider.create_order(
+                caller.account,
+                sku_id=submission.sku_id,
+                quantity=submission.quantity,
+                manual_form_data=submission.manual_form_data,
+                downstream_order_no=submission.downstream_order_no,
+                trace_id=submission.trace_id,
+                callback_url=submission.callback_url,
+            )
+        except Refused as refused:
+            raise protocol_error(refused) from None
+        if created and order.status == "canceled":
+            fields = {"order_id": order.id, "order_no": order.order_no, "status": order.status}
+            raise ProtocolError(
+                200, "payment_failed", "wallet payment failed: the balance is too low", fields
+            )
+        return order.summary()
+
+    async def order(self, caller: Caller, order_id: int) -> Mapping[str, Any]:
+        try:
+            return (await self.provider.order_of(caller.account, order_id)).to_api()
+        except Refused as refused:
+            raise protocol_error(refused) from None
+
+    async def cancel_order(self, caller: Caller, order_id: int) -> Mapping[str, Any]:
+        try:
+            order = await self.provider.cancel(caller.account, order_id)
+        except Refused as refused:
+            raise protocol_error(refused) from None
+        return {"ok": True, "order_id": order.id, "order_no": order.order_no, "status": order.status}
+
+
+def _address(request: web.Request) -> str:
+    return request.remote or "unknown"
+
+
+def add_provider_routes(app: web.Application, operations: Operations) -> None:
+    """Serve the provider's signed API under ``/api/v1/upstream`` (after the callback receiver's route)."""
+    api = SignedApi(ProviderBackend(operations))
+    app.router.add_route("*", API_PREFIX + "{tail:(/.*)?}", api.dispatch)

@@ -1,0 +1,214 @@
+"""The provider's accounts and wallets: one entry for each thing an operator does to them (command line,
+admin API, console), and the lookup the signed API authenticates with."""
+
+from __future__ import annotations
+
+import re
+import secrets
+from typing import Any
+
+import structlog
+
+from procurd.core.alerts import Kind, Occurrence
+from procurd.core.json_limits import text_problem
+from procurd.core.orders import iso
+from procurd.core.provider import (
+    ACCOUNT_NAME_RULE,
+    ACTIVE,
+    DISABLED,
+    Account,
+    AmountError,
+    cents_text,
+    positive_cents,
+    to_cents,
+)
+from procurd.core.refusals import Refused
+from procurd.db.provider_store import LedgerEntry
+from procurd.db.types import utcnow
+from procurd.runtime import Runtime
+
+log = structlog.get_logger("procurd.provider")
+
+ACCOUNT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+MAX_NOTE_CHARS = 1000
+KEY_PREFIX = "pk_"
+
+
+def account_not_found(name: str) -> Refused:
+    return Refused(404, "account_not_found", f"no provider account {name!r}")
+
+
+def account_view(account: Account, orders: dict[str, int] | None = None) -> dict[str, Any]:
+    """An account as the admin API shows it (never its secret)."""
+    return {
+        "id": account.id,
+        "name": account.name,
+        "api_key": account.api_key,
+        "status": account.status,
+        "level": account.level,
+        "balance": cents_text(account.balance_cents),
+        "currency": account.currency,
+        "orders": orders or {},
+        "created_at": iso(account.created_at),
+        "updated_at": iso(account.updated_at),
+    }
+
+
+def ledger_view(entry: LedgerEntry) -> dict[str, Any]:
+    return {
+        "id": entry.id,
+        "amount": cents_text(entry.amount_cents),
+        "kind": entry.kind,
+        "order_id": entry.order_id,
+        "note": entry.note,
+        "balance_after": cents_text(entry.balance_after_cents),
+        "at": iso(entry.created_at),
+    }
+
+
+def check_note(note: Any, *, required: bool = True) -> str | None:
+    if note is None and not required:
+        return None
+    if not isinstance(note, str) or (required and not note.strip()):
+        raise Refused(400, "note_required", "note must be a non-empty string")
+    if len(note) > MAX_NOTE_CHARS:
+        raise Refused(400, "invalid_request", f"note is longer than {MAX_NOTE_CHARS} characters")
+    problem = text_problem(note)
+    if problem is not None:
+        raise Refused(400, "invalid_request", f"note {problem}")
+    return note.strip() or None
+
+
+class ProviderAccountOperations:
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self.settings = runtime.settings.provider
+
+    async def add(self, name: str) -> tuple[Account, str]:
+        """A new active account with an empty wallet: the account, and its API secret (shown once)."""
+        if not isinstance(name, str) or not ACCOUNT_NAME.fullmatch(name):
+            raise Refused(400, "invalid_account_name", f"an account name is {ACCOUNT_NAME_RULE}")
+        api_key = KEY_PREFIX + secrets.token_hex(16)
+        secret = secrets.token_hex(32)
+        now = utcnow()
+
+        def create(tx: Any) -> Account | None:
+            if tx.provider.account(name=name) is not None:
+                return None
+            created: Account = tx.provider.create_account(name, api_key, secret, self.settings.currency, now)
+            return created
+
+        account = await self.runtime.database.write(create)
+        if account is None:
+            raise Refused(409, "account_exists", f"a provider account named {name!r} exists already")
+        log.info("provider.account_added", account=name, api_key=api_key)
+        return account, secret
+
+    async def get(self, name: str) -> Account:
+        account = await self.runtime.database.read(lambda tx: tx.provider.account(name=name))
+        if account is None:
+            raise account_not_found(name)
+        return account
+
+    async def by_key(self, api_key: str) -> Account | None:
+        """The account an API key names (the signed API's credential lookup)."""
+        return await self.runtime.database.read(lambda tx: tx.provider.account(api_key=api_key))
+
+    async def list(self) -> list[dict[str, Any]]:
+        """Every account with its balance, level and orders by status, by name."""
+        accounts, counts = await self.runtime.database.read(
+            lambda tx: (tx.provider.accounts(), tx.provider.order_counts())
+        )
+        return [account_view(account, counts.get(account.id, {})) for account in accounts]
+
+    async def show(self, name: str, page: int = 1, page_size: int = 20) -> dict[str, Any]:
+        """An account with a page of its ledger, the newest first."""
+        account = await self.get(name)
+        total, entries, counts = await self.runtime.database.read(
+            lambda tx: (*tx.provider.ledger(account.id, page, page_size), tx.provider.order_counts())
+        )
+        view = account_view(account, counts.get(account.id, {}))
+        view["ledger"] = {
+            "items": [ledger_view(entry) for entry in entries],
+            "total": total,
+            "page": page,
+            "page_size": page_size,
+        }
+        return view
+
+    async def set_status(self, name: str, active: bool) -> Account:
+        """Enable or disable an account (a disabled account's requests answer 401 ``invalid_api_key``)."""
+        account = await self.get(name)
+        status = ACTIVE if active else DISABLED
+        await self.runtime.database.write(
+            lambda tx: tx.provider.update_account(account.id, utcnow(), status=status)
+        )
+        log.info("provider.account_" + ("enabled" if active else "disabled"), account=name)
+        return await self.get(name)
+
+    async def rotate(self, name: str) -> tuple[Account, str]:
+        """A new API secret for the account (the old one stops working at once): shown once."""
+        account = await self.get(name)
+        secret = secrets.token_hex(32)
+        await self.runtime.database.write(
+            lambda tx: tx.provider.update_account(account.id, utcnow(), api_secret=secret)
+        )
+        log.info("provider.account_secret_rotated", account=name)
+        return await self.get(name), secret
+
+    async def set_level(self, name: str, slug: str | None) -> Account:
+        """Give the account a price tier of ``[[provider.levels]]``, or none."""
+        if slug is not None and self.settings.level(slug) is None:
+            known = ", ".join(level.slug for level in self.settings.levels) or "none are configured"
+            raise Refused(400, "unknown_level", f"no level {slug!r} in [[provider.levels]] ({known})")
+        account = await self.get(name)
+        await self.runtime.database.write(
+            lambda tx: tx.provider.update_account(account.id, utcnow(), level=slug)
+        )
+        log.info("provider.account_level_set", account=name, level=slug)
+        return await self.get(name)
+
+    async def move(self, name: str, amount: Any, note: Any, *, topup: bool) -> dict[str, Any]:
+        """A movement by hand: a top-up, or a debit (refused 409 ``insufficient_balance`` when the wallet
+        is short); its ledger row."""
+        try:
+            cents = positive_cents(amount)
+        except AmountError as exc:
+            raise Refused(400, "invalid_amount", str(exc)) from None
+        text = check_note(note)
+        account = await self.get(name)
+        kind = "topup" if topup else "debit"
+        now = utcnow()
+        after = await self.runtime.database.write(
+            lambda tx: tx.provider.move(account.id, cents if topup else -cents, kind, text, now)
+        )
+        if after is None:
+            raise Refused(
+                409,
+                "insufficient_balance",
+                f"the wallet of {name} holds {cents_text(account.balance_cents)} {account.currency}: "
+                f"{cents_text(cents)} cannot be taken",
+            )
+        log.info(
+            "provider.wallet_moved",
+            account=name,
+            kind=kind,
+            amount=cents_text(cents),
+            balance=cents_text(after),
+        )
+        await self.check_balance(account, after)
+        return {"account": name, "kind": kind, "amount": cents_text(cents if topup else -cents),
+                "balance": cents_text(after), "currency": account.currency, "note": text}  # fmt: skip
+
+    async def check_balance(self, account: Account, balance_cents: int) -> None:
+        """Alert ``provider_low_balance`` when the account's wallet is below ``[provider]
+        low_balance_threshold``."""
+        threshold = self.settings.low_balance_threshold
+        if not threshold or balance_cents >= to_cents(threshold):
+            return
+        message = (
+            f"the wallet of provider account {account.name} holds {cents_text(balance_cents)} "
+            f"{account.currency}, below {threshold}: its orders are refused payment_failed once it cannot "
+            f"pay them. Top it up: procurd provider topup {account.name} AMOUNT --note TEXT"
+        )
+        await self.runtime.alerts.raise_(Occurrence(Kind.PROVIDER_LOW_BALANCE, account.name, message))

@@ -1,0 +1,234 @@
+"""Callbacks to downstream sites: each provider order's latest status, pushed to its ``callback_url``.
+
+The state path queues a status (``provider_callbacks``, one row per order, the newest status replacing one
+not yet told); the :class:`CallbackDispatcher` sends what is due, signed with the account's key and secret
+as seed 000 part 5 says, over the fixed path ``/api/v1/upstream/callback`` (what the real sites sign,
+whatever the URL). A callback is delivered when the downstream answers HTTP 2xx with ``"ok": true``;
+otherwise it is tried again with backoff (30 s, then doubling up to 30 minutes) until
+``[provider] callback_give_up_seconds`` after its first try, when it is given up (an operator can replay it).
+Every try is in the order's delivery log. The body always tells the order's current status, so ``GET
+/orders/:id`` agrees with the last callback, and a replay is idempotent for the receiver.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+import aiohttp
+import structlog
+
+from procurd import __version__
+from procurd.background import Worker
+from procurd.config import CALLBACK_PATH, ProviderSettings
+from procurd.core.provider import Account, ProviderOrder, callback_body
+from procurd.db.database import Database
+from procurd.db.provider_store import CallbackDue
+from procurd.db.stores import Tx
+from procurd.db.types import utcnow
+from procurd.signing import HeaderNames, signed_headers
+from procurd.upstream.errors import truncate
+
+log = structlog.get_logger("procurd.provider")
+
+FIRST_RETRY_SECONDS = 30.0
+MAX_RETRY_SECONDS = 1800.0
+TIMEOUT_SECONDS = 15.0
+LEASE = timedelta(seconds=60)
+BATCH = 20
+CONCURRENCY = 8
+MESSAGE_CHARS = 300
+
+
+def _claim(tx: Tx, owner: str, now: datetime) -> list[CallbackDue]:
+    return tx.provider.claim_callbacks(owner, now, now + LEASE, BATCH)
+
+
+def retry_in(attempts: int) -> float:
+    """Seconds until the next try after ``attempts`` failed ones: 30 s, 60 s, 120 s ... up to 30 min."""
+    return float(min(MAX_RETRY_SECONDS, FIRST_RETRY_SECONDS * 2.0 ** max(0, attempts - 1)))
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """What one try of a callback got back."""
+
+    ok: bool
+    http_status: int | None
+    message: str | None
+
+
+class CallbackSender:
+    """Posts signed callbacks (one HTTP session, opened on first use)."""
+
+    def __init__(self, settings: ProviderSettings, clock: Callable[[], datetime] = utcnow) -> None:
+        self.names = HeaderNames.for_prefix(settings.header_prefix)
+        self.clock = clock
+        self._session: aiohttp.ClientSession | None = None
+
+    async def send(self, account: Account, order: ProviderOrder) -> Delivery:
+        """Tell ``order``'s current status to its ``callback_url``."""
+        assert order.callback_url
+        now = self.clock()
+        body = json.dumps(callback_body(order, now), separators=(",", ":"), ensure_ascii=False).encode()
+        headers = signed_headers(
+            self.names, account.api_key, account.api_secret, "POST", CALLBACK_PATH, int(now.timestamp()), body
+        )
+        headers["Content-Type"] = "application/json"
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=TIMEOUT_SECONDS),
+                headers={"User-Agent": f"procurd/{__version__}"},
+            )
+        try:
+            async with self._session.post(
+                order.callback_url, data=body, headers=headers, allow_redirects=False
+            ) as response:
+                raw = await response.content.read(64 * 1024)
+                return _delivery(response.status, raw)
+        except TimeoutError:
+            return Delivery(False, None, f"no answer within {TIMEOUT_SECONDS:g} s")
+        except (aiohttp.ClientError, OSError) as exc:
+            return Delivery(False, None, f"cannot reach it: {type(exc).__name__}")
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+def _delivery(status: int, raw: bytes) -> Delivery:
+    """HTTP 2xx with ``"ok": true`` is delivered; the answer's ``message`` (or why it is unusable) is kept."""
+    try:
+        answer = json.loads(raw) if raw.strip() else None
+    except (ValueError, RecursionError):
+        answer = None
+    if not isinstance(answer, dict):
+        return Delivery(False, status, "the answer is not a JSON object")
+    ok = answer.get("ok") is True and 200 <= status < 300
+    message = answer.get("message")
+    text = truncate(message if isinstance(message, str) else json.dumps(message), MESSAGE_CHARS)
+    return Delivery(ok, status, text if message is not None else None)
+
+
+class CallbackDispatcher(Worker):
+    """Sends the due callbacks of every provider order; wakes when the state path queues one."""
+
+    name = "provider callbacks"
+
+    def __init__(
+        self,
+        database: Database,
+        settings: ProviderSettings,
+        owner: str,
+        *,
+        sender: CallbackSender | None = None,
+        wakeup: asyncio.Event | None = None,
+        idle_seconds: float = 5.0,
+    ) -> None:
+        super().__init__()
+        self.database = database
+        self.settings = settings
+        self.owner = owner
+        self.sender = sender or CallbackSender(settings)
+        self.idle_seconds = idle_seconds
+        if wakeup is not None:
+            self.wakeup = wakeup
+
+    async def step(self) -> float | None:
+        gate = asyncio.Semaphore(CONCURRENCY)
+
+        async def one(due: CallbackDue) -> None:
+            async with gate:
+                await self.deliver(due)
+
+        while True:
+            claimed = await self.database.write(_claim, self.owner, utcnow())
+            if not claimed:
+                break
+            await asyncio.gather(*(one(due) for due in claimed))
+            if len(claimed) < BATCH:
+                break
+        due_at = await self.database.read(lambda tx: tx.provider.next_callback_due())
+        return None if due_at is None else (due_at - utcnow()).total_seconds()
+
+    async def deliver(self, due: CallbackDue) -> None:
+        """Try one claimed callback and record the try."""
+        found = await self.database.read(
+            lambda tx: (tx.provider.order(due.order_id), tx.provider.account(id=due.account_id))
+        )
+        order, account = found
+        if order is None or account is None or not order.callback_url:
+            return
+        delivery = await self.sender.send(account, order)
+        await record_try(self.database, self.settings, order, due.status, delivery, owner=self.owner, due=due)
+
+    async def drain(self) -> None:
+        await self.sender.close()
+
+
+async def record_try(
+    database: Database,
+    settings: ProviderSettings,
+    order: ProviderOrder,
+    status: str,
+    delivery: Delivery,
+    *,
+    owner: str | None,
+    due: CallbackDue | None = None,
+) -> bool:
+    """Log a try of telling ``status`` and settle the order's callback: delivered, retried later or given
+    up. Returns whether it was given up now."""
+    now = utcnow()
+    attempts = (due.attempts if due is not None else 0) + 1
+    first = due.first_attempt_at if due is not None and due.first_attempt_at is not None else now
+    gave_up = (
+        not delivery.ok
+        and due is not None
+        and (now - first).total_seconds() >= settings.callback_give_up_seconds
+    )
+    error = None if delivery.ok else _error_text(delivery)
+    next_at = None if delivery.ok or gave_up else now + timedelta(seconds=retry_in(attempts))
+
+    def settle(tx: Tx) -> None:
+        tx.provider.log_attempt(
+            order.id, status, now, delivery.http_status, delivery.ok, delivery.message, replay=owner is None
+        )
+        tx.provider.settle_callback(
+            order.id,
+            owner,
+            status,
+            now,
+            delivered=delivery.ok,
+            next_attempt_at=next_at,
+            gave_up=gave_up,
+            error=error,
+        )
+
+    await database.write(settle)
+    fields = {
+        "order_id": order.id,
+        "status": status,
+        "http_status": delivery.http_status,
+        "attempt": attempts,
+    }
+    if delivery.ok:
+        log.info("provider.callback_delivered", **fields, replay=owner is None)
+    elif gave_up:
+        log.warning("provider.callback_given_up", **fields, error=error)
+    else:
+        log.info(
+            "provider.callback_failed",
+            **fields,
+            error=error,
+            retry_at=next_at.isoformat() if next_at else None,
+        )
+    return gave_up
+
+
+def _error_text(delivery: Delivery) -> str:
+    status = f"HTTP {delivery.http_status}" if delivery.http_status is not None else "no answer"
+    return truncate(f"{status}: {delivery.message}" if delivery.message else status, MESSAGE_CHARS)
