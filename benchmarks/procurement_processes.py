@@ -25,10 +25,10 @@ from aiohttp import web
 
 from procurd.config import CALLBACK_PATH
 from procurd.logs import configure_logging
+from procurd.protocol.ratelimit import RateLimiter
 from procurd.sandbox import Sandbox, SandboxConfig, SandboxOrder
 from procurd.sandbox.callbacks import callback_body
 from procurd.sandbox.catalog import UNLIMITED
-from procurd.protocol.ratelimit import RateLimiter
 from procurd.sandbox.state import FULFILLED_STATUSES
 from procurd.signing import HeaderNames
 
