@@ -55,11 +55,11 @@ def daemon_config(database_url: str, sandbox: Sandbox, **sections: Any) -> dict[
     return instance_config(database_url, sandbox, **defaults)
 
 
-async def pass_done(database_url: str) -> bool:
-    """A pass finished ``ok`` and its lease is given back (the next pass is not skipped for it)."""
+async def pass_done(database_url: str, passes: int) -> bool:
+    """``passes`` passes finished ``ok`` and the lease is given back (the next pass is not skipped for it)."""
     done = select(sync_runs.c.id).where(sync_runs.c.status == "ok", sync_runs.c.finished_at.is_not(None))
     held = select(leases.c.holder).where(leases.c.name == LEASE_PREFIX + "main")
-    return bool(await sql_rows(database_url, done)) and not await sql_rows(database_url, held)
+    return len(await sql_rows(database_url, done)) >= passes and not await sql_rows(database_url, held)
 
 
 async def test_a_command_beside_the_daemon_shares_its_budget_and_orders_go_first(
@@ -80,8 +80,9 @@ async def test_a_command_beside_the_daemon_shares_its_budget_and_orders_go_first
         try:
             async with aiohttp.ClientSession() as session:
                 await daemon.wait_ready(session)
-                # The daemon's start-up pass first: the command's pass is then not skipped for it.
-                await wait_until(lambda: pass_done(database_url), timeout=30)
+                # The daemon's start-up pass first (the run after the test's mirror): the command's pass is
+                # then not skipped for it.
+                await wait_until(lambda: pass_done(database_url, passes=2), timeout=30)
                 sandbox.reset_requests()
                 command = asyncio.create_task(
                     run_procurd(

@@ -136,6 +136,11 @@ class OfferedStore:
             found.update(int(value) for value in self.connection.execute(statement).scalars())
         return found
 
+    def category_ids(self, upstream: str) -> list[int]:
+        """Every category id of the upstream's mirror, removed ones included (ids are kept forever)."""
+        statement = select(mirror_categories.c.id).where(mirror_categories.c.upstream == upstream)
+        return sorted(int(value) for value in self.connection.execute(statement).scalars())
+
     def product_ids(self, upstream: str) -> list[int]:
         statement = select(mirror_products.c.id).where(mirror_products.c.upstream == upstream)
         return sorted(int(value) for value in self.connection.execute(statement).scalars())

@@ -78,6 +78,11 @@ class ProviderBackend(Backend):
     def max_body_bytes(self) -> int:
         return 1024 * 1024
 
+    @property
+    def disabled_key_status(self) -> int:
+        """A disabled account's requests answer 401: the key is known, its holder is not let in."""
+        return 401
+
     def now(self) -> float:
         return time.time()
 

@@ -79,6 +79,12 @@ class Backend:
         return 10 * 1024 * 1024
 
     @property
+    def disabled_key_status(self) -> int:
+        """The HTTP status of ``invalid_api_key`` for a key the site knows but has disabled (the real sites:
+        403, as for a key they do not know)."""
+        return 403
+
+    @property
     def page_size_max(self) -> int:
         """The largest page of products answered (seed 000: 100)."""
         return MAX_PAGE_SIZE

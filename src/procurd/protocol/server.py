@@ -237,8 +237,12 @@ class SignedApi:
         if not timestamp_fresh(timestamp, self.backend.now()):
             raise auth_failure("timestamp_expired", "timestamp is outside the 60 second tolerance")
         credential = await self.backend.credential(api_key)
-        if credential is None or not credential.key_active:
+        if credential is None:
             raise auth_failure("invalid_api_key", "API key is invalid or disabled")
+        if not credential.key_active:
+            raise ProtocolError(
+                self.backend.disabled_key_status, "invalid_api_key", "API key is invalid or disabled"
+            )
         if not credential.user_active:
             raise auth_failure("user_disabled", "the user account is disabled")
         body = await self._read_body(request)

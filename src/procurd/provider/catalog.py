@@ -114,6 +114,7 @@ class OfferedCatalog:
             return up_to, sorted(offered.changed_products(upstream, after, up_to, _moment(since) - OVERLAP))
 
         up_to, product_ids = await self.database.read(changed)
+        await self.database.write(self._number_categories, upstream)
         taken: dict[str, set[int]] | None = (
             None  # read once, kept up to date while this refresh holds the lease
         )
@@ -133,6 +134,14 @@ class OfferedCatalog:
 
         await self.database.write(advance)
         return rebuilt
+
+    def _number_categories(self, tx: Tx, upstream: str) -> None:
+        """Give an offered id to every category of the upstream's mirror not numbered yet: a parent with
+        no product of its own is offered too, so the downstream sees the same two levels."""
+        wanted = [("category", upstream, identity) for identity in tx.offered.category_ids(upstream)]
+        known = tx.offered.ids(wanted)
+        if len(known) < len(wanted):
+            tx.offered.add_ids(allocate_ids(wanted, known, tx.offered.taken_ids()))
 
     def _rebuild(
         self, tx: Tx, upstream: str, product_ids: Sequence[int], taken: dict[str, set[int]]

@@ -1,0 +1,83 @@
+"""Helpers for tests of procurd as a provider (the upstream of other sites): a provider's configuration, its
+accounts, and a provider seen as an upstream site by the next procurd down the chain."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from procurd.config import Settings
+from procurd.operations import Operations
+from procurd.sandbox import SandboxConfig
+from support import UpstreamSite, config_data
+
+MARKUP_PERCENT = "10"
+
+
+def provider_config(
+    database_url: str, *upstreams: tuple[str, UpstreamSite], **sections: Mapping[str, Any]
+) -> dict[str, Any]:
+    """A procurd that sells its mirror of ``upstreams`` (as the TOML file holds it): ``[provider]`` on, in
+    CNY, callbacks to loopback allowed, every SKU priced at cost plus 10 %. ``sections`` update the
+    defaults section by section (``provider`` and ``pricing`` included)."""
+    defaults: dict[str, dict[str, Any]] = {
+        "provider": {
+            "enabled": True,
+            "site_name": "procurd provider",
+            "currency": "CNY",
+            "allow_private_callback_url": True,
+        },
+        "pricing": {"rules": [{"markup_percent": MARKUP_PERCENT}]},
+    }
+    for section, values in sections.items():
+        defaults[section] = {**defaults.get(section, {}), **values}
+    return config_data(database_url, *upstreams, **defaults)
+
+
+def provider_settings(
+    database_url: str, *upstreams: tuple[str, UpstreamSite], **sections: Mapping[str, Any]
+) -> Settings:
+    return Settings(**provider_config(database_url, *upstreams, **sections))
+
+
+@dataclass(frozen=True)
+class ProviderSite:
+    """A provider's signed API as one account sees it: what a downstream procurd (or a test's
+    :class:`~procurd.sandbox.testing.SignedClient`) is configured with."""
+
+    base_url: str
+    account: str
+    api_key: str
+    api_secret: str = field(repr=False)
+    header_prefix: str = "Service"
+
+    @property
+    def config(self) -> SandboxConfig:
+        """The credentials in the shape :func:`support.config_data` reads from a sandbox."""
+        return SandboxConfig(
+            api_key=self.api_key, api_secret=self.api_secret, header_prefix=self.header_prefix
+        )
+
+
+def public_base_url(settings: Settings) -> str:
+    """The site root of a procurd's public listener (where its provider API is served)."""
+    return f"http://127.0.0.1:{settings.server.public_port}"
+
+
+async def add_account(
+    operations: Operations, name: str, *, balance: str = "1000.00", level: str | None = None
+) -> ProviderSite:
+    """A new account on the provider, its wallet topped up to ``balance`` (and at ``level``)."""
+    account, secret = await operations.provider.accounts.add(name)
+    if balance != "0":
+        await operations.provider.accounts.move(name, balance, "test balance", topup=True)
+    if level is not None:
+        await operations.provider.accounts.set_level(name, level)
+    return ProviderSite(
+        public_base_url(operations.settings),
+        name,
+        account.api_key,
+        secret,
+        operations.settings.provider.header_prefix,
+    )
