@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import sys
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -62,7 +63,7 @@ def settings_of(config: Mapping[str, Any]) -> Settings:
 
 
 def to_toml(config: Mapping[str, Any]) -> str:
-    """``config`` as a TOML document (tables of scalars and lists of scalars, and arrays of such tables)."""
+    """``config`` as a TOML document (tables of scalars, lists and inline tables; arrays of such tables)."""
     lines: list[str] = []
     for section, values in config.items():
         blocks = values if isinstance(values, list) else [values]
@@ -83,7 +84,13 @@ def _toml_value(value: Any) -> str:
         return json.dumps(value)
     if isinstance(value, list):
         return "[" + ", ".join(_toml_value(item) for item in value) + "]"
+    if isinstance(value, Mapping):  # an inline table: ``pricing.rules`` items, a level's ``name``
+        return "{" + ", ".join(f"{_toml_key(key)} = {_toml_value(item)}" for key, item in value.items()) + "}"
     raise TypeError(f"no TOML form for {value!r}")
+
+
+def _toml_key(key: str) -> str:
+    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else json.dumps(key)
 
 
 def _child_environment() -> dict[str, str]:
