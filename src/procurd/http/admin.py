@@ -1,6 +1,6 @@
 """The admin listener: order intake, order reads and cancels, the exception queue, catalogue passes and price
-holds, alerts, reconciliation, status, metrics, and the web console under ``/ui/``
-(:mod:`procurd.http.console`).
+holds, alerts, reconciliation, status, metrics, the provider's accounts, wallets and orders
+(:mod:`procurd.http.provider_admin`), and the web console under ``/ui/`` (:mod:`procurd.http.console`).
 
 Every action is the installation's operation (:mod:`procurd.operations`), as the console, the command line
 and the daemon's schedule run it. JSON everywhere but the console. Success answers carry ``"ok": true``;
@@ -42,6 +42,7 @@ from procurd.http.inputs import (
     query_int,
     query_text,
 )
+from procurd.http.provider_admin import add_provider_admin_routes
 from procurd.operations import Operations
 from procurd.operations.orders import DEFAULT_BULK_RETRY, check_order_no, decode_json
 from procurd.reconcile import runs_with_findings
@@ -335,6 +336,7 @@ def make_admin_app(operations: Operations) -> web.Application:
     router.add_get("/api/v1/status", get_status)
     router.add_get("/api/v1/alerts", list_alerts)
     router.add_get("/api/v1/reconcile", list_reconciliations)
+    add_provider_admin_routes(router)
     router.add_get("/metrics", metrics_handler(runtime))
     router.add_get(HEALTH_PATH, healthz)
     return app

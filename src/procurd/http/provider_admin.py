@@ -1,0 +1,223 @@
+"""The provider's part of the admin listener: accounts of downstream sites, their wallets and ledgers, the
+orders they sent, and their callbacks (``/api/v1/provider/...``, described in ``openapi.yaml``).
+
+Each handler reads its input and calls one provider operation (:mod:`procurd.operations.provider` and
+:mod:`procurd.operations.provider_accounts`), as ``procurd provider`` and the console do. The routes answer
+whether or not ``[provider] enabled`` is set: accounts can be prepared and wallets topped up before the
+signed API is switched on, and orders received earlier stay readable after it is switched off. An account's
+API secret is in two answers only, creating the account and rotating its secret, and never in a log line.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from procurd.core.numbers import MAX_ID
+from procurd.core.procurement import COMPLETED_STATUS
+from procurd.core.provider import ACCOUNT_NAME_RULE, CANCELED, DELIVERED, PAID, PASSED_THROUGH, Account
+from procurd.http.errors import OPERATIONS, ApiError, Handler, json_response, read_body
+from procurd.http.inputs import DEFAULT_PAGE_SIZE, MAX_PAGE, MAX_PAGE_SIZE, query_int, query_text
+from procurd.operations import Operations
+from procurd.operations.orders import decode_json
+from procurd.operations.provider import ProviderOperations
+from procurd.operations.provider_accounts import ACCOUNT_NAME, account_view
+
+PREFIX = "/api/v1/provider"
+# Every status a provider order can show (seed 000 part 3), the newest states last.
+ORDER_STATUSES = (PAID, *sorted(PASSED_THROUGH), DELIVERED, COMPLETED_STATUS, CANCELED)
+
+
+# --- reading requests ---------------------------------------------------------------------------------------
+
+
+def _provider(request: web.Request) -> ProviderOperations:
+    operations: Operations = request.app[OPERATIONS]
+    return operations.provider
+
+
+async def _body(request: web.Request, allowed: set[str], *, optional: bool = False) -> dict[str, Any]:
+    """The JSON object sent (``{}`` for an empty body when ``optional``); 400 ``invalid_json`` /
+    ``invalid_request`` for anything else or a field not in ``allowed``."""
+    raw = await read_body(request)
+    if optional and not raw.strip():
+        return {}
+    body = decode_json(raw)
+    if not isinstance(body, dict):
+        raise ApiError(400, "invalid_request", "the body must be a JSON object")
+    unknown = sorted(set(body) - allowed)
+    if unknown:
+        raise ApiError(400, "invalid_request", f"unknown field {unknown[0]!r}")
+    return body
+
+
+def _account_name(request: web.Request) -> str:
+    """The account named in the path; 404 ``account_not_found`` for a name no account can have."""
+    name = request.match_info["name"]
+    if not ACCOUNT_NAME.fullmatch(name):
+        raise _no_such_name()
+    return name
+
+
+def _no_such_name() -> ApiError:
+    return ApiError(404, "account_not_found", f"no provider account: an account name is {ACCOUNT_NAME_RULE}")
+
+
+def _order_id(request: web.Request) -> int:
+    """The provider order id in the path: 400 ``invalid_id`` when not a number, 404 ``order_not_found``
+    when no order can have it."""
+    raw = request.match_info["id"]
+    if not (raw.isascii() and raw.isdigit()):
+        raise ApiError(400, "invalid_id", "the provider order id must be a positive integer")
+    value = int(raw)
+    if not 0 < value <= MAX_ID:
+        raise ApiError(404, "order_not_found", f"no provider order {raw}")
+    return value
+
+
+def _pages(request: web.Request) -> tuple[int, int]:
+    page = query_int(request.query, "page", 1, 1, MAX_PAGE)
+    page_size = query_int(request.query, "page_size", DEFAULT_PAGE_SIZE, 1, MAX_PAGE_SIZE)
+    return page, page_size
+
+
+def _brief(account: Account) -> dict[str, Any]:
+    """An account after a change: its view without the order counts (the list and the account's own view
+    carry those)."""
+    view = account_view(account)
+    del view["orders"]
+    return view
+
+
+# --- accounts -------------------------------------------------------------------------------------------
+
+
+async def list_accounts(request: web.Request) -> web.Response:
+    """Every account with its status, level, balance and orders by status, by name."""
+    provider = _provider(request)
+    items = await provider.accounts.list()
+    return json_response(
+        {"ok": True, "provider_enabled": provider.enabled, "currency": provider.settings.currency,
+         "items": items}
+    )  # fmt: skip
+
+
+async def add_account(request: web.Request) -> web.Response:
+    """Create an account (``{"name"}``): 201 with its API key and, this once, its API secret."""
+    body = await _body(request, {"name"})
+    account, secret = await _provider(request).accounts.add(body.get("name", ""))
+    return json_response({"ok": True, "account": _brief(account), "api_secret": secret}, 201)
+
+
+async def get_account(request: web.Request) -> web.Response:
+    """An account with a page of its ledger, the newest movement first."""
+    name = _account_name(request)
+    page, page_size = _pages(request)
+    view = await _provider(request).accounts.show(name, page, page_size)
+    return json_response({"ok": True, "account": view})
+
+
+def _movement(topup: bool) -> Handler:
+    async def move(request: web.Request) -> web.Response:
+        name = _account_name(request)
+        body = await _body(request, {"amount", "note"})
+        moved = await _provider(request).accounts.move(
+            name, body.get("amount"), body.get("note"), topup=topup
+        )
+        return json_response({"ok": True, **moved})
+
+    move.__doc__ = (
+        "Add ``amount`` to the wallet, with a ``note`` for the ledger."
+        if topup
+        else "Take ``amount`` from the wallet (409 ``insufficient_balance`` beyond its balance)."
+    )
+    return move
+
+
+def _status_change(active: bool) -> Handler:
+    async def change(request: web.Request) -> web.Response:
+        name = _account_name(request)
+        await _body(request, set(), optional=True)
+        account = await _provider(request).accounts.set_status(name, active)
+        return json_response({"ok": True, "account": _brief(account)})
+
+    change.__doc__ = (
+        "Let the account's signed requests in again."
+        if active
+        else "Refuse the account's signed requests (401 ``invalid_api_key``) until it is enabled."
+    )
+    return change
+
+
+async def rotate_secret(request: web.Request) -> web.Response:
+    """A new API secret for the account, shown this once; the old one stops working at once."""
+    name = _account_name(request)
+    await _body(request, set(), optional=True)
+    account, secret = await _provider(request).accounts.rotate(name)
+    return json_response({"ok": True, "account": _brief(account), "api_secret": secret})
+
+
+async def set_level(request: web.Request) -> web.Response:
+    """Give the account a price tier of ``[[provider.levels]]`` (``{"level": SLUG}``), or none
+    (``{"level": null}``)."""
+    name = _account_name(request)
+    provider = _provider(request)
+    body = await _body(request, {"level"})
+    if "level" not in body:
+        raise ApiError(400, "invalid_request", "level is required: a configured slug, or null for none")
+    slug = body["level"]
+    if slug is not None and not isinstance(slug, str):
+        raise ApiError(400, "invalid_request", "level must be a string (a configured slug) or null")
+    if slug is not None and not ACCOUNT_NAME.fullmatch(slug):
+        known = ", ".join(level.slug for level in provider.settings.levels) or "none are configured"
+        raise ApiError(400, "unknown_level", f"no such level in [[provider.levels]] ({known})")
+    account = await provider.accounts.set_level(name, slug)
+    return json_response({"ok": True, "account": _brief(account)})
+
+
+# --- orders ---------------------------------------------------------------------------------------------
+
+
+async def list_orders(request: web.Request) -> web.Response:
+    """Orders received from downstream sites, the newest first: ``account``, ``status``, ``page``,
+    ``page_size``."""
+    account = query_text(request.query, "account")
+    status = query_text(request.query, "status")
+    if status is not None and status not in ORDER_STATUSES:
+        raise ApiError(400, "invalid_query", f"status must be one of {', '.join(ORDER_STATUSES)}")
+    if account is not None and not ACCOUNT_NAME.fullmatch(account):
+        raise _no_such_name()
+    page, page_size = _pages(request)
+    total, items = await _provider(request).orders(account, status, page, page_size)
+    return json_response({"ok": True, "items": items, "total": total, "page": page, "page_size": page_size})
+
+
+async def get_order(request: web.Request) -> web.Response:
+    """One order with the procurement behind it, its callback and the callback's delivery log."""
+    view = await _provider(request).order_detail(_order_id(request))
+    return json_response({"ok": True, "order": view})
+
+
+async def replay_callback(request: web.Request) -> web.Response:
+    """Tell the order's latest status to its downstream site now, signed afresh; the order with its
+    delivery log (the try is in it, successful or not)."""
+    order_id = _order_id(request)
+    await _body(request, set(), optional=True)
+    view = await _provider(request).replay(order_id)
+    return json_response({"ok": True, "order": view})
+
+
+def add_provider_admin_routes(router: web.UrlDispatcher) -> None:
+    router.add_get(f"{PREFIX}/accounts", list_accounts)
+    router.add_post(f"{PREFIX}/accounts", add_account)
+    router.add_get(PREFIX + "/accounts/{name}", get_account)
+    router.add_post(PREFIX + "/accounts/{name}/topup", _movement(True))
+    router.add_post(PREFIX + "/accounts/{name}/debit", _movement(False))
+    router.add_post(PREFIX + "/accounts/{name}/disable", _status_change(False))
+    router.add_post(PREFIX + "/accounts/{name}/enable", _status_change(True))
+    router.add_post(PREFIX + "/accounts/{name}/rotate", rotate_secret)
+    router.add_put(PREFIX + "/accounts/{name}/level", set_level)
+    router.add_get(f"{PREFIX}/orders", list_orders)
+    router.add_get(PREFIX + "/orders/{id}", get_order)
+    router.add_post(PREFIX + "/orders/{id}/callback", replay_callback)
