@@ -16,6 +16,7 @@ import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 import click
@@ -211,6 +212,10 @@ def print_status(report: dict[str, Any]) -> None:
     pending = storefront["events_pending"]
     events = f"{count(pending, 'event')} pending" if pending else "no events pending"
     webhook = "webhook" if storefront["webhook_configured"] else "no webhook (the storefront polls)"
+    provider = report.get("provider") or {}
+    if provider.get("enabled"):
+        echo()
+        print_provider(provider)
     echo()
     echo(f"storefront: {webhook}; {events}")
     alerts = (report.get("alerts") or {}).get("last_24h", 0)
@@ -227,6 +232,65 @@ def print_status(report: dict[str, Any]) -> None:
         )
     else:
         echo("reconciliation: never run")
+
+
+LOWEST_BALANCES = 3
+
+
+def _amount(text: Any) -> Decimal:
+    try:
+        return Decimal(str(text))
+    except InvalidOperation:
+        return Decimal(0)
+
+
+def print_provider(provider: Mapping[str, Any]) -> None:
+    """The provider's part of the status report: accounts, wallets (the lowest first), orders by status,
+    callbacks to downstream sites, the offered catalogue."""
+    currency = provider.get("currency") or ""
+    accounts = int(provider.get("accounts") or 0)
+    disabled = int(provider.get("accounts_disabled") or 0)
+    if accounts == 0:
+        echo("provider: on; no accounts yet (procurd provider account add NAME)")
+    else:
+        held = f" ({disabled} disabled)" if disabled else ""
+        echo(
+            f"provider: {count(accounts, 'account')}{held}; "
+            f"{provider.get('balance_total')} {currency} in their wallets"
+        )
+    fields: list[tuple[str, Any]] = []
+    balances = sorted(
+        provider.get("balances") or [], key=lambda entry: (_amount(entry.get("balance")), entry.get("name"))
+    )
+    # The wallets that may run dry: an active account's (a disabled one's only when none is active).
+    balances = [entry for entry in balances if entry.get("status") in (None, "active")] or balances
+    if balances:
+        lowest = [
+            f"{entry['name']} {entry['balance']} {entry.get('currency') or currency}"
+            + (f" ({entry['status']})" if entry.get("status") not in (None, "active") else "")
+            for entry in balances[:LOWEST_BALANCES]
+        ]
+        fields.append(("lowest" if len(balances) > 1 else "balance", ", ".join(lowest)))
+    orders = provider.get("orders") or {}
+    by_status = ", ".join(f"{status} {number}" for status, number in sorted(orders.items()) if number)
+    fields.append(("orders", f"{count(sum(orders.values()), 'order')}: {by_status}" if by_status else "none"))
+    callbacks = provider.get("callbacks") or {}
+    pending = int(callbacks.get("pending") or 0)
+    failing = int(callbacks.get("failing") or 0)
+    given_up = int(callbacks.get("given_up") or 0)
+    told = f"{pending} pending" + (f" ({failing} failing)" if failing else "") + f", {given_up} given up"
+    if given_up or failing:
+        told += ": see `procurd provider orders`, replay with `procurd provider order replay ID`"
+    fields.append(("callbacks", told))
+    listed = int(provider.get("products_listed") or 0)
+    offered = int(provider.get("products_offered") or 0)
+    fields.append(
+        (
+            "offered",
+            f"{count(listed, 'product')} on sale" + (f" ({offered} in all)" if offered != listed else ""),
+        )
+    )
+    print_fields(fields)
 
 
 def mirror_text(mirror: dict[str, int]) -> str:

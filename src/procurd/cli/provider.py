@@ -15,10 +15,19 @@ import click
 from procurd.cli.base import CliState, common_options, emit_json, main, pass_state, run_command
 from procurd.cli.orders import json_option
 from procurd.config import Settings
+from procurd.core.procurement import COMPLETED_STATUS
+from procurd.core.provider import CANCELED, DELIVERED, PAID, PASSED_THROUGH, Account
 from procurd.operations import open_operations
+from procurd.operations.provider_accounts import account_view
 from procurd.output import Column, ago, count, echo, print_fields, print_table, when
 
 MAX_PAGE_SIZE = 100
+# Every status a provider order can show (seed 000 part 3), as the admin API's status filter takes them.
+ORDER_STATUSES = (PAID, *sorted(PASSED_THROUGH), DELIVERED, COMPLETED_STATUS, CANCELED)
+OFF_NOTE = (
+    "the provider is off ([provider] enabled = false): accounts can be prepared, but no downstream site is "
+    "served until it is on"
+)
 
 
 @main.group("provider")
@@ -71,8 +80,18 @@ async def _list(settings: Settings, as_json: bool) -> None:
     async with open_operations(settings) as operations:
         accounts = await operations.provider.accounts.list()
     if as_json:
-        emit_json({"ok": True, "items": accounts})
+        provider = settings.provider
+        emit_json(
+            {
+                "ok": True,
+                "provider_enabled": provider.enabled,
+                "currency": provider.currency,
+                "items": accounts,
+            }
+        )
         return
+    if not settings.provider.enabled:
+        echo(OFF_NOTE)
     if not accounts:
         echo("no provider accounts (procurd provider account add NAME)")
         return
@@ -136,6 +155,13 @@ def print_ledger(ledger: Mapping[str, Any]) -> None:
     echo(f"{count(ledger['total'], 'movement')}; page {ledger['page']} of {pages}")
 
 
+def _changed(account: Account) -> dict[str, Any]:
+    """What the admin API answers after a change to an account (its view without the order counts)."""
+    view = account_view(account)
+    del view["orders"]
+    return {"ok": True, "account": view}
+
+
 def _status_command(name: str, active: bool) -> None:
     help_text = (
         "Let the account's requests in again." if active else "Refuse the account's requests until enabled."
@@ -143,15 +169,19 @@ def _status_command(name: str, active: bool) -> None:
 
     @account_group.command(name, help=help_text)
     @click.argument("account")
+    @json_option
     @common_options
     @pass_state
-    def command(state: CliState, account: str) -> None:
-        run_command(_set_status(state.settings(), account, active))
+    def command(state: CliState, account: str, as_json: bool) -> None:
+        run_command(_set_status(state.settings(), account, active, as_json), as_json)
 
 
-async def _set_status(settings: Settings, name: str, active: bool) -> None:
+async def _set_status(settings: Settings, name: str, active: bool, as_json: bool) -> None:
     async with open_operations(settings) as operations:
         account = await operations.provider.accounts.set_status(name, active)
+    if as_json:
+        emit_json(_changed(account))
+        return
     echo(f"account {account.name} is {account.status}")
 
 
@@ -181,16 +211,20 @@ async def _rotate(settings: Settings, name: str, as_json: bool) -> None:
 @account_group.command("set-level")
 @click.argument("name")
 @click.argument("slug", metavar="SLUG|none")
+@json_option
 @common_options
 @pass_state
-def account_set_level(state: CliState, name: str, slug: str) -> None:
+def account_set_level(state: CliState, name: str, slug: str, as_json: bool) -> None:
     """Give the account a price tier of [[provider.levels]], or none."""
-    run_command(_set_level(state.settings(), name, None if slug == "none" else slug))
+    run_command(_set_level(state.settings(), name, None if slug == "none" else slug, as_json), as_json)
 
 
-async def _set_level(settings: Settings, name: str, slug: str | None) -> None:
+async def _set_level(settings: Settings, name: str, slug: str | None, as_json: bool) -> None:
     async with open_operations(settings) as operations:
         account = await operations.provider.accounts.set_level(name, slug)
+    if as_json:
+        emit_json(_changed(account))
+        return
     echo(f"account {account.name}: level {account.level or 'none'}")
 
 
@@ -250,9 +284,7 @@ async def _ledger(settings: Settings, name: str, page: int, page_size: int, as_j
 
 @provider_group.command("orders")
 @click.option("--account", "account_name", metavar="NAME", help="Only this account's orders.")
-@click.option(
-    "--status", metavar="STATUS", help="Only orders in this status (paid, delivered, canceled ...)."
-)
+@click.option("--status", type=click.Choice(ORDER_STATUSES), help="Only orders in this status.")
 @click.option("--page", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--page-size", type=click.IntRange(1, MAX_PAGE_SIZE), default=20, show_default=True)
 @json_option
