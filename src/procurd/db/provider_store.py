@@ -19,6 +19,7 @@ from sqlalchemy import (
     bindparam,
     func,
     insert,
+    literal,
     or_,
     select,
     tuple_,
@@ -28,6 +29,7 @@ from sqlalchemy import (
 
 from procurd.core.provider import Account, ProviderOrder
 from procurd.db.schema import (
+    alerts,
     provider_accounts,
     provider_callback_attempts,
     provider_callbacks,
@@ -497,22 +499,31 @@ class ProviderStore:
 
     def failing_callbacks(self, since: datetime) -> dict[int, tuple[int, int]]:
         """Per account: its callbacks still failing after first being tried before ``since``, and those given
-        up since then."""
+        up; each only until the account's ``provider_callbacks_failing`` alert has been raised after it (a
+        check that runs again does not count the same failure again)."""
+        key = literal("provider_callbacks_failing:") + provider_accounts.c.name
+        with_alert = provider_callbacks.join(
+            provider_accounts, provider_accounts.c.id == provider_callbacks.c.account_id
+        ).outerjoin(alerts, alerts.c.key == key)
         failing = (
             select(provider_callbacks.c.account_id, func.count())
+            .select_from(with_alert)
             .where(
                 provider_callbacks.c.pending.is_(True),
                 provider_callbacks.c.attempts > 0,
                 provider_callbacks.c.first_attempt_at <= since,
+                or_(alerts.c.key.is_(None), alerts.c.last_at < provider_callbacks.c.first_attempt_at),
             )
             .group_by(provider_callbacks.c.account_id)
         )
         given_up = (
             select(provider_callbacks.c.account_id, func.count())
+            .select_from(with_alert)
             .where(
                 provider_callbacks.c.given_up_at.is_not(None),
                 provider_callbacks.c.pending.is_(False),
                 provider_callbacks.c.delivered_at.is_(None),
+                or_(alerts.c.key.is_(None), alerts.c.last_at < provider_callbacks.c.given_up_at),
             )
             .group_by(provider_callbacks.c.account_id)
         )
