@@ -240,7 +240,7 @@ async def test_topup_debit_and_the_ledger(shell: Shell) -> None:
     assert "69.50" in beyond.stderr
     beyond_json = await shell.run("provider", "debit", "shop-b", "100", "--note", "x", "--json")
     assert json.loads(beyond_json.stdout)["error_code"] == "insufficient_balance"
-    for amount in ("abc", "0", "-5", "1.001", "NaN"):
+    for amount in ("abc", "0", "-5", "1.001", "NaN", "1e2", "1_000", "\u0661"):
         for movement in ("topup", "debit"):  # after --, "-5" is not an option
             await shell.refused("invalid_amount", "provider", movement, "--note", "x", "shop-b", "--", amount)
     await shell.refused("note_required", "provider", "topup", "shop-b", "1.00", "--note", "  ")

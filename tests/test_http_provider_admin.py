@@ -30,6 +30,12 @@ GOLD = {"slug": "gold", "name": {"en": "Gold"}, "discount_percent": "5"}
 PRODUCTS = 3
 ACCOUNTS = "/api/v1/provider/accounts"
 ORDERS = "/api/v1/provider/orders"
+# Amounts a wallet movement refuses: not a decimal string of ASCII digits and a point, not above zero, finer
+# than a cent, too large (Decimal alone would read a sign, an exponent, underscores, other scripts' digits).
+BAD_AMOUNTS = (
+    "abc", 10, "0", "0.00", "-5", "1.001", "", "  ", None, "NaN", "Infinity", "1e999", "100000000000000.00",
+    "+5", "1e2", "1_000", "\u0661", "\uff11", "5.",
+)  # fmt: skip
 
 
 @dataclass
@@ -192,8 +198,7 @@ async def test_topups_and_debits_move_the_wallet_and_a_refused_movement_changes_
 
     for movement in ("topup", "debit"):
         path = f"{ACCOUNTS}/shop-b/{movement}"
-        for amount in ("abc", 10, "0", "0.00", "-5", "1.001", "", "  ", None, "NaN",
-                       "Infinity", "1e999", "100000000000000.00"):  # fmt: skip
+        for amount in BAD_AMOUNTS:
             await provider.refused("POST", path, {"amount": amount, "note": "n"}, 400, "invalid_amount")
         await provider.refused("POST", path, {"note": "n"}, 400, "invalid_amount")
         number = await provider.raw("POST", path, b'{"amount": 10.5, "note": "n"}')
@@ -460,3 +465,47 @@ async def test_with_the_provider_off_accounts_are_prepared_but_not_served(databa
                     assert response.status == 401
                     assert (await response.json())["error_code"] == "unauthorized"
             await balances_match_ledgers(provider)
+
+
+async def test_malformed_paths_queries_and_bodies_answer_a_json_refusal_and_change_nothing(
+    provider: Provider,
+) -> None:
+    """Names, ids, queries and bodies no account or order can have are answered 4xx with a JSON error (never
+    a 5xx), and leave the account, its wallet and its ledger as they were."""
+    await provider.add("shop-b", topup="5.00")
+    before = await provider.account("shop-b")
+    names = ("%00", "%FF", "a%2Fb", "..", "%E2%80%AE", "a" * 2000, "shop-b%00", "%20shop-b")
+    ids = ("%00", "1e3", "%EF%BC%91", "1.0", "0x1", "99999999999999999999999", "-0", "%20")
+    paths = [f"{ACCOUNTS}/{name}{tail}" for name in names for tail in ("", "/topup", "/rotate", "/level")]
+    paths += [f"{ORDERS}/{order_id}{tail}" for order_id in ids for tail in ("", "/callback")]
+    paths += [
+        f"{ORDERS}?{query}"
+        for query in ("account=%00", "status=%00", "page=%EF%BC%91", "account=" + "a" * 65)
+    ]
+    paths += [f"{ACCOUNTS}/shop-b?page_size=%00", f"{ACCOUNTS}/shop-b?page=1e2"]
+    bodies: list[bytes] = [
+        b"", b"null", b"[]", b'"x"', b"{", b'{"amount": "1.00", "note": "a\\u0000b"}',
+        b'{"level": "\\ud800"}', b'{"amount": "\\u0661", "note": "x"}',
+        b'{"amount": {"$gt": 0}, "note": "x"}', b"\xff\xfe",
+    ]  # fmt: skip
+    for path in paths:
+        method = (
+            "PUT" if path.endswith("/level") else "GET" if "?" in path or path.count("/") <= 5 else "POST"
+        )
+        for body in bodies[:3] if method == "GET" else bodies:
+            status, answer = await provider.raw(method, path, body)
+            assert 400 <= status < 500, (path, body, answer)
+            assert (answer["ok"], bool(answer["error_code"]), bool(answer["error_message"])) == (
+                False,
+                True,
+                True,
+            )
+    for movement in ("topup", "debit"):
+        for body in bodies:
+            status, answer = await provider.raw("POST", f"{ACCOUNTS}/shop-b/{movement}", body)
+            assert 400 <= status < 500, (movement, body, answer)
+    for body in bodies:
+        status, answer = await provider.raw("PUT", f"{ACCOUNTS}/shop-b/level", body)
+        assert 400 <= status < 500, (body, answer)
+    after = await provider.account("shop-b")
+    assert after == before

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -20,6 +21,7 @@ from procurd.core.orders import iso
 from procurd.core.procurement import COMPLETED_STATUS, Procurement, State
 
 CENT = Decimal("0.01")
+PLAIN_AMOUNT = re.compile(r"[0-9]+(\.[0-9]+)?")
 MAX_CENTS = 10**15  # the most a wallet, a price or an order holds (ten trillion), far below BIGINT's limit
 ACCOUNT_NAME_RULE = "1 to 64 characters: letters, digits, and _ . - ; starting with a letter or digit"
 LEDGER_KINDS = ("topup", "debit", "order", "refund")
@@ -54,8 +56,9 @@ def to_cents(amount: Decimal | str, *, what: str = "amount") -> int:
 
 
 def positive_cents(amount: str, *, what: str = "amount") -> int:
-    """A wallet movement given by a person: a positive decimal string of at most two decimals."""
-    if not isinstance(amount, str) or not amount.strip():
+    """A wallet movement given by a person: a positive decimal string of at most two decimals (ASCII digits
+    and a point: no sign, exponent, underscore or other script's digits, which ``Decimal`` would read)."""
+    if not isinstance(amount, str) or not PLAIN_AMOUNT.fullmatch(amount.strip()):
         raise AmountError(f'{what} must be a decimal string such as "100.00"')
     cents = to_cents(amount.strip(), what=what)
     if cents <= 0:
