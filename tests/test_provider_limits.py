@@ -187,3 +187,23 @@ async def test_failed_authentications_are_limited_per_address_and_never_spend_th
             assert requests_counted(text, "-", "ping", "rate_limited") == 2 * (200 - LIMIT - 1) + 1
             assert requests_counted(text, "victim", "ping", "ok") == LIMIT
             assert requests_counted(text, "victim", "ping", "rate_limited") == 1
+
+
+async def test_bodies_too_large_to_be_verified_are_limited_like_failed_authentications(
+    database_url: str, sandbox: Sandbox
+) -> None:
+    """A request with an account's key and a body over the provider's 1 MB is refused 413 before its signature
+    can be checked: it is unverified, and counts against its address like a failed authentication (after ten,
+    the 429 envelope), so a stranger who knows a key cannot make the provider look it up and read large
+    bodies without limit. The account's own requests from its address are not affected."""
+    async with limited_provider(database_url, sandbox, 60.0) as daemon:
+        site = await add_account(daemon.operations, "big")
+        oversized = b"{" + b" " * (1024 * 1024) + b"}"
+        async with ClientFrom(site) as own, ClientFrom(site, "127.0.0.4") as stranger:
+            answers = [
+                await stranger.post("/orders", body=oversized, signature="0" * 64) for _ in range(LIMIT + 3)
+            ]
+            assert [r.status for r in answers[: LIMIT + 1]] == [413] * (LIMIT + 1)
+            assert all(limited(response) for response in answers[LIMIT + 1 :]), [r.status for r in answers]
+            mine = await own.post("/ping")
+            assert answered(mine), mine.body

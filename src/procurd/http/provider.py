@@ -4,8 +4,8 @@ catalogue and the provider's operations (:mod:`procurd.operations.provider`) by 
 The rate limit is the real sites' (``[provider] rate_limit_per_minute`` requests a minute per account, then
 the account refused for ``rate_limit_block_seconds``, answered HTTP 200 ``{"ok": false, "status_code": 429,
 ...}`` with ``Retry-After``), but it is counted only for requests whose signature verified: a stranger who
-knows a key cannot spend its budget. Requests that fail authentication are limited per client address, in
-a bucket of their own. Each instance keeps its own counts.
+knows a key cannot spend its budget. Requests that fail authentication (or whose body is too large for
+their signature to be checked) are limited per client address, in a bucket of their own. Each instance keeps its own counts.
 """
 
 from __future__ import annotations
@@ -113,9 +113,13 @@ class ProviderBackend(Backend):
     def authentication_failed(
         self, request: web.Request, endpoint: str, api_key: str, error: ProtocolError
     ) -> None:
+        self._unverified(request, error.code)
+
+    def _unverified(self, request: web.Request, code: str) -> None:
+        """A request refused before its signature verified counts against its client address."""
         address = _address(request)
         if self._limit(self.strangers, address) is not None:
-            log.warning("provider.authentication_throttled", remote=address, code=error.code)
+            log.warning("provider.authentication_throttled", remote=address, code=code)
 
     async def after_authentication(
         self, request: web.Request, endpoint: str, caller: Caller
@@ -128,6 +132,9 @@ class ProviderBackend(Backend):
     ) -> None:
         account = caller.account.name if caller is not None else "-"
         self.metrics.provider_requests.labels(account, endpoint or "unknown", outcome).inc()
+        if caller is None and outcome == "request_too_large":
+            # Refused before its signature could be checked: limited like a failed authentication.
+            self._unverified(request, outcome)
 
     # -- endpoints --------------------------------------------------------------------------------------
 
