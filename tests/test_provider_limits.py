@@ -18,8 +18,9 @@ import aiohttp
 import pytest
 
 from procurd.daemon import Daemon
+from procurd.protocol.ratelimit import RateLimiter
 from procurd.sandbox import Sandbox, SandboxConfig
-from procurd.sandbox.testing import ApiResponse, SignedClient
+from procurd.sandbox.testing import ApiResponse, ManualClock, SignedClient
 from provider_support import ProviderSite, add_account, provider_settings
 from support import running_daemon, wait_until
 
@@ -207,3 +208,25 @@ async def test_bodies_too_large_to_be_verified_are_limited_like_failed_authentic
             assert all(limited(response) for response in answers[LIMIT + 1 :]), [r.status for r in answers]
             mine = await own.post("/ping")
             assert answered(mine), mine.body
+
+
+def test_the_limiter_forgets_callers_that_went_quiet() -> None:
+    """The limiter remembers a caller (an address that failed authentication, an account) only while that
+    matters: a window after its last request, and not while it is blocked, it is forgotten, so strangers
+    cannot grow it without bound by coming from ever new addresses."""
+    clock = ManualClock()
+    limiter = RateLimiter(clock)
+    addresses = [f"2001:db8::{number:x}" for number in range(1000)]
+    assert all(limiter.allow(address, 1, 60, 120) for address in addresses)
+    assert not limiter.allow(addresses[0], 1, 60, 120)  # over its limit: blocked for 120 s
+    assert len(limiter) == len(addresses)
+
+    clock.advance(61)
+    assert limiter.allow("2001:db8::beef:1", 1, 60, 120)
+    assert len(limiter) == 2  # the blocked address is still held, the rest forgotten
+    assert limiter.blocked(addresses[0])
+    assert not limiter.allow(addresses[0], 1, 60, 120)
+
+    clock.advance(60)
+    assert limiter.allow(addresses[0], 1, 60, 120)  # its block is over: a fresh start
+    assert len(limiter) == 1

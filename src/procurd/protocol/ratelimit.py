@@ -24,9 +24,17 @@ class RateLimiter:
     def __init__(self, clock: Callable[[], float]) -> None:
         self._clock = clock
         self._keys: dict[str, _KeyWindow] = {}
+        self._next_sweep = float("-inf")
+
+    def __len__(self) -> int:
+        """How many keys are remembered."""
+        return len(self._keys)
 
     def allow(self, key: str, limit: int, window: float, block: float) -> bool:
         now = self._clock()
+        if now >= self._next_sweep:
+            self._forget_quiet(now, window)
+            self._next_sweep = now + window
         state = self._keys.setdefault(key, _KeyWindow())
         if now < state.blocked_until:
             return False
@@ -39,6 +47,18 @@ class RateLimiter:
             return False
         hits.append(now)
         return True
+
+    def _forget_quiet(self, now: float, window: float) -> None:
+        """Forget the keys without a request in the last ``window`` and not blocked: what they hold counts
+        for nothing any more, and keys a stranger makes up (addresses, raw API keys) would otherwise be kept
+        for ever."""
+        quiet = [
+            key
+            for key, state in self._keys.items()
+            if now >= state.blocked_until and (not state.hits or state.hits[-1] <= now - window)
+        ]
+        for key in quiet:
+            del self._keys[key]
 
     def blocked(self, key: str) -> bool:
         state = self._keys.get(key)
