@@ -3,14 +3,28 @@ accounts, and a provider seen as an upstream site by the next procurd down the c
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+import os
+import shutil
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from procurd.catalog.sync import SyncReport
 from procurd.config import Settings
+from procurd.core.provider import ProviderOrder
+from procurd.daemon import Daemon
+from procurd.db.provider_store import LedgerEntry
 from procurd.operations import Operations
 from procurd.sandbox import SandboxConfig
-from support import UpstreamSite, config_data
+from support import UpstreamSite, config_data, wait_until
 
 MARKUP_PERCENT = "10"
 
@@ -81,3 +95,74 @@ async def add_account(
         secret,
         operations.settings.provider.header_prefix,
     )
+
+
+@asynccontextmanager
+async def site_database(
+    directory: Path, name: str, sqlite_template: Path | None, postgres_template: str | None
+) -> AsyncIterator[str]:
+    """A fresh migrated database for one more site of a chain (each procurd keeps its own), on the test
+    run's database kind: a copy of the session's SQLite template under ``directory``, or a PostgreSQL
+    database cloned from the session's template and dropped afterwards (conftest's two template fixtures)."""
+    if sqlite_template is not None:
+        path = directory / f"{name}.db"
+        shutil.copyfile(sqlite_template, path)
+        yield f"sqlite+aiosqlite:///{path}"
+        return
+    assert postgres_template is not None, "neither a SQLite nor a PostgreSQL template"
+    server = os.environ["PROCURD_TEST_POSTGRES_URL"]
+    database = f"procurd_test_{name}_{uuid.uuid4().hex[:10]}"
+
+    async def execute(statement: str) -> None:
+        engine = create_async_engine(server, isolation_level="AUTOCOMMIT")
+        try:
+            async with engine.connect() as connection:
+                await connection.execute(text(statement))
+        finally:
+            await engine.dispose()
+
+    await execute(f"CREATE DATABASE {database} TEMPLATE {postgres_template}")
+    try:
+        yield make_url(server).set(database=database).render_as_string(hide_password=False)
+    finally:
+        await execute(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
+
+
+async def settled(daemon: Daemon) -> None:
+    """Wait for what a provider daemon starts in the background at start-up (the repricing that gives the
+    mirror its selling prices, the offered catalogue's rebuild), then bring the offered catalogue in step
+    with the mirror once more: what the provider's API answers from now on is the mirror's."""
+    started = [task for task in daemon.operations.catalog.tasks.values() if not task.done()]
+    if started:
+        await asyncio.wait(started)
+    await daemon.operations.provider.refresh(full=True)
+
+
+async def full_pass(operations: Operations, upstream: str) -> SyncReport:
+    """A full catalogue pass of ``upstream`` run now (waiting while a pass of the daemon's own holds the
+    upstream's lease); it must end ``ok``."""
+
+    async def ran() -> SyncReport | None:
+        report = await operations.catalog.sync(upstream, full=True)
+        return None if report.status == "skipped" else report
+
+    report = await wait_until(ran)
+    assert report.status == "ok", report.error
+    return report
+
+
+async def ledger(operations: Operations, account: str) -> list[LedgerEntry]:
+    """Every wallet movement of ``account`` on the provider, the oldest first."""
+    found = await operations.provider.accounts.get(account)
+    _, entries = await operations.runtime.database.read(lambda tx: tx.provider.ledger(found.id, 1, 10_000))
+    return list(reversed(entries))
+
+
+async def provider_order_of(
+    operations: Operations, account_id: int, downstream_order_no: str
+) -> ProviderOrder | None:
+    """The provider's order from account ``account_id`` under ``downstream_order_no``, if it has one."""
+    key = (account_id, downstream_order_no)
+    found = await operations.runtime.database.read(lambda tx: tx.provider.orders_by_downstream([key]))
+    order: ProviderOrder | None = found.get(key)
+    return order
