@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, bindparam, func, insert, or_, select, update
+from sqlalchemy import ColumnElement, Connection, and_, bindparam, func, insert, or_, select, update
 
 from procurd.db.dialect import insert_or_skip
 from procurd.db.schema import (
@@ -22,6 +22,51 @@ from procurd.db.schema import (
 )
 
 CHUNK = 500
+
+_PRODUCT_IDS = provider_ids.alias("product_ids")
+_SKU_SOURCE = (
+    select(
+        provider_ids.c.upstream,
+        provider_ids.c.upstream_id,
+        _PRODUCT_IDS.c.id.label("product_id"),
+        mirror_products.c.title,
+    )
+    .select_from(
+        provider_ids.outerjoin(
+            mirror_skus,
+            and_(
+                mirror_skus.c.upstream == provider_ids.c.upstream,
+                mirror_skus.c.id == provider_ids.c.upstream_id,
+            ),
+        )
+        .outerjoin(
+            mirror_products,
+            and_(
+                mirror_products.c.upstream == mirror_skus.c.upstream,
+                mirror_products.c.id == mirror_skus.c.product_id,
+            ),
+        )
+        .outerjoin(
+            _PRODUCT_IDS,
+            and_(
+                _PRODUCT_IDS.c.entity == "product",
+                _PRODUCT_IDS.c.upstream == mirror_skus.c.upstream,
+                _PRODUCT_IDS.c.upstream_id == mirror_skus.c.product_id,
+            ),
+        )
+    )
+    .where(provider_ids.c.entity == "sku", provider_ids.c.id == bindparam("sku_id"))
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SkuSource:
+    """An offered SKU id's source, and its product's offered id and title."""
+
+    upstream: str
+    upstream_id: int
+    product_id: int | None
+    title: dict[str, Any] | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,15 +139,6 @@ class OfferedStore:
         for chunk in _chunks(rows):
             self.connection.execute(insert(provider_ids), list(chunk))
 
-    def source(self, entity: str, offered_id: int) -> tuple[str, int] | None:
-        """The ``(upstream, upstream_id)`` an offered id stands for."""
-        row = self.connection.execute(
-            select(provider_ids.c.upstream, provider_ids.c.upstream_id).where(
-                provider_ids.c.entity == entity, provider_ids.c.id == offered_id
-            )
-        ).first()
-        return None if row is None else (str(row.upstream), int(row.upstream_id))
-
     # --- what changed in the mirror ---------------------------------------------------------------------
 
     def last_change(self) -> int:
@@ -170,6 +206,16 @@ class OfferedStore:
             ).mappings():
                 skus.setdefault(int(row["product_id"]), []).append(dict(row))
         return products, skus
+
+    def sku_source(self, offered_id: int) -> SkuSource | None:
+        """What an offered SKU id stands for: its upstream and upstream id, and, while the mirror has its
+        product, that product's offered id and title."""
+        row = self.connection.execute(_SKU_SOURCE, {"sku_id": offered_id}).first()
+        if row is None:
+            return None
+        title = row.title if isinstance(row.title, dict) else None
+        product_id = None if row.product_id is None else int(row.product_id)
+        return SkuSource(str(row.upstream), int(row.upstream_id), product_id, title)
 
     def categories(self, upstreams: Collection[str]) -> list[dict[str, Any]]:
         """The mirror's categories of the upstreams that are still listed."""

@@ -25,7 +25,6 @@ from sqlalchemy import (
     literal,
     or_,
     select,
-    tuple_,
     type_coerce,
     update,
 )
@@ -33,6 +32,7 @@ from sqlalchemy import (
 from procurd.core.orders import Order
 from procurd.core.procurement import MirroredSku, Procurement, SourceRef, State
 from procurd.db.dialect import insert_or_skip
+from procurd.db.keys import by_pairs
 from procurd.db.schema import (
     alerts,
     audit_log,
@@ -191,10 +191,11 @@ _NUMBERS = select(
     procurements.c.order_no,
     procurement_numbers.c.upstream_order_id,
 ).join(procurements, procurements.c.id == procurement_numbers.c.procurement_id)
+# Keys are looked up one upstream at a time (``first``, then the ``seconds`` of that upstream): SQLite
+# searches its two-column indexes only on the first column for a row-value IN.
 _NUMBERS_BY_KEY = _NUMBERS.where(
-    tuple_(procurement_numbers.c.upstream, procurement_numbers.c.downstream_order_no).in_(
-        bindparam("keys", expanding=True)
-    )
+    procurement_numbers.c.upstream == bindparam("first"),
+    procurement_numbers.c.downstream_order_no.in_(bindparam("seconds", expanding=True)),
 )
 _MIRRORED_SKUS = (
     select(
@@ -223,7 +224,10 @@ _MIRRORED_SKUS = (
             ),
         )
     )
-    .where(tuple_(mirror_skus.c.upstream, mirror_skus.c.id).in_(bindparam("keys", expanding=True)))
+    .where(
+        mirror_skus.c.upstream == bindparam("first"),
+        mirror_skus.c.id.in_(bindparam("seconds", expanding=True)),
+    )
 )
 _INSERT_ORDER = insert(orders)
 _INSERT_PROCUREMENTS = insert(procurements).returning(procurements.c.id, sort_by_parameter_order=True)
@@ -318,15 +322,17 @@ class ProcurementStore:
         wanted = sorted(set(keys))
         if not wanted:
             return {}
-        rows = self.connection.execute(_NUMBERS_BY_KEY, {"keys": wanted})
-        return {(row.upstream, row.downstream_order_no): NumberRow(*row) for row in rows}
+        return {
+            (row.upstream, row.downstream_order_no): NumberRow(*row)
+            for row in by_pairs(self.connection, _NUMBERS_BY_KEY, wanted)
+        }
 
     def mirrored_skus(self, keys: Iterable[tuple[str, int]]) -> dict[tuple[str, int], MirroredSku]:
         """The SKUs ``(upstream, sku_id)`` the mirror holds, with what intake checks of their products."""
         wanted = sorted(set(keys))
         if not wanted:
             return {}
-        rows = self.connection.execute(_MIRRORED_SKUS, {"keys": wanted}).mappings()
+        rows = [row._mapping for row in by_pairs(self.connection, _MIRRORED_SKUS, wanted)]
         return {
             (row["upstream"], row["id"]): MirroredSku(
                 id=int(row["id"]),

@@ -22,12 +22,12 @@ from sqlalchemy import (
     literal,
     or_,
     select,
-    tuple_,
     type_coerce,
     update,
 )
 
 from procurd.core.provider import Account, ProviderOrder
+from procurd.db.keys import by_pairs
 from procurd.db.schema import (
     alerts,
     provider_accounts,
@@ -70,6 +70,20 @@ class CallbackDue:
 
 
 @dataclass(frozen=True, slots=True)
+class SettledTry:
+    """A try of telling ``status`` to the downstream of order ``order_id``, and what follows from it."""
+
+    order_id: int
+    status: str
+    http_status: int | None
+    message: str | None
+    delivered: bool
+    gave_up: bool
+    error: str | None
+    next_attempt_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
 class CallbackState:
     order_id: int
     account_id: int
@@ -93,6 +107,11 @@ class CallbackAttempt:
     replay: bool
 
 
+_BY_DOWNSTREAM = select(provider_orders).where(
+    provider_orders.c.account_id == bindparam("first"),
+    provider_orders.c.downstream_order_no.in_(bindparam("seconds", expanding=True)),
+)
+_INSERT_ORDERS = insert(provider_orders).returning(provider_orders.c.id, sort_by_parameter_order=True)
 _UPDATE_ORDER = (
     update(provider_orders)
     .where(provider_orders.c.order_no == bindparam("b_order_no"))
@@ -174,6 +193,13 @@ class ProviderStore:
             .where(provider_accounts.c.id == account_id)
             .values(**values, updated_at=now)
         )
+
+    def accounts_by_id(self, ids: Iterable[int]) -> dict[int, Account]:
+        wanted = sorted(set(ids))
+        if not wanted:
+            return {}
+        rows = self.connection.execute(select(provider_accounts).where(provider_accounts.c.id.in_(wanted)))
+        return {row["id"]: to_account(row) for row in rows.mappings()}
 
     def lock_accounts(self, ids: Iterable[int]) -> dict[int, Account]:
         """The accounts, locked for this transaction in id order (the state path locks them after the
@@ -264,11 +290,7 @@ class ProviderStore:
         wanted = sorted(set(keys))
         if not wanted:
             return {}
-        statement = select(provider_orders).where(
-            tuple_(provider_orders.c.account_id, provider_orders.c.downstream_order_no).in_(wanted)
-        )
-        rows = self.connection.execute(statement).mappings()
-        found = [to_order(row) for row in rows]
+        found = [to_order(row._mapping) for row in by_pairs(self.connection, _BY_DOWNSTREAM, wanted)]
         return {(order.account_id, order.downstream_order_no or ""): order for order in found}
 
     def orders_by_no(self, order_nos: Iterable[str]) -> dict[str, ProviderOrder]:
@@ -277,6 +299,13 @@ class ProviderStore:
             return {}
         rows = self.connection.execute(select(provider_orders).where(provider_orders.c.order_no.in_(wanted)))
         return {order.order_no: order for order in (to_order(row) for row in rows.mappings())}
+
+    def orders_by_id(self, ids: Iterable[int]) -> dict[int, ProviderOrder]:
+        wanted = sorted(set(ids))
+        if not wanted:
+            return {}
+        rows = self.connection.execute(select(provider_orders).where(provider_orders.c.id.in_(wanted)))
+        return {order.id: order for order in (to_order(row) for row in rows.mappings())}
 
     def order(self, order_id: int, account_id: int | None = None) -> ProviderOrder | None:
         conditions = [provider_orders.c.id == order_id]
@@ -308,16 +337,9 @@ class ProviderStore:
 
     def insert_orders(self, rows: Sequence[Mapping[str, Any]]) -> list[int]:
         """Insert new provider orders; their ids, in the order given."""
-        ids = []
-        for row in rows:  # one by one: RETURNING with executemany is not on every driver
-            ids.append(
-                int(
-                    self.connection.execute(
-                        insert(provider_orders).values(**row).returning(provider_orders.c.id)
-                    ).scalar_one()
-                )
-            )
-        return ids
+        if not rows:
+            return []
+        return [int(row[0]) for row in self.connection.execute(_INSERT_ORDERS, list(rows))]
 
     def update_orders(self, rows: Sequence[Mapping[str, Any]]) -> None:
         if rows:
@@ -395,73 +417,65 @@ class ProviderStore:
             for row in rows
         ]
 
-    def settle_callback(
-        self,
-        order_id: int,
-        owner: str | None,
-        status: str,
-        now: datetime,
-        *,
-        delivered: bool,
-        next_attempt_at: datetime | None,
-        gave_up: bool,
-        error: str | None,
-    ) -> None:
-        """What the try of telling ``status`` did (a try by ``owner``'s claim, or a replay without one); a
-        newer status that arrived meanwhile stays pending."""
-        conditions = [provider_callbacks.c.order_id == order_id, provider_callbacks.c.status == status]
+    def settle_callbacks(self, tries: Sequence[SettledTry], owner: str | None, now: datetime) -> None:
+        """Log each try in its order's delivery log and settle its callback: delivered, given up, or retried
+        at its ``next_attempt_at`` (tries under ``owner``'s claim, or replays without one). A newer status
+        that arrived meanwhile stays pending. A few statements for the whole batch."""
+        if not tries:
+            return
+        self.connection.execute(
+            insert(provider_callback_attempts),
+            [
+                {"order_id": t.order_id, "at": now, "status": t.status, "http_status": t.http_status,
+                 "ok": t.delivered, "message": t.message, "replay": owner is None}
+                for t in tries
+            ],
+        )  # fmt: skip
+        callbacks = provider_callbacks.c
+        conditions = [
+            callbacks.order_id == bindparam("b_order_id"),
+            callbacks.status == bindparam("b_status"),
+        ]
         if owner is not None:
-            conditions.append(provider_callbacks.c.lease_owner == owner)
-        attempts = provider_callbacks.c.attempts
-        values: dict[str, Any] = {
-            "attempts": attempts + 1,
+            conditions.append(callbacks.lease_owner == owner)
+        common: dict[str, Any] = {
+            "attempts": callbacks.attempts + 1,
             "first_attempt_at": func.coalesce(
-                provider_callbacks.c.first_attempt_at,
-                type_coerce(now, provider_callbacks.c.first_attempt_at.type),
+                callbacks.first_attempt_at, type_coerce(now, callbacks.first_attempt_at.type)
             ),
             "lease_owner": None,
             "lease_expires_at": None,
             "updated_at": now,
         }
-        if delivered:
-            values.update(
-                pending=False, delivered_at=now, next_attempt_at=None, last_error=None, given_up_at=None
+        outcomes: list[tuple[dict[str, Any], list[dict[str, Any]]]] = [
+            ({"pending": False, "delivered_at": now, "next_attempt_at": None, "last_error": None,
+              "given_up_at": None}, []),
+            ({"pending": False, "given_up_at": now, "next_attempt_at": None,
+              "last_error": bindparam("error")}, []),
+            ({"next_attempt_at": bindparam("next_at"), "last_error": bindparam("error")}, []),
+        ]  # fmt: skip
+        for t in tries:
+            kind = 0 if t.delivered else 1 if t.gave_up else 2
+            outcomes[kind][1].append(
+                {
+                    "b_order_id": t.order_id,
+                    "b_status": t.status,
+                    "error": t.error,
+                    "next_at": t.next_attempt_at,
+                }
             )
-        elif gave_up:
-            values.update(pending=False, given_up_at=now, next_attempt_at=None, last_error=error)
-        else:
-            values.update(next_attempt_at=next_attempt_at, last_error=error)
-        self.connection.execute(update(provider_callbacks).where(*conditions).values(**values))
+        for values, rows in outcomes:
+            if rows:
+                statement = update(provider_callbacks).where(*conditions).values(**common, **values)
+                self.connection.execute(statement, rows)
         if owner is not None:
             # A claim whose status was replaced meanwhile: let it go, the newer status is due now.
             self.connection.execute(
                 update(provider_callbacks)
-                .where(provider_callbacks.c.order_id == order_id, provider_callbacks.c.lease_owner == owner)
-                .values(lease_owner=None, lease_expires_at=None)
+                .where(callbacks.order_id == bindparam("b_order_id"), callbacks.lease_owner == owner)
+                .values(lease_owner=None, lease_expires_at=None),
+                [{"b_order_id": t.order_id} for t in tries],
             )
-
-    def log_attempt(
-        self,
-        order_id: int,
-        status: str,
-        now: datetime,
-        http_status: int | None,
-        ok: bool,
-        message: str | None,
-        *,
-        replay: bool,
-    ) -> None:
-        self.connection.execute(
-            insert(provider_callback_attempts).values(
-                order_id=order_id,
-                at=now,
-                status=status,
-                http_status=http_status,
-                ok=ok,
-                message=message,
-                replay=replay,
-            )
-        )
 
     def callback_state(self, order_id: int) -> CallbackState | None:
         row = (

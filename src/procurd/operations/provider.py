@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import secrets
+from dataclasses import dataclass
 from datetime import timedelta
 from decimal import ROUND_UP, Decimal
 from typing import Any
@@ -82,6 +83,18 @@ def order_view(order: ProviderOrder, account: str | None = None) -> dict[str, An
         "created_at": iso(order.created_at),
         "updated_at": iso(order.updated_at),
     }
+
+
+@dataclass(frozen=True, slots=True)
+class OrderFacts:
+    """What a downstream's order is checked against: the account's earlier order under the same
+    ``downstream_order_no``, or the upstream, mirrored SKU, offered product id and title of the SKU."""
+
+    existing: ProviderOrder | None
+    upstream: str | None = None
+    mirrored: MirroredSku | None = None
+    product_id: int | None = None
+    title: dict[str, Any] | None = None
 
 
 class ProviderOperations:
@@ -183,12 +196,18 @@ class ProviderOperations:
         callback_url: str | None,
     ) -> tuple[ProviderOrder, bool]:
         """A downstream site's order, checked, priced, charged and taken in for procurement: the provider
-        order and whether it is new (a repeat of ``downstream_order_no`` answers the earlier one). An order
-        the wallet cannot pay is recorded ``canceled``: seed 000's ``payment_failed``."""
+        order and whether it is new (a repeat of ``downstream_order_no`` answers the earlier one, whatever
+        it asks now). An order the wallet cannot pay is recorded ``canceled``: seed 000's ``payment_failed``.
+
+        What the checks need (the earlier order, the SKU, its product) is read in one transaction."""
         _check_fields(quantity, manual_form_data, downstream_order_no, trace_id, callback_url)
+        facts = await self.runtime.database.read(self._order_facts, account.id, downstream_order_no, sku_id)
+        if facts.existing is not None:
+            self.runtime.metrics.provider_orders.labels(account.name, "repeat").inc()
+            return facts.existing, False
         if callback_url:
             self._check_callback_url(callback_url)
-        upstream, mirrored, product_id = await self._offered_sku(sku_id)
+        upstream, mirrored, product_id = self._offered(facts)
         if mirrored.fulfillment_type == "manual":
             missing = [
                 key
@@ -203,7 +222,6 @@ class ProviderOperations:
         if mirrored.stock_problem(quantity) is not None:
             raise Refused(409, "insufficient_stock", "stock is too low for this quantity")
         unit, limit = self._price(account, upstream, mirrored)
-        title = await self._title(product_id)
         for _ in range(NUMBER_TRIES):
             order_no = f"P{account.id}-{secrets.token_hex(6)}"
             request = OrderRequest(
@@ -222,7 +240,7 @@ class ProviderOperations:
             intake = ProviderIntake(
                 account_id=account.id, order_no=order_no, downstream_order_no=downstream_order_no or None,
                 trace_id=trace_id or None, callback_url=callback_url or None, upstream=upstream,
-                product_id=product_id, sku_id=sku_id, upstream_sku_id=mirrored.id, title=title,
+                product_id=product_id, sku_id=sku_id, upstream_sku_id=mirrored.id, title=facts.title,
                 fulfillment_type=mirrored.fulfillment_type, quantity=quantity, unit_price=unit,
                 amount_cents=price_cents(unit) * quantity, currency=self.settings.currency,
             )  # fmt: skip
@@ -250,7 +268,7 @@ class ProviderOperations:
                 amount=cents_text(order.amount_cents),
                 outcome=outcome,
             )
-            if outcome == "paid":
+            if outcome == "paid" and self.settings.low_balance_threshold:
                 after = await self.accounts.get(account.name)
                 await self.accounts.check_balance(after, after.balance_cents)
         return order, result.created
@@ -266,35 +284,40 @@ class ProviderOperations:
             if problem is not None:
                 raise Refused(400, "invalid_callback_url", f"callback_url is not allowed: {problem}")
 
-    async def _offered_sku(self, sku_id: int) -> tuple[str, MirroredSku, int]:
+    def _order_facts(
+        self, tx: Any, account_id: int, downstream_order_no: str | None, sku_id: int
+    ) -> OrderFacts:
+        """What an order of ``sku_id`` is checked against, read in one transaction."""
+        existing = None
+        if downstream_order_no:
+            key = (account_id, downstream_order_no)
+            existing = tx.provider.orders_by_downstream([key]).get(key)
+            if existing is not None:
+                return OrderFacts(existing)
+        source = tx.offered.sku_source(sku_id)
+        if source is None or source.upstream not in self.runtime.settings.offered_upstreams():
+            return OrderFacts(None)
+        key = (source.upstream, source.upstream_id)
+        mirrored = tx.procurements.mirrored_skus([key]).get(key)
+        return OrderFacts(None, source.upstream, mirrored, source.product_id, source.title)
+
+    def _offered(self, facts: OrderFacts) -> tuple[str, MirroredSku, int]:
         """The upstream, the mirrored SKU and the offered product id an offered SKU id stands for; 400
         ``sku_unavailable`` / ``product_unavailable`` when it cannot be sold now."""
-        source = await self.runtime.database.read(lambda tx: tx.offered.source("sku", sku_id))
-        unavailable = Refused(400, "sku_unavailable", "sku is missing or inactive")
-        if source is None or source[0] not in self.runtime.settings.offered_upstreams():
-            raise unavailable
-        upstream, upstream_id = source
-
-        def read(tx: Any) -> tuple[MirroredSku | None, int | None]:
-            mirrored = tx.procurements.mirrored_skus([(upstream, upstream_id)]).get((upstream, upstream_id))
-            if mirrored is None:
-                return None, None
-            ids = tx.offered.ids([("product", upstream, mirrored.product_id)])
-            return mirrored, ids.get(("product", upstream, mirrored.product_id))
-
-        mirrored, product_id = await self.runtime.database.read(read)
+        mirrored = facts.mirrored
         if (
-            mirrored is None
-            or product_id is None
+            facts.upstream is None
+            or mirrored is None
+            or facts.product_id is None
             or mirrored.sku_removed
             or not mirrored.sku_active
             or mirrored.sell_price is None
             or mirrored.sell_currency != self.settings.currency
         ):
-            raise unavailable
+            raise Refused(400, "sku_unavailable", "sku is missing or inactive")
         if not mirrored.product_known or mirrored.product_removed or not mirrored.product_active:
             raise Refused(400, "product_unavailable", "product is inactive or unavailable")
-        return upstream, mirrored, product_id
+        return facts.upstream, mirrored, facts.product_id
 
     def _price(self, account: Account, upstream: str, sku: MirroredSku) -> tuple[str, str | None]:
         """The unit price ``account`` is shown (its tier's member price, never under cost), and the most a
@@ -313,13 +336,6 @@ class ProviderOperations:
             unit = member_price(offered, level.discount(), floor)
         limit = None if rate is None else cost_limit(unit, rate, sku.price_amount)
         return unit, limit
-
-    async def _title(self, product_id: int) -> dict[str, Any] | None:
-        row = await self.runtime.database.read(lambda tx: tx.offered.product(product_id))
-        if row is None:
-            return None
-        title = json.loads(row.document).get("title")
-        return title if isinstance(title, dict) else None
 
     async def order_of(self, account: Account, order_id: int) -> ProviderOrder:
         """The account's own order; 404 ``order_not_found`` for any other."""
@@ -486,6 +502,8 @@ def _intake_refusal(exc: IntakeError) -> Refused:
     taken in (the mirror changed meanwhile)."""
     if exc.code in ("sku_not_found", "sku_inactive"):
         return Refused(400, "sku_unavailable", "sku is missing or inactive")
+    if exc.code == "account_disabled":
+        return Refused(401, "invalid_api_key", "API key is invalid or disabled")
     if exc.code in ("product_not_found", "product_inactive"):
         return Refused(400, "product_unavailable", "product is inactive or unavailable")
     return bad_request(exc.message)

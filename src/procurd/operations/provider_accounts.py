@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import secrets
+import time
 from typing import Any
 
 import structlog
@@ -31,6 +32,7 @@ log = structlog.get_logger("procurd.provider")
 
 ACCOUNT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 MAX_NOTE_CHARS = 1000
+CREDENTIAL_SECONDS = 1.0
 KEY_PREFIX = "pk_"
 
 
@@ -83,6 +85,10 @@ class ProviderAccountOperations:
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
         self.settings = runtime.settings.provider
+        # Accounts the signed API looked up by key, for CREDENTIAL_SECONDS: each request would otherwise
+        # read its account. A change made here clears it; one made by another process shows within that
+        # time (an order is still refused at once: the state path checks the locked account row).
+        self._by_key: dict[str, tuple[float, Account]] = {}
 
     async def add(self, name: str) -> tuple[Account, str]:
         """A new active account with an empty wallet: the account, and its API secret (shown once)."""
@@ -111,8 +117,23 @@ class ProviderAccountOperations:
         return account
 
     async def by_key(self, api_key: str) -> Account | None:
-        """The account an API key names (the signed API's credential lookup)."""
-        return await self.runtime.database.read(lambda tx: tx.provider.account(api_key=api_key))
+        """The account an API key names (the signed API's credential lookup), as it was at most
+        :data:`CREDENTIAL_SECONDS` ago."""
+        now = time.monotonic()
+        cached = self._by_key.get(api_key)
+        if cached is not None and cached[0] > now:
+            return cached[1]
+        account: Account | None = await self.runtime.database.read(
+            lambda tx: tx.provider.account(api_key=api_key)
+        )
+        if account is None:
+            self._by_key.pop(api_key, None)  # unknown keys are not kept: strangers cannot grow this
+        else:
+            self._by_key[api_key] = (now + CREDENTIAL_SECONDS, account)
+        return account
+
+    def _changed(self) -> None:
+        self._by_key.clear()
 
     async def list(self) -> list[dict[str, Any]]:
         """Every account with its balance, level and orders by status, by name."""
@@ -143,6 +164,7 @@ class ProviderAccountOperations:
         await self.runtime.database.write(
             lambda tx: tx.provider.update_account(account.id, utcnow(), status=status)
         )
+        self._changed()
         log.info("provider.account_" + ("enabled" if active else "disabled"), account=name)
         return await self.get(name)
 
@@ -153,6 +175,7 @@ class ProviderAccountOperations:
         await self.runtime.database.write(
             lambda tx: tx.provider.update_account(account.id, utcnow(), api_secret=secret)
         )
+        self._changed()
         log.info("provider.account_secret_rotated", account=name)
         return await self.get(name), secret
 
@@ -165,6 +188,7 @@ class ProviderAccountOperations:
         await self.runtime.database.write(
             lambda tx: tx.provider.update_account(account.id, utcnow(), level=slug)
         )
+        self._changed()
         log.info("provider.account_level_set", account=name, level=slug)
         return await self.get(name)
 

@@ -60,6 +60,12 @@ class ProviderBatch:
             return None
         return self.by_downstream.get((intake.account_id, intake.downstream_order_no))
 
+    def active(self, intake: ProviderIntake) -> bool:
+        """The account placing ``intake`` is active as its locked row says now (it may have been disabled
+        since its request was authenticated)."""
+        account = self.accounts.get(intake.account_id)
+        return account is not None and account.active
+
     def can_pay(self, intake: ProviderIntake) -> bool:
         account = self.accounts.get(intake.account_id)
         return account is not None and self.balances[intake.account_id] >= intake.amount_cents

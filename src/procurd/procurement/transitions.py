@@ -425,6 +425,8 @@ def _intake(
         items = tuple(batch.items.get(order_no, ()))
         return lambda ids: IntakeResult(False, order_view(existing, _with_ids(items, ids)))
     steps = _admissions(batch, request, numbers, skus, offers)
+    if provider is not None and not batch.provider.active(provider):
+        raise IntakeError("account_disabled", "the provider account is disabled")
     if provider is not None and not batch.provider.can_pay(provider):
         refused = batch.provider.record(provider, batch.now, paid=False)
         return lambda ids: IntakeResult(True, {}, provider=_provider_with_id(batch, refused))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -26,7 +26,7 @@ from procurd.background import Worker
 from procurd.config import CALLBACK_PATH, ProviderSettings
 from procurd.core.provider import Account, ProviderOrder, callback_body
 from procurd.db.database import Database
-from procurd.db.provider_store import CallbackDue
+from procurd.db.provider_store import CallbackDue, SettledTry
 from procurd.db.stores import Tx
 from procurd.db.types import utcnow
 from procurd.signing import HeaderNames, signed_headers
@@ -43,8 +43,27 @@ CONCURRENCY = 8
 MESSAGE_CHARS = 300
 
 
-def _claim(tx: Tx, owner: str, now: datetime) -> list[CallbackDue]:
-    return tx.provider.claim_callbacks(owner, now, now + LEASE, BATCH)
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """A callback claimed for sending, with the order it tells and the account it is signed for."""
+
+    due: CallbackDue
+    order: ProviderOrder
+    account: Account
+
+
+def _claim(tx: Tx, owner: str, now: datetime) -> list[Claimed]:
+    """Take the due callbacks, and read their orders and accounts, in one transaction."""
+    dues = tx.provider.claim_callbacks(owner, now, now + LEASE, BATCH)
+    if not dues:
+        return []
+    orders = tx.provider.orders_by_id([due.order_id for due in dues])
+    accounts = tx.provider.accounts_by_id([due.account_id for due in dues])
+    return [
+        Claimed(due, orders[due.order_id], accounts[due.account_id])
+        for due in dues
+        if due.order_id in orders and due.account_id in accounts and orders[due.order_id].callback_url
+    ]
 
 
 def retry_in(attempts: int) -> float:
@@ -141,33 +160,35 @@ class CallbackDispatcher(Worker):
     async def step(self) -> float | None:
         gate = asyncio.Semaphore(CONCURRENCY)
 
-        async def one(due: CallbackDue) -> None:
+        async def one(claimed: Claimed) -> Try:
             async with gate:
-                await self.deliver(due)
+                delivery = await self.sender.send(claimed.account, claimed.order)
+            return Try(claimed.order, claimed.due.status, delivery, claimed.due)
 
         while True:
-            claimed = await self.database.write(_claim, self.owner, utcnow())
-            if not claimed:
+            batch = await self.database.write(_claim, self.owner, utcnow())
+            if not batch:
                 break
-            await asyncio.gather(*(one(due) for due in claimed))
-            if len(claimed) < BATCH:
+            tries = await asyncio.gather(*(one(claimed) for claimed in batch))
+            await record_tries(self.database, self.settings, tries, owner=self.owner)
+            if len(batch) < BATCH:
                 break
         due_at = await self.database.read(lambda tx: tx.provider.next_callback_due())
         return None if due_at is None else (due_at - utcnow()).total_seconds()
 
-    async def deliver(self, due: CallbackDue) -> None:
-        """Try one claimed callback and record the try."""
-        found = await self.database.read(
-            lambda tx: (tx.provider.order(due.order_id), tx.provider.account(id=due.account_id))
-        )
-        order, account = found
-        if order is None or account is None or not order.callback_url:
-            return
-        delivery = await self.sender.send(account, order)
-        await record_try(self.database, self.settings, order, due.status, delivery, owner=self.owner, due=due)
-
     async def drain(self) -> None:
         await self.sender.close()
+
+
+@dataclass(frozen=True, slots=True)
+class Try:
+    """One try of telling ``status`` to the downstream of ``order`` (``due``: the claim it was sent
+    under; ``None`` for a replay)."""
+
+    order: ProviderOrder
+    status: str
+    delivery: Delivery
+    due: CallbackDue | None = None
 
 
 async def record_try(
@@ -180,53 +201,64 @@ async def record_try(
     owner: str | None,
     due: CallbackDue | None = None,
 ) -> bool:
-    """Log a try of telling ``status`` and settle the order's callback: delivered, retried later or given
-    up. Returns whether it was given up now."""
+    """Log a try of telling ``status`` and settle the order's callback; whether it was given up now."""
+    (gave_up,) = await record_tries(database, settings, [Try(order, status, delivery, due)], owner=owner)
+    return gave_up
+
+
+async def record_tries(
+    database: Database, settings: ProviderSettings, tries: Sequence[Try], *, owner: str | None
+) -> list[bool]:
+    """Log tries in the orders' delivery logs and settle each callback (delivered, retried later or given
+    up), in one transaction; for each, whether it was given up now."""
     now = utcnow()
-    attempts = (due.attempts if due is not None else 0) + 1
-    first = due.first_attempt_at if due is not None and due.first_attempt_at is not None else now
-    gave_up = (
-        not delivery.ok
-        and due is not None
-        and (now - first).total_seconds() >= settings.callback_give_up_seconds
-    )
-    error = None if delivery.ok else _error_text(delivery)
-    next_at = None if delivery.ok or gave_up else now + timedelta(seconds=retry_in(attempts))
+    plans = []
+    for attempt in tries:
+        due, delivery = attempt.due, attempt.delivery
+        attempts = (due.attempts if due is not None else 0) + 1
+        first = due.first_attempt_at if due is not None and due.first_attempt_at is not None else now
+        gave_up = (
+            not delivery.ok
+            and due is not None
+            and (now - first).total_seconds() >= settings.callback_give_up_seconds
+        )
+        error = None if delivery.ok else _error_text(delivery)
+        next_at = None if delivery.ok or gave_up else now + timedelta(seconds=retry_in(attempts))
+        plans.append((attempt, attempts, gave_up, error, next_at))
+
+    settled = [
+        SettledTry(
+            order_id=attempt.order.id, status=attempt.status, http_status=attempt.delivery.http_status,
+            message=attempt.delivery.message, delivered=attempt.delivery.ok, gave_up=gave_up, error=error,
+            next_attempt_at=next_at,
+        )
+        for attempt, _, gave_up, error, next_at in plans
+    ]  # fmt: skip
 
     def settle(tx: Tx) -> None:
-        tx.provider.log_attempt(
-            order.id, status, now, delivery.http_status, delivery.ok, delivery.message, replay=owner is None
-        )
-        tx.provider.settle_callback(
-            order.id,
-            owner,
-            status,
-            now,
-            delivered=delivery.ok,
-            next_attempt_at=next_at,
-            gave_up=gave_up,
-            error=error,
-        )
+        tx.provider.settle_callbacks(settled, owner, now)
 
     await database.write(settle)
-    fields = {
-        "order_id": order.id,
-        "status": status,
-        "http_status": delivery.http_status,
-        "attempt": attempts,
-    }
-    if delivery.ok:
-        log.info("provider.callback_delivered", **fields, replay=owner is None)
-    elif gave_up:
-        log.warning("provider.callback_given_up", **fields, error=error)
-    else:
-        log.info(
-            "provider.callback_failed",
-            **fields,
-            error=error,
-            retry_at=next_at.isoformat() if next_at else None,
-        )
-    return gave_up
+    for attempt, attempts, gave_up, error, next_at in plans:
+        delivery = attempt.delivery
+        fields = {
+            "order_id": attempt.order.id,
+            "status": attempt.status,
+            "http_status": delivery.http_status,
+            "attempt": attempts,
+        }
+        if delivery.ok:
+            log.info("provider.callback_delivered", **fields, replay=owner is None)
+        elif gave_up:
+            log.warning("provider.callback_given_up", **fields, error=error)
+        else:
+            log.info(
+                "provider.callback_failed",
+                **fields,
+                error=error,
+                retry_at=next_at.isoformat() if next_at else None,
+            )
+    return [gave_up for _, _, gave_up, _, _ in plans]
 
 
 def _error_text(delivery: Delivery) -> str:
