@@ -5,7 +5,8 @@ durable outbox with backoff, a delivery log, give-up after ``[provider] callback
 
 A chain of real servers: the sandbox upstream, a provider daemon mirroring it, and a downstream endpoint of
 the test's own that records each push and answers it as the test planned. The signature is checked here by
-hand (HMAC-SHA256 over method, fixed path, timestamp and the body's MD5), not with procurd's own code.
+hand (HMAC-SHA256 over method, fixed path, timestamp and the body's MD5), not with procurd's own code. Each
+order's callback state and delivery log are read from the admin API (``GET /api/v1/provider/orders/{id}``).
 
 Backoff is checked in what the dispatcher records (each failed try's time and the next try's time, whose
 difference is ``retry_in``: 30 s, 60 s, 120 s ...); the test does not wait those seconds: once it has read
@@ -31,6 +32,7 @@ from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any, Self
 
+import aiohttp
 from aiohttp import web
 from sqlalchemy import select, update
 
@@ -41,7 +43,7 @@ from procurd.provider.callbacks import retry_in
 from procurd.sandbox import Sandbox, SandboxConfig
 from procurd.sandbox.testing import ControlClient, SignedClient
 from provider_support import ProviderSite, add_account, provider_settings
-from support import captured_log, mirror, running_daemon, sql_execute, sql_rows, wait_until
+from support import AdminClient, captured_log, mirror, running_daemon, sql_execute, sql_rows, wait_until
 
 CALLBACK_PATH = "/api/v1/upstream/callback"
 STATUS_ORDER = {"paid": 0, "fulfilling": 1, "partially_delivered": 2, "delivered": 3, "completed": 4}
@@ -147,6 +149,7 @@ class Chain:
     daemon: Daemon
     site: ProviderSite
     client: SignedClient
+    admin: AdminClient
     sku_id: int
 
     async def order(self, downstream: Downstream, number: str) -> int:
@@ -159,8 +162,11 @@ class Chain:
         return int(body["order_id"])
 
     async def detail(self, order_id: int) -> dict[str, Any]:
-        """The provider order with its callback state and delivery log (the newest try first)."""
-        return await self.daemon.operations.provider.order_detail(order_id)
+        """The provider order with its callback state and delivery log (the newest try first), as the admin
+        API shows it."""
+        status, body = await self.admin.call("GET", f"/api/v1/provider/orders/{order_id}")
+        assert status == 200, body
+        return body["order"]  # type: ignore[no-any-return]
 
     async def tries(self, order_id: int, count: int) -> dict[str, Any]:
         """The order's detail once its delivery log holds ``count`` tries."""
@@ -214,7 +220,10 @@ async def provider_chain(
         await mirror(settings)
         async with running_daemon(settings) as daemon:
             site = await add_account(daemon.operations, "downstream")
-            async with SignedClient(site.base_url, site.api_key, site.api_secret) as client:
+            async with (
+                SignedClient(site.base_url, site.api_key, site.api_secret) as client,
+                aiohttp.ClientSession() as session,
+            ):
 
                 async def offered() -> int | None:
                     for product in await client.list_all_products():
@@ -223,7 +232,8 @@ async def provider_chain(
                                 return int(sku["id"])
                     return None
 
-                yield Chain(sandbox, daemon, site, client, await wait_until(offered))
+                admin = AdminClient(settings, session)
+                yield Chain(sandbox, daemon, site, client, admin, await wait_until(offered))
 
 
 def instant(text: str) -> datetime:
