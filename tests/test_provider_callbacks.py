@@ -93,6 +93,7 @@ class Downstream:
     pushes: list[Push] = field(default_factory=list)
     plans: dict[str, list[tuple[int, Any] | None]] = field(default_factory=dict)
     failing: bool = False  # every push answered HTTP 500 while set
+    split: bool = False  # the success answer written in two pieces, the second a moment after the first
     holding: asyncio.Event = field(default_factory=asyncio.Event)
     release: asyncio.Event = field(default_factory=asyncio.Event)
     url: str = ""
@@ -119,9 +120,21 @@ class Downstream:
             status, body = answer
         elif self.failing:
             status, body = 500, {"ok": False, "message": "down"}
+        elif self.split:
+            return await self._in_pieces(request, json.dumps({"ok": True, "message": "received"}).encode())
         else:
             status, body = 200, {"ok": True, "message": "received"}
         return web.json_response(body, status=status)
+
+    @staticmethod
+    async def _in_pieces(request: web.Request, body: bytes) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request)
+        await response.write(body[:9])
+        await asyncio.sleep(0.1)  # the first piece is on its way alone
+        await response.write(body[9:])
+        await response.write_eof()
+        return response
 
     async def __aenter__(self) -> Self:
         app = web.Application()
@@ -496,6 +509,21 @@ async def test_a_newer_status_replaces_an_older_one_being_retried(database_url: 
         assert told == ["fulfilling", "fulfilling", "delivered"]
         assert all(push.signed_by(chain.site) for push in downstream.pushes)
         assert detail["status"] == "delivered"
+
+
+async def test_an_answer_that_arrives_in_pieces_is_read_to_its_end(database_url: str) -> None:
+    """A downstream that writes its answer in two pieces (a chunked response, the second piece a moment
+    later) is read to its end: the callback is delivered at the first try, the answer's message logged."""
+    async with provider_chain(database_url) as chain, Downstream(split=True) as downstream:
+        order_id = await chain.order(downstream, "D-5")
+        await wait_until(lambda: downstream.of_status("delivered"))
+        detail = await chain.tries(order_id, 1)
+        latest = detail["callback_log"][0]
+        assert (latest["status"], latest["http_status"], latest["ok"], latest["message"]) == (
+            "delivered", 200, True, "received",
+        )  # fmt: skip
+        assert detail["callback"]["delivered_at"]
+        assert len(downstream.pushes) == 1
 
 
 async def alert_rows(chain: Chain) -> list[Any]:

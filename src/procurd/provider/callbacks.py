@@ -41,6 +41,7 @@ LEASE = timedelta(seconds=60)
 BATCH = 20
 CONCURRENCY = 8
 MESSAGE_CHARS = 300
+ANSWER_BYTES = 64 * 1024  # of a downstream's answer, read
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,8 +107,7 @@ class CallbackSender:
             async with self._session.post(
                 order.callback_url, data=body, headers=headers, allow_redirects=False
             ) as response:
-                raw = await response.content.read(64 * 1024)
-                return _delivery(response.status, raw)
+                return _delivery(response.status, await _answer(response))
         except TimeoutError:
             return Delivery(False, None, f"no answer within {TIMEOUT_SECONDS:g} s")
         except (aiohttp.ClientError, OSError) as exc:
@@ -117,6 +117,17 @@ class CallbackSender:
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+
+async def _answer(response: aiohttp.ClientResponse) -> bytes:
+    """The answer's body to its end, however many pieces it comes in, up to ``ANSWER_BYTES``."""
+    raw = b""
+    while len(raw) < ANSWER_BYTES:
+        piece = await response.content.read(ANSWER_BYTES - len(raw))
+        if not piece:
+            break
+        raw += piece
+    return raw
 
 
 def _delivery(status: int, raw: bytes) -> Delivery:
