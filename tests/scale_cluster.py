@@ -10,8 +10,10 @@ import asyncio
 import json
 import os
 import re
+import shutil
 import signal
 import sys
+import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
@@ -19,6 +21,9 @@ from typing import Any
 
 import aiohttp
 import pytest
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import create_async_engine
 
 from procurd.config import Settings
 from support import UpstreamSite, config_data, wait_until
@@ -231,3 +236,29 @@ async def stop_all(daemons: Sequence[DaemonProcess]) -> None:
     codes = await asyncio.gather(*(daemon.stop() for daemon in alive))
     for daemon, code in zip(alive, codes, strict=True):
         assert code == 0, f"instance {daemon.name} exited with {code}:\n{daemon.log_tail()}"
+
+
+@asynccontextmanager
+async def own_database(
+    directory: Path, name: str, sqlite_template: Path | None, postgres_template: str | None
+) -> AsyncIterator[str]:
+    """A fresh migrated database beside the test's own (for a site or a group of instances that must not
+    share the test's), of the run's kind: a copy of the session's SQLite template under ``directory``, or a
+    PostgreSQL database cloned from the session's template and dropped afterwards (conftest's two template
+    fixtures give ``sqlite_template`` and ``postgres_template``)."""
+    if sqlite_template is not None:
+        path = directory / f"{name}.db"
+        shutil.copyfile(sqlite_template, path)
+        yield f"sqlite+aiosqlite:///{path}"
+        return
+    assert postgres_template is not None, "neither a SQLite nor a PostgreSQL template"
+    database = f"procurd_test_{name}_{uuid.uuid4().hex[:10]}"
+    admin = create_async_engine(POSTGRES_URL, isolation_level="AUTOCOMMIT")
+    try:
+        async with admin.connect() as connection:
+            await connection.execute(text(f"CREATE DATABASE {database} TEMPLATE {postgres_template}"))
+        yield make_url(POSTGRES_URL).set(database=database).render_as_string(hide_password=False)
+    finally:
+        async with admin.connect() as connection:
+            await connection.execute(text(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)"))
+        await admin.dispose()

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import shutil
-import uuid
 from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -33,9 +31,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from sqlalchemy import func, select, text
-from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy import func, select
 
 from fault_processes import Incarnations
 from fault_support import audit_problems, fault_sandbox_config, orderable_skus, report, single_item
@@ -46,7 +42,7 @@ from procurd.operations import open_operations
 from procurd.sandbox import Sandbox
 from procurd.sandbox.testing import SignedClient
 from provider_support import ProviderSite, add_account, provider_config
-from scale_cluster import settings_of
+from scale_cluster import own_database, settings_of
 from support import AdminClient, config_data, mirror, running_daemon, sql_rows, wait_until
 
 WAVES = 4  # C's orders come in this many waves; B is killed amid each but the last
@@ -67,25 +63,11 @@ KILL_WAIT_SECONDS = 30.0
 
 @pytest.fixture
 async def provider_database_url(
-    database_url: str, tmp_path: Path, postgres_template: str | None, sqlite_template: Path | None
+    tmp_path: Path, postgres_template: str | None, sqlite_template: Path | None
 ) -> AsyncIterator[str]:
-    """A second fresh, migrated database of the same kind as ``database_url``: B's own."""
-    if sqlite_template is not None:
-        path = tmp_path / "provider.db"
-        shutil.copyfile(sqlite_template, path)
-        yield f"sqlite+aiosqlite:///{path}"
-        return
-    assert postgres_template is not None
-    name = f"procurd_test_{uuid.uuid4().hex[:12]}"
-    admin = create_async_engine(database_url, isolation_level="AUTOCOMMIT")
-    try:
-        async with admin.connect() as connection:
-            await connection.execute(text(f"CREATE DATABASE {name} TEMPLATE {postgres_template}"))
-        yield make_url(database_url).set(database=name).render_as_string(hide_password=False)
-    finally:
-        async with admin.connect() as connection:
-            await connection.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-        await admin.dispose()
+    """A second fresh, migrated database of the run's kind: B's own."""
+    async with own_database(tmp_path, "provider", sqlite_template, postgres_template) as url:
+        yield url
 
 
 @dataclass
