@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from playwright.async_api import Browser, ConsoleMessage, Dialog, Page, Viewport
 from console_support import ADMIN_TOKEN, delivered_order, order, sandbox_control
 from procurd.http.testing import Stack, procurd_stack, serve
 from procurd.status import ping_upstream
+from test_console_provider import Chain, delivered, place, provider_chain
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -75,11 +77,40 @@ class Console:
         return self.stack.admin_url + path
 
     async def sign_in(self) -> None:
-        await self.page.goto(self.url("/ui/"))
-        await expect(self.page).to_have_url(re.compile(r"/ui/login$"))
-        await self.page.get_by_label("Admin token").fill(ADMIN_TOKEN)
-        await self.page.get_by_role("button", name="Sign in").click()
-        await expect(self.page.get_by_role("heading", name="Overview")).to_be_visible()
+        await sign_in(self.page, self.stack.admin_url)
+
+
+async def sign_in(page: Page, admin_url: str) -> None:
+    """Open the console, which asks to sign in, and sign in with the admin token."""
+    await page.goto(admin_url + "/ui/")
+    await expect(page).to_have_url(re.compile(r"/ui/login$"))
+    await page.get_by_label("Admin token").fill(ADMIN_TOKEN)
+    await page.get_by_role("button", name="Sign in").click()
+    await expect(page.get_by_role("heading", name="Overview")).to_be_visible()
+
+
+@asynccontextmanager
+async def browser_tab(browser: Browser, errors: list[str], dialogs: list[str]) -> AsyncIterator[Page]:
+    """A tab in a fresh browser context (laptop size, UTC); console errors and dialogs (dismissed) are
+    kept in ``errors`` and ``dialogs``."""
+    context = await browser.new_context(viewport=LAPTOP, locale="en-US", timezone_id="UTC")
+    context.set_default_timeout(10_000)
+    page = await context.new_page()
+
+    def on_console(message: ConsoleMessage) -> None:
+        if message.type == "error":
+            errors.append(message.text)
+
+    async def on_dialog(dialog: Dialog) -> None:
+        dialogs.append(dialog.message)
+        await dialog.dismiss()
+
+    page.on("console", on_console)
+    page.on("dialog", on_dialog)
+    try:
+        yield page
+    finally:
+        await context.close()
 
 
 @pytest_asyncio.fixture(loop_scope="module")
@@ -91,25 +122,44 @@ async def console(browser: Browser, database_url: str) -> AsyncIterator[Console]
         product = stack.sandbox.state.add_product(price="9.90")
         await stack.sync("main")
         await stack.sync("second")
-        context = await browser.new_context(viewport=LAPTOP, locale="en-US", timezone_id="UTC")
-        context.set_default_timeout(10_000)
-        page = await context.new_page()
-        found = Console(stack, page, stack.sandbox.state.product(product).skus[0].id, product)
+        errors: list[str] = []
+        dialogs: list[str] = []
+        async with browser_tab(browser, errors, dialogs) as page:
+            sku = stack.sandbox.state.product(product).skus[0].id
+            yield Console(stack, page, sku, product, errors, dialogs)
 
-        def on_console(message: ConsoleMessage) -> None:
-            if message.type == "error":
-                found.errors.append(message.text)
 
-        async def on_dialog(dialog: Dialog) -> None:
-            found.dialogs.append(dialog.message)
-            await dialog.dismiss()
+@dataclass
+class ProviderConsole:
+    """A provider daemon (account ``shop-c`` and its downstream, see ``test_console_provider``) and a
+    browser tab on its admin listener."""
 
-        page.on("console", on_console)
-        page.on("dialog", on_dialog)
-        try:
-            yield found
-        finally:
-            await context.close()
+    chain: Chain
+    page: Page
+    errors: list[str] = field(default_factory=list)
+
+    def url(self, path: str) -> str:
+        return self.chain.client.base + path
+
+    async def sign_in(self) -> None:
+        await sign_in(self.page, self.chain.client.base)
+
+    async def fits_a_phone(self, *paths: str) -> None:
+        """Each page is no wider than a 390 px screen."""
+        await self.page.set_viewport_size(PHONE)
+        for path in paths:
+            await self.page.goto(self.url(path))
+            widths = await self.page.evaluate("[document.documentElement.scrollWidth, window.innerWidth]")
+            assert widths[0] <= widths[1], (path, widths)
+        await self.page.set_viewport_size(LAPTOP)
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def provider_console(browser: Browser, database_url: str) -> AsyncIterator[ProviderConsole]:
+    async with provider_chain(database_url) as chain:
+        errors: list[str] = []
+        async with browser_tab(browser, errors, []) as page:
+            yield ProviderConsole(chain, page, errors)
 
 
 def screenshot_path(tmp_path: Path, name: str) -> Path:
@@ -359,3 +409,99 @@ async def test_release_a_price_hold(console: Console) -> None:
     await row.get_by_role("button", name="Release").click()
     await expect(page.get_by_role("status")).to_contain_text("released")
     await expect(page.locator(f"#sku-main-{console.sku}")).not_to_contain_text("held")
+
+
+# --- the provider -------------------------------------------------------------------------------------------
+
+
+async def test_an_operator_tops_up_an_account_and_a_debit_too_large_is_refused_on_the_page(
+    provider_console: ProviderConsole, tmp_path: Path
+) -> None:
+    """From the Provider entry an operator opens an account, tops its wallet up with a note (said, and the
+    ledger's newest row), cannot send a debit without a note (the form stops it), and a debit beyond the
+    balance is refused on the account's page with the reason, the balance unchanged. Every provider page
+    fits a phone's screen."""
+    chain, page = provider_console.chain, provider_console.page
+    order_id = await place(chain, "B-1")
+    await delivered(chain, order_id)
+    balance = (await chain.daemon.operations.provider.accounts.get("shop-c")).balance_cents
+    after = balance + 2500
+
+    await provider_console.sign_in()
+    await page.get_by_role("navigation", name="Console").get_by_role("link", name="Provider").click()
+    await expect(page.get_by_role("heading", name="Provider accounts")).to_be_visible()
+    await page.get_by_role("link", name="shop-c").click()
+    await expect(page.get_by_role("heading", name=re.compile("Account shop-c"))).to_be_visible()
+    topup = page.locator("form#topup")
+    await topup.get_by_label(re.compile("Amount")).fill("25.00")
+    await topup.get_by_label("Note").fill("bank transfer 7781")
+    await topup.get_by_role("button", name="Top up").click()
+    await expect(page.get_by_role("status")).to_have_text(
+        f"Topped up 25.00 CNY: shop-c now holds {after // 100}.{after % 100:02d} CNY."
+    )
+    await expect(page.locator("dd.balance")).to_have_text(f"{after // 100}.{after % 100:02d} CNY")
+    newest = page.locator("table.ledger tbody tr").first
+    await expect(newest).to_contain_text("topup")
+    await expect(newest).to_contain_text("bank transfer 7781")
+    await page.screenshot(path=screenshot_path(tmp_path, "console-provider-account.png"), full_page=True)
+
+    debit = page.locator("form#debit")
+    await debit.get_by_label(re.compile("Amount")).fill("1.00")
+    await debit.get_by_role("button", name="Debit").click()
+    note = debit.get_by_label("Note")
+    assert await note.evaluate("field => field.validity.valueMissing") is True
+    await note.fill("more than it holds")
+    await debit.get_by_label(re.compile("Amount")).fill("99999.00")
+    await debit.get_by_role("button", name="Debit").click()
+    await expect(page.get_by_role("alert")).to_contain_text("99999.00 cannot be taken. Nothing was changed.")
+    await expect(page.locator("dd.balance")).to_have_text(f"{after // 100}.{after % 100:02d} CNY")
+    assert (await chain.daemon.operations.provider.accounts.get("shop-c")).balance_cents == after
+    assert provider_console.errors == [
+        "Failed to load resource: the server responded with a status of 409 (Conflict)"
+    ]
+    provider_console.errors.clear()
+
+    await provider_console.fits_a_phone(
+        "/ui/", "/ui/provider/accounts", "/ui/provider/accounts/shop-c", "/ui/provider/orders",
+        f"/ui/provider/orders/{order_id}",
+    )  # fmt: skip
+    assert provider_console.errors == []
+
+
+async def test_an_operator_replays_a_callback_from_the_order_page(
+    provider_console: ProviderConsole, tmp_path: Path
+) -> None:
+    """From the orders received an operator opens an order: its goods show only after "Reveal delivered
+    goods"; "Replay callback" tells the downstream its status again (signed), says it took it, and the
+    delivery log shows the replay; the local order behind it is one click away."""
+    chain, page = provider_console.chain, provider_console.page
+    order_id = await place(chain, "C-1")
+    view = await delivered(chain, order_id)
+    [push] = await chain.receiver.wait_for(1)
+    goods = push.json()["fulfillment"]["payload"]
+
+    await provider_console.sign_in()
+    await page.get_by_role("navigation", name="Console").get_by_role("link", name="Provider").click()
+    await page.get_by_role("link", name="Orders received").click()
+    await page.get_by_role("link", name=f"#{order_id}").click()
+    await expect(page.get_by_role("heading", name=re.compile(f"Provider order #{order_id}"))).to_be_visible()
+    assert goods not in await page.content()
+    await page.screenshot(path=screenshot_path(tmp_path, "console-provider-order.png"), full_page=True)
+    await page.get_by_role("button", name="Reveal delivered goods").click()
+    await expect(page.locator("pre.payload").first).to_have_text(goods)
+
+    await page.get_by_role("button", name="Replay callback").click()
+    await expect(page.get_by_role("status")).to_have_text(
+        "The downstream was told delivered again and took it (HTTP 200: received)."
+    )
+    assert goods not in await page.content()
+    rows = page.locator("table.callback-log tbody tr")
+    await expect(rows).to_have_count(2)
+    await expect(rows.first).to_contain_text("replay")
+    await expect(rows.first).to_contain_text("ok")
+    pushes = await chain.receiver.wait_for(2)
+    assert [(p.json()["status"], p.signature_valid) for p in pushes] == [("delivered", True)] * 2
+
+    await page.get_by_role("link", name=view["order_no"]).click()
+    await expect(page.get_by_role("heading", name=re.compile(f"Order {view['order_no']}"))).to_be_visible()
+    assert provider_console.errors == []

@@ -11,8 +11,9 @@ from typing import Any, Generic, TypeVar
 
 from procurd import offers
 from procurd.alerts import alert_view
-from procurd.config import UpstreamSettings
-from procurd.core.orders import iso
+from procurd.config import ProviderSettings, UpstreamSettings
+from procurd.core.orders import fulfillment_view, iso
+from procurd.core.provider import AmountError, to_cents
 from procurd.db.console_store import CatalogSlice, OrderSummary
 from procurd.db.stores import Tx
 from procurd.http.errors import ApiError
@@ -23,6 +24,7 @@ from procurd.status import status_report
 T = TypeVar("T")
 
 ORDER_STATUSES = ("paid", "fulfilling", "partially_delivered", "delivered", "canceled")
+PROVIDER_ORDER_STATUSES = ("paid", "fulfilling", "partially_delivered", "delivered", "completed", "canceled")
 AUDIT_PAGE_SIZE = 50
 HIDDEN_FULFILLMENT_FIELDS = ("payload", "delivery_data")
 
@@ -73,6 +75,7 @@ class Overview:
     storefront: dict[str, Any]
     alerts: list[dict[str, Any]]
     instances: list[dict[str, Any]]  # every daemon instance with its heartbeat, as GET /api/v1/status
+    provider: ProviderOverview | None = None  # when [provider] enabled
 
 
 async def overview(runtime: Runtime) -> Overview:
@@ -95,6 +98,7 @@ async def overview(runtime: Runtime) -> Overview:
         storefront=report["storefront"],
         alerts=await recent_alerts(runtime, limit=10),
         instances=list(report["instances"]),
+        provider=provider_overview(runtime.settings.provider, report["provider"]),
     )
 
 
@@ -273,3 +277,136 @@ async def release_hold(operations: Operations, upstream: str, sku_id: int) -> st
     released = await operations.catalog.release_hold(upstream, sku_id)
     price = f"{released.sell_price} {released.sell_currency}" if released.sell_price else "no price"
     return f"The hold on {upstream} SKU {sku_id} is released; it now sells at {price}."
+
+
+# --- provider ---------------------------------------------------------------------------------------------
+
+
+def below_threshold(balance: str, threshold: str | None) -> bool:
+    """Whether a wallet balance is below ``[provider] low_balance_threshold`` (never when it is off)."""
+    if not threshold:
+        return False
+    try:
+        return to_cents(balance) < to_cents(threshold)
+    except AmountError:
+        return False
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderOverview:
+    """The provider's part of the overview: the status report's ``provider`` with the accounts whose
+    wallet is below the threshold."""
+
+    facts: dict[str, Any]
+    low_balance_threshold: str | None
+    low_accounts: list[str]
+
+
+def provider_overview(settings: ProviderSettings, facts: dict[str, Any]) -> ProviderOverview | None:
+    if not settings.enabled or not facts.get("enabled"):
+        return None
+    threshold = settings.low_balance_threshold or None
+    low = [entry["name"] for entry in facts["balances"] if below_threshold(entry["balance"], threshold)]
+    return ProviderOverview(facts, threshold, low)
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderAccounts:
+    items: list[dict[str, Any]]  # the admin API's account views (never a secret), each with "low"
+    currency: str
+    low_balance_threshold: str | None
+
+
+async def provider_accounts(operations: Operations) -> ProviderAccounts:
+    """Every account by name: status, level, balance (marked when low), orders by status."""
+    settings = operations.settings.provider
+    threshold = settings.low_balance_threshold or None
+    items = [
+        dict(view, low=below_threshold(view["balance"], threshold))
+        for view in await operations.provider.accounts.list()
+    ]
+    return ProviderAccounts(items, settings.currency, threshold)
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderLevel:
+    slug: str
+    name: dict[str, str]
+    discount_percent: str
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderAccountPage:
+    account: dict[str, Any]  # the admin API's account view (never its secret)
+    ledger: Paged[dict[str, Any]]  # the newest movement first
+    low: bool
+    low_balance_threshold: str | None
+    levels: list[ProviderLevel]  # the configured levels, to choose from
+
+
+async def provider_account(
+    operations: Operations, name: str, page: int, page_size: int
+) -> ProviderAccountPage:
+    """An account with a page of its ledger (``GET /api/v1/provider/accounts/{name}``)."""
+    settings = operations.settings.provider
+    view = await operations.provider.accounts.show(name, page, page_size)
+    ledger = view.pop("ledger")
+    threshold = settings.low_balance_threshold or None
+    levels = [ProviderLevel(level.slug, dict(level.name), str(level.discount())) for level in settings.levels]
+    return ProviderAccountPage(
+        account=view,
+        ledger=Paged(ledger["items"], ledger["total"], page, page_size),
+        low=below_threshold(view["balance"], threshold),
+        low_balance_threshold=threshold,
+        levels=levels,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderOrdersPage:
+    orders: Paged[dict[str, Any]]
+    accounts: list[str]  # every account's name, to filter by
+
+
+async def provider_orders_page(
+    operations: Operations, account: str | None, status: str | None, page: int, page_size: int
+) -> ProviderOrdersPage:
+    """Orders received from downstream sites, the newest first (``GET /api/v1/provider/orders``); their
+    delivered goods never reach the template."""
+    total, items = await operations.provider.orders(account, status, page, page_size)
+    names = [view["name"] for view in await operations.provider.accounts.list()]
+    orders = [dict(item, fulfillment=None) for item in items]
+    return ProviderOrdersPage(Paged(orders, total, page, page_size), names)
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderOrderDetail:
+    order: dict[str, Any]  # the admin API's order view; fulfillment as the local order page shows it
+    procurement: dict[str, Any] | None  # the local order that buys it, its goods hidden
+    callback: dict[str, Any] | None  # the callback's state: status told, pending, tries, errors
+    callback_log: list[dict[str, Any]]  # every try, the newest first
+    revealed: bool  # the delivered goods are shown
+
+
+async def provider_order_detail(
+    operations: Operations, order_id: int, *, reveal: bool = False
+) -> ProviderOrderDetail:
+    """A provider order with the procurement behind it and its callback delivery log
+    (``GET /api/v1/provider/orders/{id}``). Its delivered goods (payload, delivery data) reach the template
+    only when ``reveal``; the procurement's never (its own order page reveals them)."""
+    view = await operations.provider.order_detail(order_id)
+    procurement = view.pop("procurement")
+    callback = view.pop("callback")
+    attempts = view.pop("callback_log")
+    fulfillment = fulfillment_view(view["fulfillment"])
+    if fulfillment is not None and not reveal:
+        fulfillment = _goods_hidden({"fulfillment": fulfillment})["fulfillment"]
+    if procurement is not None:
+        procurement = dict(procurement, procurements=[_goods_hidden(p) for p in procurement["procurements"]])
+    return ProviderOrderDetail(
+        order=dict(view, fulfillment=fulfillment),
+        procurement=procurement,
+        callback=callback,
+        callback_log=attempts,
+        revealed=reveal and fulfillment is not None,
+    )

@@ -121,6 +121,7 @@ def page_context(request: web.Request) -> dict[str, Any]:
         "csrf_token": console.codec.csrf_token(session) if session is not None else "",
         "signed_in": session is not None and session.authenticated,
         "login_required": console.login_required,
+        "provider_enabled": console.operations.settings.provider.enabled,
         "flash": request.get(FLASH),
         "path": request.path,
         "version": __version__,

@@ -3,21 +3,26 @@
 Pages read through :mod:`procurd.http.console.data`; actions check their input and act through the
 installation's operations (:mod:`procurd.operations`), exactly as the JSON API does, then redirect back
 with a message (post/redirect/get). Refusals (:class:`~procurd.core.refusals.Refused`) are shown by the
-console's middleware as an error page.
+console's middleware as an error page; a refused action on a provider account (a bad amount, a short
+wallet, no note) is shown on the account's page instead, beside its form.
 """
 
 from __future__ import annotations
 
 import hmac
+from collections.abc import Awaitable, Callable
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import structlog
 from aiohttp import web
 
+from procurd.core.numbers import MAX_ID
+from procurd.core.refusals import Refused
 from procurd.http.console import data
 from procurd.http.console.context import (
     CONSOLE,
+    FORM,
     HOME,
     LOGIN_PATH,
     SESSION,
@@ -41,6 +46,8 @@ from procurd.http.inputs import (
 )
 from procurd.operations import Operations
 from procurd.operations.orders import DEFAULT_BULK_RETRY, check_order_no, order_not_found
+from procurd.operations.provider import ProviderOperations
+from procurd.operations.provider_accounts import ACCOUNT_NAME, MAX_NOTE_CHARS, account_not_found
 from procurd.runtime import Runtime
 
 log = structlog.get_logger("procurd.console")
@@ -286,6 +293,213 @@ async def reconcile(request: web.Request) -> web.Response:
     return render(request, "reconcile.html", {"nav": "reconcile", "found": found})
 
 
+# --- provider ---------------------------------------------------------------------------------------------
+
+MAX_AMOUNT_CHARS = 32
+
+
+def _provider(request: web.Request) -> ProviderOperations:
+    """The provider's operations; 404 ``provider_disabled`` while ``[provider] enabled`` is false."""
+    provider = _operations(request).provider
+    if not provider.enabled:
+        raise ApiError(404, "provider_disabled", "the provider role is off here ([provider] enabled = false)")
+    return provider
+
+
+def account_path(name: str) -> str:
+    return "/ui/provider/accounts/" + quote(name, safe="")
+
+
+def provider_order_path(order_id: int) -> str:
+    return f"/ui/provider/orders/{order_id}"
+
+
+def _account_name(request: web.Request) -> str:
+    name = request.match_info["name"]
+    if not ACCOUNT_NAME.fullmatch(name):
+        raise account_not_found(name)
+    return name
+
+
+def _provider_order_id(request: web.Request) -> int:
+    raw = request.match_info["id"]
+    if not (raw.isascii() and raw.isdigit()):
+        raise ApiError(400, "invalid_id", "the provider order id must be a positive integer")
+    value = int(raw)
+    if not 0 < value <= MAX_ID:
+        raise ApiError(404, "order_not_found", f"no provider order {raw}")
+    return value
+
+
+async def provider_home(request: web.Request) -> web.Response:
+    _provider(request)
+    return redirect("/ui/provider/accounts")
+
+
+async def provider_accounts(request: web.Request) -> web.Response:
+    _provider(request)
+    found = await data.provider_accounts(_operations(request))
+    return render(
+        request, "provider_accounts.html", {"nav": "provider", "subnav": "accounts", "found": found}
+    )
+
+
+async def provider_account(request: web.Request) -> web.Response:
+    _provider(request)
+    return await _account_page(request, _account_name(request))
+
+
+async def _account_page(
+    request: web.Request, name: str, refused: Refused | None = None, action: str | None = None
+) -> web.Response:
+    """The account's page; after a refused action, with the reason beside the form it came from and what
+    was typed in it, answered with the refusal's status."""
+    page, page_size = _paging(request)
+    found = await data.provider_account(_operations(request), name, page, page_size)
+    context = {
+        "nav": "provider",
+        "subnav": "accounts",
+        "found": found,
+        "account": found.account,
+        "account_url": account_path(name),
+        "ledger_link": lambda number: _ledger_link(name, number, page_size),
+        "refused": refused,
+        "action": action,
+        "typed": _typed(request) if refused is not None else {},
+    }
+    return render(request, "provider_account.html", context, status=refused.status if refused else 200)
+
+
+def _typed(request: web.Request) -> dict[str, str]:
+    """What was typed in a refused form, to show in it again (not when it is far too long to be meant)."""
+    form = request[FORM]
+    return {name: value for name in ("amount", "note") if len(value := form.get(name, "")) <= MAX_NOTE_CHARS}
+
+
+def _ledger_link(name: str, page: int, page_size: int) -> str:
+    """A page of the account's ledger (also from the page a refused action answers, whose path is the
+    action's)."""
+    query = {"page": page} if page_size == DEFAULT_PAGE_SIZE else {"page": page, "page_size": page_size}
+    return f"{account_path(name)}?{urlencode(query)}#ledger"
+
+
+async def _account_action(
+    request: web.Request, action: str, act: Callable[[ProviderOperations, str], Awaitable[str]]
+) -> web.Response:
+    """Run an action on the account named in the path; done: back to its page with what was done; refused
+    (a bad amount, a short wallet, no note ...): its page with the reason, nothing changed."""
+    provider = _provider(request)
+    name = _account_name(request)
+    try:
+        text = await act(provider, name)
+    except Refused as refused:
+        if refused.status == 404:
+            raise
+        log.info("console.provider_action_refused", account=name, action=action, code=refused.code)
+        return await _account_page(request, name, refused, action)
+    return redirect_with(request, account_path(name), Flash("ok", text))
+
+
+def _movement(topup: bool) -> Callable[[web.Request], Awaitable[web.Response]]:
+    async def handler(request: web.Request) -> web.Response:
+        async def act(provider: ProviderOperations, name: str) -> str:
+            amount = form_text(request, "amount", max_chars=MAX_AMOUNT_CHARS)
+            moved = await provider.accounts.move(name, amount, form_text(request, "note"), topup=topup)
+            done, currency = "Topped up" if topup else "Debited", moved["currency"]
+            shown = moved["amount"].lstrip("-")
+            return f"{done} {shown} {currency}: {name} now holds {moved['balance']} {currency}."
+
+        return await _account_action(request, "topup" if topup else "debit", act)
+
+    return handler
+
+
+def _status_change(active: bool) -> Callable[[web.Request], Awaitable[web.Response]]:
+    async def handler(request: web.Request) -> web.Response:
+        async def act(provider: ProviderOperations, name: str) -> str:
+            await provider.accounts.set_status(name, active)
+            if active:
+                return f"Account {name} is enabled: its signed requests are answered again."
+            return f"Account {name} is disabled: its signed requests are refused until it is enabled again."
+
+        return await _account_action(request, "enable" if active else "disable", act)
+
+    return handler
+
+
+async def provider_set_level(request: web.Request) -> web.Response:
+    async def act(provider: ProviderOperations, name: str) -> str:
+        if "level" not in request[FORM]:
+            raise ApiError(400, "invalid_request", "choose a level, or none")
+        slug = form_text(request, "level", max_chars=64).strip() or None
+        account = await provider.accounts.set_level(name, slug)
+        return f"Account {name} has {'level ' + account.level if account.level else 'no level'} now."
+
+    return await _account_action(request, "level", act)
+
+
+async def provider_orders(request: web.Request) -> web.Response:
+    _provider(request)
+    account = query_text(request.query, "account")
+    status = query_text(request.query, "status")
+    if status is not None and status not in data.PROVIDER_ORDER_STATUSES:
+        statuses = ", ".join(data.PROVIDER_ORDER_STATUSES)
+        raise ApiError(400, "invalid_query", f"status must be one of {statuses}")
+    page, page_size = _paging(request)
+    found = await data.provider_orders_page(_operations(request), account, status, page, page_size)
+    context = {"nav": "provider", "subnav": "orders", "found": found, "account": account, "status": status,
+               "statuses": data.PROVIDER_ORDER_STATUSES}  # fmt: skip
+    return render(request, "provider_orders.html", context)
+
+
+async def provider_order(request: web.Request) -> web.Response:
+    _provider(request)
+    detail = await data.provider_order_detail(_operations(request), _provider_order_id(request))
+    return render(request, "provider_order.html", _provider_order_context(detail))
+
+
+async def provider_reveal(request: web.Request) -> web.Response:
+    """The provider order's page with its delivered goods shown (asked for with a POST, as on the local
+    order page)."""
+    _provider(request)
+    order_id = _provider_order_id(request)
+    detail = await data.provider_order_detail(_operations(request), order_id, reveal=True)
+    if not detail.revealed:
+        raise ApiError(404, "fulfillment_not_found", f"provider order {order_id} has no delivered goods")
+    log.info("console.goods_revealed", provider_order_id=order_id)
+    return render(request, "provider_order.html", _provider_order_context(detail))
+
+
+def _provider_order_context(detail: data.ProviderOrderDetail) -> dict[str, Any]:
+    order_no = detail.order["order_no"]
+    return {
+        "nav": "provider",
+        "subnav": "orders",
+        "detail": detail,
+        "order": detail.order,
+        "order_url": provider_order_path(detail.order["id"]),
+        "local_order_url": order_path(order_no),
+        "account_url": account_path(detail.order["account"]) if detail.order["account"] else None,
+    }
+
+
+async def provider_replay(request: web.Request) -> web.Response:
+    """Tell the order's latest status to its downstream again now, and say how it went."""
+    order_id = _provider_order_id(request)
+    view = await _provider(request).replay(order_id)
+    log.info("console.callback_replayed", provider_order_id=order_id)
+    tried = next((attempt for attempt in view["callback_log"] if attempt["replay"]), None)
+    if tried is None:  # the try is always logged; this only guards the page
+        return redirect_with(request, provider_order_path(order_id), Flash("ok", "The callback was sent."))
+    http = f"HTTP {tried['http_status']}" if tried["http_status"] is not None else "no answer"
+    said = f": {tried['message']}" if tried["message"] else ""
+    if tried["ok"]:
+        text = f"The downstream was told {tried['status']} again and took it ({http}{said})."
+        return redirect_with(request, provider_order_path(order_id), Flash("ok", text))
+    text = f"The downstream was told {tried['status']} again but did not take it ({http}{said})."
+    return redirect_with(request, provider_order_path(order_id), Flash("error", text))
+
+
 def add_routes(router: web.UrlDispatcher) -> None:
     router.add_get("/ui/", overview)
     router.add_get(LOGIN_PATH, login_page)
@@ -306,3 +520,15 @@ def add_routes(router: web.UrlDispatcher) -> None:
     router.add_get("/ui/alerts", alerts)
     router.add_get("/ui/offers", offers)
     router.add_get("/ui/reconcile", reconcile)
+    router.add_get("/ui/provider", provider_home)
+    router.add_get("/ui/provider/accounts", provider_accounts)
+    router.add_get("/ui/provider/accounts/{name}", provider_account)
+    router.add_post("/ui/provider/accounts/{name}/topup", _movement(topup=True))
+    router.add_post("/ui/provider/accounts/{name}/debit", _movement(topup=False))
+    router.add_post("/ui/provider/accounts/{name}/enable", _status_change(active=True))
+    router.add_post("/ui/provider/accounts/{name}/disable", _status_change(active=False))
+    router.add_post("/ui/provider/accounts/{name}/level", provider_set_level)
+    router.add_get("/ui/provider/orders", provider_orders)
+    router.add_get("/ui/provider/orders/{id}", provider_order)
+    router.add_post("/ui/provider/orders/{id}/reveal", provider_reveal)
+    router.add_post("/ui/provider/orders/{id}/callback", provider_replay)
