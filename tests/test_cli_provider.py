@@ -26,7 +26,7 @@ from procurd.db.schema import provider_accounts, provider_ledger
 from procurd.sandbox import Sandbox, SandboxConfig
 from procurd.sandbox.testing import ApiResponse, CallbackReceiver, SignedClient
 from provider_support import provider_config, public_base_url
-from support import mirror, run_cli, running_daemon, sql_rows, wait_until
+from support import forget_cached_loggers, mirror, run_cli, running_daemon, sql_rows, wait_until
 
 LEVELS = [
     {"slug": "gold", "name": {"en": "Gold"}, "discount_percent": "5"},
@@ -78,6 +78,15 @@ class Shell:
         result = await self.run(*args)
         assert result.exit_code == 0, (args, result.stdout, result.stderr)
         return result
+
+    async def logged(self, *args: str) -> Result:
+        """A command that succeeds, with its log at debug level on stderr (procurd's loggers bound afresh
+        before and after it: each keeps the configuration of its first use)."""
+        forget_cached_loggers()
+        try:
+            return await self.ok(*args, "--log-level", "debug", "--log-format", "json")
+        finally:
+            forget_cached_loggers()
 
     async def json(self, *args: str) -> Any:
         return json.loads((await self.ok(*args, "--json")).stdout)
@@ -173,7 +182,7 @@ async def test_account_add_prints_the_secret_once_and_nothing_else_shows_it(shel
     """``account add`` prints the API key and the secret once (``--json``: exactly name, api_key and
     api_secret), and the secret signs requests at once; ``list`` and ``show`` (with ``--json``) never print
     it, nor does the log at debug level; a taken or malformed name is refused."""
-    added = await shell.ok("provider", "account", "add", "shop-b", "--log-level", "debug")
+    added = await shell.logged("provider", "account", "add", "shop-b")
     [secret] = SECRET.findall(added.stdout)
     [key] = KEY.findall(added.stdout)
     assert added.stdout.count(secret) == 1
@@ -307,7 +316,7 @@ async def test_levels_disable_enable_and_rotate_act_on_the_signed_api(shell: She
         assert (await answered(client, 200))["ok"] is True
         await shell.refused("account_not_found", "provider", "account", "disable", "nobody")
 
-        rotated = await shell.ok("provider", "account", "rotate", "shop-b", "--log-level", "debug")
+        rotated = await shell.logged("provider", "account", "rotate", "shop-b")
         [new_secret] = SECRET.findall(rotated.stdout)
         assert rotated.stdout.count(new_secret) == 1
         assert KEY.findall(rotated.stdout) == [key]

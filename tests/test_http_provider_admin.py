@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -25,6 +25,7 @@ from procurd.sandbox import Sandbox, SandboxConfig
 from procurd.sandbox.testing import CallbackReceiver, SignedClient
 from provider_support import provider_settings, public_base_url
 from support import AdminClient, captured_log, mirror, running_daemon, sql_rows, wait_until
+from test_http_openapi import load_document
 
 GOLD = {"slug": "gold", "name": {"en": "Gold"}, "discount_percent": "5"}
 PRODUCTS = 3
@@ -38,6 +39,102 @@ BAD_AMOUNTS = (
 )  # fmt: skip
 
 
+DOCUMENT = load_document()
+TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,), "object": (dict,),
+    "array": (list,), "null": (type(None),),
+}  # fmt: skip
+
+
+def resolve(node: Mapping[str, Any]) -> tuple[Mapping[str, Any], str | None]:
+    """A schema or response with its ``$ref`` followed, and the component's name when it was one."""
+    name = None
+    while "$ref" in node:
+        name = node["$ref"].rsplit("/", 1)[1]
+        target: Any = DOCUMENT
+        for part in node["$ref"][2:].split("/"):
+            target = target[part]
+        node = target
+    return node, name
+
+
+def properties_of(schema: Mapping[str, Any]) -> dict[str, Any]:
+    schema, _ = resolve(schema)
+    found = dict(schema.get("properties", {}))
+    for branch in schema.get("allOf", []):
+        found.update(properties_of(branch))
+    return found
+
+
+def conform(
+    schema: Mapping[str, Any], value: Any, where: str, strict: bool = False, whole: bool = True
+) -> None:
+    """``value`` is what ``schema`` describes. ``strict`` (the provider's own schemas): every member of an
+    object is documented too (checked where the ``whole`` object is described, not in one part of an
+    ``allOf``)."""
+    schema, name = resolve(schema)
+    if name is not None:
+        strict = name.startswith("Provider")
+    for branch in schema.get("allOf", []):
+        conform(branch, value, where, strict, whole=False)
+    if "oneOf" in schema:
+        passed = 0
+        for option in schema["oneOf"]:
+            try:
+                conform(option, value, where, strict)
+            except AssertionError:
+                continue
+            passed += 1
+        assert passed == 1, (where, value)
+    if "const" in schema:
+        assert value == schema["const"], where
+    if "enum" in schema:
+        assert value in schema["enum"], (where, value)
+    kinds = schema.get("type")
+    if kinds is not None:
+        allowed = tuple(t for kind in ([kinds] if isinstance(kinds, str) else kinds) for t in TYPES[kind])
+        assert isinstance(value, allowed), (where, value)
+        assert bool in allowed or not isinstance(value, bool), (where, value)
+    if isinstance(value, str) and "pattern" in schema:
+        assert re.search(schema["pattern"], value), (where, value)
+    if isinstance(value, dict):
+        for key in schema.get("required", []):
+            assert key in value, (where, key)
+        documented = properties_of(schema)
+        if strict and whole and documented and schema.get("additionalProperties") is None:
+            assert set(value) <= set(documented), (where, sorted(set(value) - set(documented)))
+        for key, item in value.items():
+            if key in schema.get("properties", {}):
+                conform(schema["properties"][key], item, f"{where}.{key}", strict)
+            elif isinstance(schema.get("additionalProperties"), dict):
+                conform(schema["additionalProperties"], item, f"{where}.{key}", strict)
+    if isinstance(value, list) and "items" in schema:
+        for index, item in enumerate(value):
+            conform(schema["items"], item, f"{where}[{index}]", strict)
+
+
+def check_documented(method: str, path: str, status: int, answer: Any) -> None:
+    """The answer of a provider route is one its operation documents for that status, in that shape."""
+    segments = path.partition("?")[0].split("/")
+    for template in DOCUMENT["paths"]:
+        parts = template.split("/")
+        if len(parts) == len(segments) and all(
+            part == segment or (part.startswith("{") and segment)
+            for part, segment in zip(parts, segments, strict=True)
+        ):
+            break
+    else:
+        return  # no route of the document: the router's own 404
+    operation = DOCUMENT["paths"][template].get(method.lower())
+    assert operation is not None, (method, template)
+    response = operation["responses"].get(str(status))
+    assert response is not None, (
+        f"{method} {template} answered {status}, which it does not document: {answer}"
+    )
+    schema = resolve(response)[0]["content"]["application/json"]["schema"]
+    conform(schema, answer, f"{method} {template} {status}")
+
+
 @dataclass
 class Provider:
     """A provider daemon over the sandbox, its admin API, and the database both use."""
@@ -48,12 +145,19 @@ class Provider:
     database_url: str
 
     async def call(self, method: str, path: str, body: Any = None) -> tuple[int, dict[str, Any]]:
-        return await self.admin.call(method, path, body)
+        """The admin API's answer, checked against the OpenAPI document."""
+        status, answer = await self.admin.call(method, path, body)
+        check_documented(method, path, status, answer)
+        return status, answer
 
     async def raw(self, method: str, path: str, data: bytes) -> tuple[int, dict[str, Any]]:
-        """A request with ``data`` as its body, as it is."""
-        async with self.session.request(method, self.admin.base + path, data=data) as response:
-            return response.status, await response.json()
+        """A request with ``data`` as its body, as it is (the answer checked against the document)."""
+        async with self.session.request(
+            method, self.admin.base + path, data=data, headers=self.admin.headers
+        ) as response:
+            answer = await response.json()
+            check_documented(method, path, response.status, answer)
+            return response.status, answer
 
     async def ok(self, method: str, path: str, body: Any = None, status: int = 200) -> dict[str, Any]:
         got, answer = await self.call(method, path, body)
