@@ -455,7 +455,8 @@ async def test_a_failure_at_the_top_resolved_at_b_refunds_and_tells_c(chain: Cha
 
 async def test_c_cancel_goes_upstream_first_across_both_hops(chain: Chain) -> None:
     """With the top not delivering yet, C's cancel cancels at B, which cancels at the top first: the top's
-    order, B's provider order and procurement and C's order all end canceled, and B refunds C's wallet.
+    order, B's provider order and procurement and C's order all end canceled, and B refunds C's wallet; C
+    learns it from B's answer (no callback follows), so its order never passes through an exception.
     When the top refuses (its order is paid), C's cancel is refused 409 ``cancel_not_allowed`` and nothing
     changes at any hop; the order is then delivered as usual."""
     chain.top.config.auto_deliver = False
@@ -485,11 +486,20 @@ async def test_c_cancel_goes_upstream_first_across_both_hops(chain: Chain) -> No
         assert moves == ["order", "refund"]
         assert await chain.balance() == before
         await chain.ledger_matches_balance()
-        # B's callback about the cancel reaches C, which keeps its order canceled.
-        await chain.callback_told(provider_order, "canceled")
+        # C asked for the cancel and has B's answer: B calls it back with nothing (a callback racing the
+        # answer would reach C as an upstream's cancel of a live order, an exception), and C's order went
+        # straight to canceled, with no exception and no alert on the way.
+        detail = await chain.b.operations.provider.order_detail(provider_order.id)
+        assert detail["callback"] is None and detail["callback_log"] == [], detail
         c_order = await chain.c_admin.order(order_no)
         assert (c_order["status"], c_order["exception"]) == ("canceled", False)
         assert c_order["procurements"][0]["state"] == "canceled"
+        assert c_order["procurements"][0]["exception_reason"] is None
+        status, audit = await chain.c_admin.call("GET", f"/api/v1/orders/{order_no}/audit")
+        assert status == 200, audit
+        assert "exception" not in [entry["new_state"] for entry in audit["audit"]], audit
+        status, alerts = await chain.c_admin.call("GET", "/api/v1/alerts")
+        assert [a["kind"] for a in alerts["items"] if a["subject"] == order_no] == []
 
         # The top refuses to cancel a paid order: so does every hop below it.
         sku = next(chain.skus)

@@ -35,6 +35,7 @@ class Source(StrEnum):
     POLL = "poll"
     ADMIN = "admin"
     RECONCILE = "reconcile"
+    DOWNSTREAM = "downstream"  # a downstream site, through the provider's API
 
 
 class Reason(StrEnum):

@@ -118,13 +118,13 @@ class OrderOperations:
     async def audit(self, order_no: str) -> list[dict[str, Any]]:
         return await self.runtime.service.audit(order_no)
 
-    async def cancel(self, order_no: str) -> dict[str, Any]:
+    async def cancel(self, order_no: str, *, source: Source = Source.ADMIN) -> dict[str, Any]:
         """Upstream-first cancel of the whole order; its order view, or 409 ``cancel_not_allowed`` with the
-        reason of each item (``items``)."""
+        reason of each item (``items``). ``source``: a person, or a downstream site (its provider order)."""
         runtime = self.runtime
         check_order_no(order_no)
         try:
-            view = await cancel.cancel_order(runtime.service, order_no, runtime.cancel_upstream)
+            view = await cancel.cancel_order(runtime.service, order_no, runtime.cancel_upstream, source)
         except cancel.OrderNotFound:
             raise order_not_found(order_no) from None
         except cancel.CancelDenied as exc:

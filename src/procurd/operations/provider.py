@@ -25,7 +25,7 @@ from procurd.core.intake import MAX_QUANTITY, IntakeError, ItemRequest, OrderReq
 from procurd.core.json_limits import json_problem, text_problem
 from procurd.core.orders import iso
 from procurd.core.pricing import SkuFacts, cost_limit, exchange_rate_of
-from procurd.core.procurement import MirroredSku, required_form_fields
+from procurd.core.procurement import MirroredSku, Source, required_form_fields
 from procurd.core.provider import (
     CANCELED,
     CENT,
@@ -353,7 +353,7 @@ class ProviderOperations:
         if order.status not in ("paid", "fulfilling", "partially_delivered"):
             raise Refused(409, "cancel_not_allowed", f"an order in status {order.status} cannot be canceled")
         try:
-            await self.local_orders.cancel(order.order_no)
+            await self.local_orders.cancel(order.order_no, source=Source.DOWNSTREAM)
         except Refused as refused:
             if refused.code == "cancel_not_allowed":
                 raise Refused(

@@ -39,9 +39,13 @@ class OrderNotFound(Exception):
 
 
 async def cancel_order(
-    service: ProcurementService, order_no: str, cancel_upstream: UpstreamCancel
+    service: ProcurementService,
+    order_no: str,
+    cancel_upstream: UpstreamCancel,
+    source: Source = Source.ADMIN,
 ) -> dict[str, Any]:
-    """Cancel ``order_no`` upstream-first; its order view once canceled, else :class:`CancelDenied`."""
+    """Cancel ``order_no`` upstream-first; its order view once canceled, else :class:`CancelDenied`.
+    ``source``: who asks (a person, or a downstream site canceling its order at the provider)."""
     found = await service.database.read(lambda tx: tx.procurements.order(order_no))
     if found is None:
         raise OrderNotFound(order_no)
@@ -65,16 +69,16 @@ async def cancel_order(
             code = getattr(exc, "code", type(exc).__name__)
             denied = [CancelItem(p.id, p.downstream_order_no, f"upstream refused: {code}")]
             denied += [CancelItem(pid, _number(items, pid), "canceled upstream") for pid in confirmed]
-            await _record_upstream_cancels(service, order_no, confirmed)
+            await _record_upstream_cancels(service, order_no, confirmed, source)
             raise CancelDenied(denied) from None
         confirmed.append(p.id)
     events: list[tuple[int, Event]] = [(pid, Cancel(upstream_confirmed=True)) for pid in confirmed]
     events += [(p.id, Cancel(upstream_confirmed=False)) for p in items if p not in upstream_first]
     try:
-        await service.apply_all(order_no, events, Source.ADMIN)
+        await service.apply_all(order_no, events, source)
     except NotAllowed as exc:
         # The state moved between the check and the write (a submitter claimed an item meanwhile).
-        await _record_upstream_cancels(service, order_no, confirmed)
+        await _record_upstream_cancels(service, order_no, confirmed, source)
         raise CancelDenied([CancelItem(0, order_no, exc.message)]) from None
     view = await service.order(order_no)
     assert view is not None
@@ -82,10 +86,10 @@ async def cancel_order(
 
 
 async def _record_upstream_cancels(
-    service: ProcurementService, order_no: str, procurement_ids: list[int]
+    service: ProcurementService, order_no: str, procurement_ids: list[int], source: Source
 ) -> None:
     for procurement_id in procurement_ids:
-        await service.apply(procurement_id, Cancel(upstream_confirmed=True), Source.ADMIN, order_no=order_no)
+        await service.apply(procurement_id, Cancel(upstream_confirmed=True), source, order_no=order_no)
 
 
 def _number(items: list[Procurement], procurement_id: int) -> str:

@@ -103,8 +103,11 @@ class ProviderBatch:
             self._move(order, -intake.amount_cents, "order", now)
         return order
 
-    def follow(self, order_no: str, items: Sequence[Procurement], now: datetime) -> None:
-        """The provider order bought by ``order_no``'s procurement shows what that procurement says now."""
+    def follow(
+        self, order_no: str, items: Sequence[Procurement], now: datetime, *, tell: bool = True
+    ) -> None:
+        """The provider order bought by ``order_no``'s procurement shows what that procurement says now (its
+        downstream is called back with a new status, unless ``tell`` is false)."""
         order = self.orders.get(order_no)
         if order is None or not items:
             return
@@ -122,7 +125,7 @@ class ProviderBatch:
         self.orders[order_no] = updated
         if order_no not in self.new:
             self.changed.add(order_no)
-        if updated.callback_url and status != order.status:
+        if tell and updated.callback_url and status != order.status:
             self.tell[order_no] = status
 
     def _move(self, order: ProviderOrder, cents: int, kind: str, now: datetime) -> None:

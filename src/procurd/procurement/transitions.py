@@ -585,7 +585,9 @@ def _apply(batch: _Batch, steps: Sequence[tuple[Procurement | None, Event]], sou
     for order_no in touched:
         _refresh_order(batch, order_no)
         if batch.orders[order_no].provider:
-            batch.provider.follow(order_no, batch.items[order_no], batch.now)
+            # A change the downstream asked for itself (its cancel) is told in the answer to its request.
+            tell = source is not Source.DOWNSTREAM
+            batch.provider.follow(order_no, batch.items[order_no], batch.now, tell=tell)
     return results
 
 
