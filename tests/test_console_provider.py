@@ -21,6 +21,8 @@ import pytest
 
 from console_support import ADMIN_TOKEN, CSP, ConsoleClient, Page
 from procurd.daemon import Daemon
+from procurd.http.console.data import ProviderOrderDetail
+from procurd.http.console.render import Templates
 from procurd.http.testing import procurd_stack
 from procurd.sandbox import Sandbox, SandboxConfig
 from procurd.sandbox.testing import CallbackReceiver, SignedClient
@@ -422,7 +424,8 @@ async def test_order_page_shows_the_order_its_procurement_and_callbacks_with_goo
 ) -> None:
     """The order page shows the downstream number, trace id, SKU, quantity, amount, refunded and status,
     the local order behind it (linked), the callback's state and its delivery log; the delivered goods
-    are not in the page, nor in the log, until "reveal" (a POST) shows them."""
+    are not in the page, nor in the log, until "reveal" (a POST) shows them; no page shows them (or the
+    account's secret) before."""
     with captured_log("info") as log:
         order_id = await place(chain, "G-1", quantity=2)
         view = await delivered(chain, order_id)
@@ -449,10 +452,13 @@ async def test_order_page_shows_the_order_its_procurement_and_callbacks_with_goo
         assert '<span class="badge ok">ok</span>' in log_table
         assert '<td data-label="Message" class="detail">received</td>' in log_table
         assert '<dd class="callback-state">\n<span class="badge ok">delivered</span>' in text
-        for line in goods.splitlines():
-            assert line not in text
-        local_page = await chain.client.get(f"/ui/orders/{local}")
-        assert goods.splitlines()[0] not in local_page.text
+        everywhere = ["/ui/", "/ui/provider/accounts", "/ui/provider/accounts/shop-c", "/ui/provider/orders",
+                      f"/ui/provider/orders/{order_id}", f"/ui/orders/{local}"]  # fmt: skip
+        for path in everywhere:
+            shown = (await chain.client.get(path)).text
+            assert chain.site.api_secret not in shown, path
+            assert all(line not in shown for line in goods.splitlines()), path
+        await chain.client.get(f"/ui/provider/orders/{order_id}")
 
         revealed = await chain.client.post(f"/ui/provider/orders/{order_id}/reveal")
         assert revealed.status == 200
@@ -583,3 +589,43 @@ async def test_bad_input_gets_a_specific_error_page_and_changes_nothing(chain: C
         assert_console_answer(page)
         assert "nothing was changed" in page.text
     assert await account(chain) == before
+
+
+# --- pieces -------------------------------------------------------------------------------------------------
+
+
+def test_order_page_tells_a_failing_and_a_given_up_callback_apart() -> None:
+    """The callback part of an order's page says "failing" with the next try for a callback still being
+    tried, "given up" for one given up, and "replay" on a replay's row of the delivery log."""
+    environment = Templates().environment
+    layout = {"page_link": lambda page: f"?page={page}", "csrf_token": "t", "signed_in": True,
+              "login_required": True, "flash": None, "path": "/ui/", "version": "0",
+              "provider_enabled": True, "nav": "provider", "subnav": "orders",
+              "order_url": "/ui/provider/orders/7", "local_order_url": "/ui/orders/P1-ab",
+              "account_url": "/ui/provider/accounts/shop-c"}  # fmt: skip
+    order = {"id": 7, "order_no": "P1-ab", "account": "shop-c", "downstream_order_no": "D-7",
+             "trace_id": None, "callback_url": "https://shop.example/hook", "status": "delivered",
+             "upstream": "main", "product_id": 1, "sku_id": 2, "upstream_sku_id": 3, "title": {"en": "Card"},
+             "quantity": 1, "unit_price": "9.90", "amount": "9.90", "refunded": "0.00", "currency": "CNY",
+             "fulfillment": None, "created_at": "2026-11-23T10:00:00Z",
+             "updated_at": "2026-11-23T10:00:00Z"}  # fmt: skip
+    tries = [{"at": "2026-11-23T10:05:00Z", "status": "delivered", "http_status": None, "ok": False,
+              "message": None, "replay": True}]  # fmt: skip
+    states: dict[str, dict[str, Any]] = {
+        "failing": {"pending": True, "attempts": 2, "next_attempt_at": "2026-11-23T10:06:00Z",
+                    "delivered_at": None, "given_up_at": None},
+        "given up": {"pending": False, "attempts": 9, "next_attempt_at": None, "delivered_at": None,
+                     "given_up_at": "2026-11-24T10:00:00Z"},
+    }  # fmt: skip
+    for word, state in states.items():
+        callback = {"status": "delivered", "first_attempt_at": "2026-11-23T10:00:00Z",
+                    "last_error": "HTTP 503: down", **state}  # fmt: skip
+        detail = ProviderOrderDetail(dict(order), None, callback, tries, revealed=False)
+        page = environment.get_template("provider_order.html").render(
+            detail=detail, order=detail.order, **layout
+        )
+        assert f'<span class="badge {"warn" if word == "failing" else "bad"}">{word}</span>' in page
+        assert '<dd class="error-text">HTTP 503: down</dd>' in page
+        assert '<span class="badge">replay</span>' in page
+        assert '<span class="none">no answer</span>' in page
+        assert "No local order" in page
