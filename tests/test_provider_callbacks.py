@@ -511,6 +511,34 @@ async def test_a_newer_status_replaces_an_older_one_being_retried(database_url: 
         assert detail["status"] == "delivered"
 
 
+async def test_a_downstream_that_holds_its_callback_does_not_hold_up_the_others(database_url: str) -> None:
+    """While one downstream holds the connection of its callback (a try in flight until the sender's
+    timeout), another order's callback to another downstream is sent and delivered; the held try is logged
+    once it ends."""
+    async with (
+        provider_chain(database_url, auto_deliver=False) as chain,
+        Downstream() as slow,
+        Downstream() as other,
+    ):
+        slow.plan("delivered", HOLD)
+        held = await chain.order(slow, "D-6")
+        meanwhile = await chain.order(other, "D-7")
+        await chain.deliver_upstream(held)
+        await asyncio.wait_for(slow.holding.wait(), 20)
+        await chain.deliver_upstream(meanwhile)
+
+        await wait_until(lambda: other.of_status("delivered"))
+        detail = await chain.tries(meanwhile, 1)
+        assert detail["callback"]["delivered_at"]
+        assert (await chain.detail(held))["callback_log"] == []  # still in flight
+
+        slow.release.set()
+        detail = await chain.tries(held, 1)
+        latest = detail["callback_log"][0]
+        assert (latest["http_status"], latest["ok"]) == (None, False)
+        assert detail["callback"]["pending"] is True
+
+
 async def test_an_answer_that_arrives_in_pieces_is_read_to_its_end(database_url: str) -> None:
     """A downstream that writes its answer in two pieces (a chunked response, the second piece a moment
     later) is read to its end: the callback is delivered at the first try, the answer's message logged."""

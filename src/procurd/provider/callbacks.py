@@ -38,8 +38,7 @@ FIRST_RETRY_SECONDS = 30.0
 MAX_RETRY_SECONDS = 1800.0
 TIMEOUT_SECONDS = 15.0
 LEASE = timedelta(seconds=60)
-BATCH = 20
-CONCURRENCY = 8
+CONCURRENCY = 8  # tries in flight at a time
 MESSAGE_CHARS = 300
 ANSWER_BYTES = 64 * 1024  # of a downstream's answer, read
 
@@ -53,9 +52,9 @@ class Claimed:
     account: Account
 
 
-def _claim(tx: Tx, owner: str, now: datetime) -> list[Claimed]:
-    """Take the due callbacks, and read their orders and accounts, in one transaction."""
-    dues = tx.provider.claim_callbacks(owner, now, now + LEASE, BATCH)
+def _claim(tx: Tx, owner: str, now: datetime, limit: int) -> list[Claimed]:
+    """Take up to ``limit`` due callbacks, and read their orders and accounts, in one transaction."""
+    dues = tx.provider.claim_callbacks(owner, now, now + LEASE, limit)
     if not dues:
         return []
     orders = tx.provider.orders_by_id([due.order_id for due in dues])
@@ -145,7 +144,12 @@ def _delivery(status: int, raw: bytes) -> Delivery:
 
 
 class CallbackDispatcher(Worker):
-    """Sends the due callbacks of every provider order; wakes when the state path queues one."""
+    """Sends the due callbacks of every provider order; wakes when the state path queues one.
+
+    Each try runs on its own (up to ``CONCURRENCY`` at a time) and wakes the dispatcher when it ends, so a
+    downstream that keeps its connection open until the timeout holds up no other order's callback; the tries
+    that ended are settled together.
+    """
 
     name = "provider callbacks"
 
@@ -167,28 +171,63 @@ class CallbackDispatcher(Worker):
         self.idle_seconds = idle_seconds
         if wakeup is not None:
             self.wakeup = wakeup
+        self._sending: set[asyncio.Task[Try]] = set()
+        self._ended: list[Try] = []
+        self._failure: BaseException | None = None
 
     async def step(self) -> float | None:
-        gate = asyncio.Semaphore(CONCURRENCY)
-
-        async def one(claimed: Claimed) -> Try:
-            async with gate:
-                delivery = await self.sender.send(claimed.account, claimed.order)
-            return Try(claimed.order, claimed.due.status, delivery, claimed.due)
-
-        while True:
-            batch = await self.database.write(_claim, self.owner, utcnow())
-            if not batch:
-                break
-            tries = await asyncio.gather(*(one(claimed) for claimed in batch))
-            await record_tries(self.database, self.settings, tries, owner=self.owner)
-            if len(batch) < BATCH:
+        await self._settle()  # first: a try of a replaced status lets the newer one be claimed
+        while (room := CONCURRENCY - len(self._sending)) > 0:
+            claimed = await self.database.write(_claim, self.owner, utcnow(), room)
+            for one in claimed:
+                self._start(one)
+            if len(claimed) < room:
                 break
         due_at = await self.database.read(lambda tx: tx.provider.next_callback_due())
-        return None if due_at is None else (due_at - utcnow()).total_seconds()
+        if due_at is None:
+            return None
+        delay = (due_at - utcnow()).total_seconds()
+        # Due but not claimed: in flight here (its end wakes this loop) or on another instance.
+        return delay if delay > 0 else None
+
+    def _start(self, claimed: Claimed) -> None:
+        async def send() -> Try:
+            delivery = await self.sender.send(claimed.account, claimed.order)
+            return Try(claimed.order, claimed.due.status, delivery, claimed.due)
+
+        task = asyncio.create_task(send(), name=f"provider callback {claimed.order.id}")
+        self._sending.add(task)
+        task.add_done_callback(self._sent)
+
+    def _sent(self, task: asyncio.Task[Try]) -> None:
+        self._sending.discard(task)
+        if not task.cancelled():
+            error = task.exception()
+            if error is not None:
+                self._failure = self._failure or error
+            else:
+                self._ended.append(task.result())
+        self.wakeup.set()
+
+    async def _settle(self) -> None:
+        """Record the tries that ended (a bug in one is raised here, for the supervisor)."""
+        if self._failure is not None:
+            raise self._failure
+        if self._ended:
+            tries = list(self._ended)
+            await record_tries(self.database, self.settings, tries, owner=self.owner)
+            del self._ended[: len(tries)]
 
     async def drain(self) -> None:
-        await self.sender.close()
+        """Let the tries in flight end (each within the sender's timeout) and record them."""
+        try:
+            if self._sending:
+                await asyncio.wait(set(self._sending))
+            await self._settle()
+        finally:
+            for task in self._sending:
+                task.cancel()
+            await self.sender.close()
 
 
 @dataclass(frozen=True, slots=True)
