@@ -490,7 +490,7 @@ async def test_c_cancel_goes_upstream_first_across_both_hops(chain: Chain) -> No
         # answer would reach C as an upstream's cancel of a live order, an exception), and C's order went
         # straight to canceled, with no exception and no alert on the way.
         detail = await chain.b.operations.provider.order_detail(provider_order.id)
-        assert detail["callback"] is None and detail["callback_log"] == [], detail
+        assert (detail["callback"], detail["callback_log"]) == (None, []), detail
         c_order = await chain.c_admin.order(order_no)
         assert (c_order["status"], c_order["exception"]) == ("canceled", False)
         assert c_order["procurements"][0]["state"] == "canceled"
