@@ -5,7 +5,8 @@ The rate limit is the real sites' (``[provider] rate_limit_per_minute`` requests
 the account refused for ``rate_limit_block_seconds``, answered HTTP 200 ``{"ok": false, "status_code": 429,
 ...}`` with ``Retry-After``), but it is counted only for requests whose signature verified: a stranger who
 knows a key cannot spend its budget. Requests that fail authentication (or whose body is too large for
-their signature to be checked) are limited per client address, in a bucket of their own. Each instance keeps its own counts.
+their signature to be checked) are limited per client address, in a bucket of their own. Each instance keeps
+its own counts.
 """
 
 from __future__ import annotations
