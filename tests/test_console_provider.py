@@ -539,8 +539,10 @@ async def test_overview_shows_accounts_balances_orders_and_callbacks(chain: Chai
     failing = await place(chain, "V-2")
 
     async def tried() -> bool:
-        callback = (await order_detail(chain, failing))["callback"]
-        return callback is not None and callback["attempts"] >= 1 and callback["pending"]
+        view = await order_detail(chain, failing)
+        callback = view["callback"]
+        told = callback is not None and callback["status"] == "delivered" == view["status"]
+        return told and callback["attempts"] >= 1 and callback["pending"]
 
     await wait_until(tried)
     total = sum(Decimal(item["balance"]) for item in await operations.provider.accounts.list())
