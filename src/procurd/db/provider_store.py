@@ -419,8 +419,8 @@ class ProviderStore:
 
     def settle_callbacks(self, tries: Sequence[SettledTry], owner: str | None, now: datetime) -> None:
         """Log each try in its order's delivery log and settle its callback: delivered, given up, or retried
-        at its ``next_attempt_at`` (tries under ``owner``'s claim, or replays without one). A newer status
-        that arrived meanwhile stays pending. A few statements for the whole batch."""
+        at its ``next_attempt_at`` (tries under ``owner``'s claim); a replay (no owner) that failed is only
+        logged. A newer status that arrived meanwhile stays pending. A few statements for the whole batch."""
         if not tries:
             return
         self.connection.execute(
@@ -456,6 +456,8 @@ class ProviderStore:
         ]  # fmt: skip
         for t in tries:
             kind = 0 if t.delivered else 1 if t.gave_up else 2
+            if kind == 2 and owner is None:
+                continue  # a replay that failed is only logged: the callback's own schedule stays as it was
             outcomes[kind][1].append(
                 {
                     "b_order_id": t.order_id,

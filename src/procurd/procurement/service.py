@@ -320,7 +320,8 @@ class ProcurementService:
             self.wakeups.for_polls(p.upstream).set()
         if self.rules.storefront_events and applied.state_changed:
             self.wakeups.events.set()
-        if self.provider and applied.state_changed:
+        if self.provider and (applied.state_changed or p.upstream_status != applied.before.upstream_status):
+            # A provider order also shows the upstream's passed-through statuses (fulfilling ...).
             self.wakeups.provider_callbacks.set()
         _log(applied)
         for observer in self.observers:
