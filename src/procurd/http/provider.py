@@ -14,11 +14,14 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Mapping
+from datetime import UTC
 from typing import Any
 
 import structlog
 from aiohttp import hdrs, web
 
+from procurd.core.intake import plain_json
+from procurd.core.json_limits import json_problem
 from procurd.core.provider import Account, cents_text
 from procurd.core.refusals import Refused
 from procurd.operations import Operations
@@ -33,12 +36,14 @@ from procurd.protocol import (
     ProtocolError,
     SignedApi,
 )
+from procurd.protocol.errors import bad_request
 from procurd.protocol.ratelimit import RateLimiter
 from procurd.protocol.server import dump_json, json_response
 
 log = structlog.get_logger("procurd.provider")
 
 WINDOW_SECONDS = 60.0
+LAST_PAGE = 2**62  # pages beyond it (times their size) lie past any listing
 
 
 def rate_limited(retry_after: float) -> web.Response:
@@ -158,8 +163,19 @@ class ProviderBackend(Backend):
         return dump_json(await self.provider.categories())
 
     async def products(self, caller: Caller, query: ProductQuery) -> Listing:
+        # A page past any listing and an instant outside the years 1-9999 in UTC are answered, not turned
+        # into an offset or a time the database cannot hold.
+        page = min(query.page, LAST_PAGE // query.page_size)
+        updated_after = query.updated_after
+        if updated_after is not None:
+            try:
+                updated_after = updated_after.astimezone(UTC)
+            except OverflowError:
+                if updated_after.year > 1:
+                    return Listing([], 0)  # after the last instant: nothing was updated since
+                updated_after = None  # before the first instant: everything was
         total, items = await self.provider.products(
-            caller.account, query.page, query.page_size, query.category_id, query.updated_after
+            caller.account, page, query.page_size, query.category_id, updated_after
         )
         return Listing(items, total)
 
@@ -174,6 +190,12 @@ class ProviderBackend(Backend):
         return None if order is None else order.summary()
 
     async def create_order(self, caller: Caller, submission: OrderSubmission) -> Mapping[str, Any]:
+        form = submission.manual_form_data
+        if form is not None and json_problem(form) is None:  # what is wrong else, the checks below name
+            try:
+                plain_json(form)  # its numbers as the order keeps them: not too large, finite
+            except ValueError as exc:
+                raise bad_request(str(exc)) from None
         try:
             order, created = await self.provider.create_order(
                 caller.account,
@@ -214,4 +236,5 @@ def _address(request: web.Request) -> str:
 def add_provider_routes(app: web.Application, operations: Operations) -> None:
     """Serve the provider's signed API under ``/api/v1/upstream`` (after the callback receiver's route)."""
     api = SignedApi(ProviderBackend(operations))
-    app.router.add_route("*", API_PREFIX + "{tail:(/.*)?}", api.dispatch)
+    # Any character after the prefix, a newline (a decoded %0A) included: the API answers every path itself.
+    app.router.add_route("*", API_PREFIX + "{tail:(/[\\s\\S]*)?}", api.dispatch)

@@ -22,7 +22,9 @@ from typing import Any, TypeGuard
 
 import structlog
 from aiohttp import hdrs, web
+from aiohttp.web_protocol import RequestPayloadError
 
+from procurd.core.json_limits import text_problem
 from procurd.protocol.backend import (
     Backend,
     Caller,
@@ -107,6 +109,10 @@ def rate_limited_response(request_id: str, retry_after: float | None = None) -> 
     return response
 
 
+class ClientGone(Exception):
+    """The client closed its connection before its request's body arrived."""
+
+
 def parse_instant(text: str) -> datetime | None:
     """An ISO 8601 / RFC 3339 timestamp with a time zone (``Z`` or an offset); None for anything else."""
     try:
@@ -140,6 +146,11 @@ def _optional_text(body: Mapping[str, Any], key: str) -> str | None:
     if not isinstance(value, str):
         raise bad_request(f"{key} must be a string")
     return value
+
+
+def _not_json(constant: str) -> Any:
+    """``NaN`` and ``Infinity`` are not JSON (RFC 8259), whatever Python's reader lets through."""
+    raise ValueError(f"{constant} is not JSON")
 
 
 def _is_int(value: Any) -> TypeGuard[int]:
@@ -185,6 +196,11 @@ class SignedApi:
         except ProtocolError as error:
             response = json_response(error.body(), error.status)
             outcome = error.code
+        except ClientGone:  # nobody is left to read an answer: one line, no traceback
+            log.info("protocol.client_disconnected", path=request.path, endpoint=endpoint)
+            gone = ProtocolError(499, "client_closed_request", "the client closed the connection")
+            response = json_response(gone.body(), gone.status)
+            outcome = gone.code
         except Exception:  # any bug becomes the API's own 500 body, and is logged
             log.exception("protocol.request_failed", path=request.path, endpoint=endpoint)
             response = json_response(internal_error().body(), 500)
@@ -266,12 +282,19 @@ class SignedApi:
         declared = request.content_length
         chunks: list[bytes] = []
         size = 0
-        async for chunk in request.content.iter_any():
-            size += len(chunk)
-            if size > DRAIN_LIMIT_BYTES:
-                break
-            if size <= limit and (declared is None or declared <= limit):
-                chunks.append(chunk)
+        try:
+            async for chunk in request.content.iter_any():
+                size += len(chunk)
+                if size > DRAIN_LIMIT_BYTES:
+                    break
+                if size <= limit and (declared is None or declared <= limit):
+                    chunks.append(chunk)
+        except RequestPayloadError:  # a Content-Encoding its bytes do not match, or broken framing
+            raise bad_request(
+                "the body cannot be read: its Content-Encoding or its framing is broken"
+            ) from None
+        except ConnectionError:
+            raise ClientGone from None
         if size > limit or (declared is not None and declared > limit):
             raise too_large
         return b"".join(chunks)
@@ -333,13 +356,17 @@ class SignedApi:
         self, request: web.Request, caller: Caller, params: dict[str, str], body: bytes
     ) -> web.Response:
         try:
-            payload = json.loads(body, parse_float=Decimal) if body.strip() else None
+            payload = (
+                json.loads(body, parse_float=Decimal, parse_constant=_not_json) if body.strip() else None
+            )
         except (ValueError, RecursionError):
             raise bad_request("the body is not valid JSON") from None
         if not isinstance(payload, dict):
             raise bad_request("the body must be a JSON object")
         downstream_no = _optional_text(payload, "downstream_order_no")
-        if downstream_no:
+        # A number no order can be stored under (a NUL, an unpaired surrogate) has no earlier order: the
+        # backend's checks of the order say what is wrong with it.
+        if downstream_no and text_problem(downstream_no) is None:
             existing = await self.backend.existing_order(caller, downstream_no)
             if existing is not None:
                 return json_response(existing)
