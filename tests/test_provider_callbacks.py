@@ -392,9 +392,10 @@ async def test_a_callback_failing_past_the_give_up_time_is_given_up_alerted_once
 ) -> None:
     """With ``callback_give_up_seconds`` short, a downstream that keeps failing gets the callback given up
     at the first try past that time (shown in the order's callback state and log). The checks raise
-    ``provider_callbacks_failing`` once for the account: one row, count 1, however often they run. Once the
-    downstream is back, a replay delivers the order's status signed afresh, the log shows the replay, and
-    ``GET /orders/{id}`` agrees with what was pushed. Nothing secret or delivered is logged."""
+    ``provider_callbacks_failing`` once for the account: one row, count 1, however often they run. A replay
+    while it still fails is logged and changes nothing else. Once the downstream is back, a replay delivers
+    the order's status signed afresh, the log shows the replay, and ``GET /orders/{id}`` agrees with what
+    was pushed. Nothing secret or delivered is logged."""
     give_up = 0.5
     with captured_log("info") as log:
         async with (
@@ -436,6 +437,12 @@ async def test_a_callback_failing_past_the_give_up_time_is_given_up_alerted_once
             assert rows[0].subject == "downstream"
             assert rows[0].count == 1
             assert "given up" in rows[0].message
+
+            # A replay while the downstream still fails is logged, and changes nothing else.
+            failed = await chain.daemon.operations.provider.replay(order_id)
+            latest = failed["callback_log"][0]
+            assert (latest["http_status"], latest["ok"], latest["replay"]) == (500, False, True)
+            assert failed["callback"] == state
 
             downstream.failing = False
             last = downstream.pushes[-1]

@@ -15,15 +15,12 @@ import click
 from procurd.cli.base import CliState, common_options, emit_json, main, pass_state, run_command
 from procurd.cli.orders import json_option
 from procurd.config import Settings
-from procurd.core.procurement import COMPLETED_STATUS
-from procurd.core.provider import CANCELED, DELIVERED, PAID, PASSED_THROUGH, Account
+from procurd.core.provider import ORDER_STATUSES, Account
 from procurd.operations import open_operations
 from procurd.operations.provider_accounts import account_view
 from procurd.output import Column, ago, count, echo, print_fields, print_table, when
 
 MAX_PAGE_SIZE = 100
-# Every status a provider order can show (seed 000 part 3), as the admin API's status filter takes them.
-ORDER_STATUSES = (PAID, *sorted(PASSED_THROUGH), DELIVERED, COMPLETED_STATUS, CANCELED)
 OFF_NOTE = (
     "the provider is off ([provider] enabled = false): accounts can be prepared, but no downstream site is "
     "served until it is on"

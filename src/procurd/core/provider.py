@@ -32,6 +32,8 @@ PAID = "paid"
 CANCELED = "canceled"
 DELIVERED = "delivered"
 PASSED_THROUGH = frozenset({"fulfilling", "partially_delivered"})
+ORDER_STATUSES = (PAID, "fulfilling", "partially_delivered", DELIVERED, COMPLETED_STATUS, CANCELED)
+"""Every status a provider order can show, in the order an order goes through them."""
 
 
 class AmountError(ValueError):

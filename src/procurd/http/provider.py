@@ -186,8 +186,8 @@ class ProviderBackend(Backend):
             raise protocol_error(refused) from None
 
     async def existing_order(self, caller: Caller, downstream_order_no: str) -> Mapping[str, Any] | None:
-        order = await self.provider.existing_order(caller.account, downstream_order_no)
-        return None if order is None else order.summary()
+        """Nothing here: a repeat is answered by :meth:`create_order`, from the same read as its checks."""
+        return None
 
     async def create_order(self, caller: Caller, submission: OrderSubmission) -> Mapping[str, Any]:
         form = submission.manual_form_data

@@ -29,6 +29,7 @@ from procurd.core.procurement import MirroredSku, Source, required_form_fields
 from procurd.core.provider import (
     CANCELED,
     CENT,
+    ORDER_STATUSES,
     Account,
     ProviderIntake,
     ProviderOrder,
@@ -368,7 +369,9 @@ class ProviderOperations:
     async def orders(
         self, account_name: str | None, status: str | None, page: int, page_size: int
     ) -> tuple[int, list[dict[str, Any]]]:
-        """Orders received from downstream sites, the newest first."""
+        """Orders received from downstream sites, the newest first (of one account, in one status)."""
+        if status is not None and status not in ORDER_STATUSES:
+            raise Refused(400, "invalid_query", f"status must be one of {', '.join(ORDER_STATUSES)}")
         account_id = None if account_name is None else (await self.accounts.get(account_name)).id
         total, found, accounts = await self.runtime.database.read(
             lambda tx: (*tx.provider.orders(account_id, status, page, page_size), tx.provider.accounts())

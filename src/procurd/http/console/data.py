@@ -24,7 +24,6 @@ from procurd.status import status_report
 T = TypeVar("T")
 
 ORDER_STATUSES = ("paid", "fulfilling", "partially_delivered", "delivered", "canceled")
-PROVIDER_ORDER_STATUSES = ("paid", "fulfilling", "partially_delivered", "delivered", "completed", "canceled")
 AUDIT_PAGE_SIZE = 50
 HIDDEN_FULFILLMENT_FIELDS = ("payload", "delivery_data")
 
