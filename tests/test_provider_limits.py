@@ -11,6 +11,7 @@ provider's listener sees it.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -21,8 +22,10 @@ from procurd.daemon import Daemon
 from procurd.protocol.ratelimit import RateLimiter
 from procurd.sandbox import Sandbox, SandboxConfig
 from procurd.sandbox.testing import ApiResponse, ManualClock, SignedClient
+from procurd.signing import HeaderNames
 from provider_support import ProviderSite, add_account, provider_settings
 from support import running_daemon, wait_until
+from test_hostile_callbacks import check_slow_body_is_refused
 
 LIMIT = 10
 
@@ -230,3 +233,22 @@ def test_the_limiter_forgets_callers_that_went_quiet() -> None:
     clock.advance(60)
     assert limiter.allow(addresses[0], 1, 60, 120)  # its block is over: a fresh start
     assert len(limiter) == 1
+
+
+async def test_a_body_slower_than_the_listeners_limit_is_refused(database_url: str, sandbox: Sandbox) -> None:
+    """A signed order whose body stops arriving holds no handler past the public listener's
+    ``body_timeout_seconds``: it is answered 408 ``request_timeout`` in the API's envelope and the connection
+    is closed, as the callback receiver beside it does; nothing is taken in."""
+    settings = provider_settings(database_url, ("main", sandbox), server={"body_timeout_seconds": 1})
+    async with running_daemon(settings) as daemon:
+        site = await add_account(daemon.operations, "slow")
+        names = HeaderNames.for_prefix(site.header_prefix)
+        headers = [
+            f"{names.api_key}: {site.api_key}",
+            f"{names.timestamp}: {int(time.time())}",
+            f"{names.signature}: {'0' * 64}",  # never checked: the body has to arrive first
+        ]
+        answer = await check_slow_body_is_refused(site.base_url, "/api/v1/upstream/orders", headers)
+        assert answer.body["error_message"] == "the body did not arrive within 1 s"
+        total, _ = await daemon.operations.provider.orders(None, None, 1, 10)
+    assert total == 0

@@ -85,6 +85,11 @@ class ProviderBackend(Backend):
         return 1024 * 1024
 
     @property
+    def body_timeout_seconds(self) -> float:
+        """The public listener's ``body_timeout_seconds``, as for the callback receiver beside it."""
+        return self.operations.settings.server.body_timeout_seconds
+
+    @property
     def disabled_key_status(self) -> int:
         """A disabled account's requests answer 401: the key is known, its holder is not let in."""
         return 401

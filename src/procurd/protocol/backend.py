@@ -79,6 +79,11 @@ class Backend:
         return 10 * 1024 * 1024
 
     @property
+    def body_timeout_seconds(self) -> float | None:
+        """How long a request's body may take to arrive (``None``: as long as the connection lives)."""
+        return None
+
+    @property
     def disabled_key_status(self) -> int:
         """The HTTP status of ``invalid_api_key`` for a key the site knows but has disabled (the real sites:
         403, as for a key they do not know)."""

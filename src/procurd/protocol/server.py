@@ -11,6 +11,7 @@ backend's. Every answer carries the site's clock in ``Date``; a bug in a backend
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections.abc import Awaitable, Callable, Mapping
@@ -195,6 +196,8 @@ class SignedApi:
             response, caller, outcome = await self._handle(request, route, params)
         except ProtocolError as error:
             response = json_response(error.body(), error.status)
+            if error.status == 408:
+                response.force_close()  # what is left of the body would be read as the next request
             outcome = error.code
         except ClientGone:  # nobody is left to read an answer: one line, no traceback
             log.info("protocol.client_disconnected", path=request.path, endpoint=endpoint)
@@ -282,13 +285,19 @@ class SignedApi:
         declared = request.content_length
         chunks: list[bytes] = []
         size = 0
+        deadline = self.backend.body_timeout_seconds
         try:
-            async for chunk in request.content.iter_any():
-                size += len(chunk)
-                if size > DRAIN_LIMIT_BYTES:
-                    break
-                if size <= limit and (declared is None or declared <= limit):
-                    chunks.append(chunk)
+            async with asyncio.timeout(deadline):
+                async for chunk in request.content.iter_any():
+                    size += len(chunk)
+                    if size > DRAIN_LIMIT_BYTES:
+                        break
+                    if size <= limit and (declared is None or declared <= limit):
+                        chunks.append(chunk)
+        except TimeoutError:
+            raise ProtocolError(
+                408, "request_timeout", f"the body did not arrive within {deadline:g} s"
+            ) from None
         except RequestPayloadError:  # a Content-Encoding its bytes do not match, or broken framing
             raise bad_request(
                 "the body cannot be read: its Content-Encoding or its framing is broken"

@@ -52,7 +52,8 @@ class Sandbox(SandboxSite):
 
     def build_app(self) -> web.Application:
         app = web.Application()
-        app.router.add_route("*", API_PREFIX + "{tail:(/.*)?}", signed_api(self).dispatch)
+        # Any character after the prefix, a newline (a decoded %0A) included: the API answers every path.
+        app.router.add_route("*", API_PREFIX + "{tail:(/[\\s\\S]*)?}", signed_api(self).dispatch)
         add_control_routes(app, self)
         return app
 
