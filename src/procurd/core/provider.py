@@ -314,7 +314,8 @@ def offered_document(
 ) -> OfferedDocument:
     """The product under its offered ids, at its selling prices. Only SKUs priced in the provider's currency
     are shown; a product is listed while it is active upstream and one of its shown SKUs is active. The
-    digest covers everything a downstream sees but ``updated_at`` itself, which moves when the digest does."""
+    digest covers everything any downstream sees (a tier's member prices follow the floors) but
+    ``updated_at`` itself, which moves when the digest does."""
     skus = [sku for sku in product.skus if sku.price is not None]
     shown = []
     floors: dict[str, str] = {}
@@ -354,7 +355,8 @@ def offered_document(
         "skus": shown,
         "created_at": fields.get("created_at") or updated_at,
     }
-    digest = hashlib.sha256(canonical(document).encode()).hexdigest()[:32]
+    # The floors are in the digest too: a tier's member prices move with the cost, not only with the document.
+    digest = hashlib.sha256(canonical([document, floors]).encode()).hexdigest()[:32]
     return OfferedDocument({**document, "updated_at": updated_at}, floors, listed, digest)
 
 

@@ -22,6 +22,7 @@ from procurd.db.schema import (
 )
 
 CHUNK = 500
+VERSION = "version"  # provider_state's row for the offered catalogue's version
 
 _PRODUCT_IDS = provider_ids.alias("product_ids")
 _SKU_SOURCE = (
@@ -242,7 +243,10 @@ class OfferedStore:
         return found
 
     def write_products(self, new: Sequence[Mapping[str, Any]], changed: Sequence[Mapping[str, Any]]) -> None:
-        """Insert new offered products and replace changed ones (each with its document and digest)."""
+        """Insert new offered products and replace changed ones (each with its document and digest); the
+        catalogue's version moves with them."""
+        if new or changed:
+            self.set_state(VERSION, self.version() + 1)
         for chunk in _chunks(list(new)):
             self.connection.execute(insert(provider_products), list(chunk))
         if changed:
@@ -311,6 +315,10 @@ class OfferedStore:
             select(provider_state.c.value).where(provider_state.c.name == name)
         ).scalar_one_or_none()
         return None if value is None else int(value)
+
+    def version(self) -> int:
+        """The offered catalogue's version: it moves with every write of an offered product."""
+        return self.state(VERSION) or 0
 
     def set_state(self, name: str, value: int) -> None:
         self.connection.execute(

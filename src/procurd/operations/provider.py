@@ -45,6 +45,7 @@ from procurd.operations.orders import OrderOperations
 from procurd.operations.provider_accounts import ProviderAccountOperations
 from procurd.provider.callbacks import CallbackSender, record_try
 from procurd.provider.catalog import OfferedCatalog, RefreshReport
+from procurd.provider.pages import Page, PageCache
 from procurd.runtime import Runtime
 
 log = structlog.get_logger("procurd.provider")
@@ -106,6 +107,7 @@ class ProviderOperations:
         self.accounts = ProviderAccountOperations(runtime)
         self.catalog = OfferedCatalog(runtime.database, runtime.settings, runtime.instance)
         self.sender = CallbackSender(self.settings)
+        self.pages = PageCache()
 
     @property
     def enabled(self) -> bool:
@@ -151,18 +153,31 @@ class ProviderOperations:
     async def products(
         self, account: Account, page: int, page_size: int, category_id: int | None, updated_after: Any
     ) -> tuple[int, list[bytes]]:
-        """A page of the offered products as ``account`` sees them, and how many match."""
+        """A page of the offered products as ``account`` sees them, and how many match: from the pages kept
+        for its tier while the offered catalogue is at the version read first (:mod:`procurd.provider.pages`),
+        else built now."""
         offered = self.runtime.settings.offered_upstreams()
-        total, rows = await self.runtime.database.read(
-            lambda tx: tx.offered.listing(offered, page, page_size, category_id, updated_after)
-        )
         level = self.level(account)
-        if level is None:
-            return total, [row.document.encode() for row in rows]
-        discount = level.discount()
-        return total, [
-            _dump(member_document(json.loads(row.document), discount, row.floors or {})) for row in rows
-        ]
+        key = (None if level is None else level.slug, page, page_size, category_id, updated_after)
+
+        async def build() -> tuple[int, Page]:
+            version, (total, rows) = await self.runtime.database.read(
+                lambda tx: (
+                    tx.offered.version(),
+                    tx.offered.listing(offered, page, page_size, category_id, updated_after),
+                )
+            )
+            if level is None:
+                return version, Page(total, [row.document.encode() for row in rows])
+            discount = level.discount()
+            documents = [
+                member_document(json.loads(row.document), discount, row.floors or {}) for row in rows
+            ]
+            return version, Page(total, [_dump(document) for document in documents])
+
+        version = await self.runtime.database.read(lambda tx: tx.offered.version())
+        found = await self.pages.get(version, key, build)
+        return found.total, list(found.items)
 
     async def product(self, account: Account, product_id: int) -> bytes:
         """One offered product; 404 ``product_not_found``, or ``product_unavailable`` when it is not offered
