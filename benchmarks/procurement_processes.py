@@ -106,6 +106,12 @@ def _sandbox_answer(sandbox: TimedSandbox, command: str, argument: Any) -> Any:
             for order in sandbox.state.orders.values()
             if order.status in FULFILLED_STATUSES
         ]
+    if command == "set_price":
+        sku_id, price = argument
+        sandbox.state.set_sku_price(int(sku_id), str(price))
+        return None
+    if command == "sku_price":
+        return sandbox.state.sku(int(argument)).price_amount
     if command == "rate_limit":
         sandbox.config.rate_limit = bool(argument)
         sandbox.rate_limiter.reset()

@@ -114,6 +114,8 @@ class Site:
     provider: bool = False
     callback_url: str | None = None  # what it asks its upstream to call back (default: its own receiver)
     poll_seconds: float = 30.0
+    levels: list[tuple[str, str]] = field(default_factory=list)  # price tiers: (slug, discount_percent)
+    page_size: int = 50  # [catalog] page_size
     process: asyncio.subprocess.Process | None = None
     ports: tuple[int, int] = field(default_factory=lambda: (0, 0))
 
@@ -163,6 +165,8 @@ rate_limit_per_minute = 100000
 [[pricing.rules]]
 markup_percent = "{MARKUP_PERCENT}"
 """
+            for slug, discount in self.levels:
+                provider += f'\n[[provider.levels]]\nslug = "{slug}"\ndiscount_percent = "{discount}"\n'
         self.config_path.write_text(
             f"""[database]
 url = "sqlite+aiosqlite:///{self.database_path}"
@@ -183,6 +187,7 @@ timeout_seconds = 15
 
 [catalog]
 sync_interval_seconds = 3600
+page_size = {self.page_size}
 
 [procurement]
 workers = 8

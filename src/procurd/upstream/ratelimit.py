@@ -272,6 +272,7 @@ class SharedRateLimiter(_QueuedLimiter):
         self._background: set[asyncio.Task[None]] = set()
         self.missed_slots = 0  # slots let go because they came too late to be used
         self.budget_calls = 0  # round trips to the shared budget
+        self.used_slots: collections.deque[float] = collections.deque(maxlen=1000)  # starts of slots used
 
     async def acquire(self, priority: Priority = Priority.CATALOG) -> None:
         """Return when the caller may send one request."""
@@ -300,7 +301,7 @@ class SharedRateLimiter(_QueuedLimiter):
         slot = self._slots[0]
         if slot > now or now - slot > MISSED_SLOT_SECONDS or now < self._paused_until:
             return False
-        self._slots.popleft()
+        self.used_slots.append(self._slots.popleft())
         return True
 
     def pause_for(self, seconds: float) -> None:
@@ -360,7 +361,7 @@ class SharedRateLimiter(_QueuedLimiter):
                     self._slots.popleft()
                     self.missed_slots += 1
                 elif slot <= now:
-                    self._slots.popleft()
+                    self.used_slots.append(self._slots.popleft())
                     _, _, future = heapq.heappop(self._queue)
                     future.set_result(None)
                 else:
