@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 
 import pytest
 
@@ -28,3 +29,41 @@ async def test_every_connection_is_wal_with_foreign_keys_and_a_small_page_cache(
     assert await database.write(settings) == expected
     readers = await asyncio.gather(*(database.read(settings) for _ in range(2 * SQLITE_READERS)))
     assert set(readers) == {expected}
+
+
+def set_marker(tx: Tx, value: int) -> None:
+    tx.offered.set_state("glance-test", value)
+
+
+async def test_a_glance_reads_on_the_loop_and_sees_every_commit(database: Database) -> None:
+    """A glance (the provider's catalogue version before a page kept in memory) reads on the event loop, on a
+    connection of its own set up like the others, and sees what every other connection committed."""
+    assert await database.glance(settings) == ("wal", 1, -SQLITE_CACHE_KIB)
+    for value in (1, 2, 3):
+        await database.write(set_marker, value)
+        assert await database.glance(lambda tx: tx.offered.state("glance-test")) == value
+    assert (database.counts.glances, database.counts.reads) == (4, 0)
+
+
+async def test_a_glance_that_finds_the_database_locked_waits_as_a_read_does(database: Database) -> None:
+    """When another connection holds the database exclusively, a glance does not block the event loop on
+    the lock: it is run as a read (on a reader thread, waiting for the lock), and answers once the lock is
+    gone."""
+    locker = sqlite3.connect(str(database.path), isolation_level=None)  # type: ignore[attr-defined]
+    try:
+        # In WAL mode only a connection in exclusive locking mode keeps readers out.
+        locker.execute("PRAGMA locking_mode=EXCLUSIVE")
+        locker.execute("BEGIN EXCLUSIVE")
+        locker.execute("INSERT INTO provider_state (name, value) VALUES ('glance-lock', 7)")
+        glance = asyncio.create_task(database.glance(lambda tx: tx.offered.state("glance-lock")))
+        ticks = 0
+        while database.counts.reads == 0:
+            await asyncio.sleep(0.01)  # the loop keeps running meanwhile
+            ticks += 1
+        assert not glance.done()
+        locker.execute("COMMIT")
+    finally:
+        locker.close()  # and with it the exclusive lock
+    assert await glance == 7
+    assert ticks >= 1
+    assert (database.counts.glances, database.counts.reads) == (1, 1)

@@ -63,7 +63,8 @@ class _DatabaseCounts(Collector):
         family = CounterMetricFamily(
             "procurd_database_transactions",
             "Database transactions of this instance, by kind (autocommit: one statement in one round trip, "
-            "as the shared request budget takes its slots).",
+            "as the shared request budget takes its slots; glance: a one-row read on the event loop, as the "
+            "provider's catalogue version before a page kept in memory).",
             labels=["kind"],
         )
         for kind, count in self.counts().items():

@@ -71,14 +71,15 @@ class TransactionCounts:
     reads: int = 0
     writes: int = 0
     autocommits: int = 0
+    glances: int = 0
     statements: int = 0
 
     def count_statement(self, *_: Any) -> None:
         self.statements += 1
 
     def transactions(self) -> dict[str, int]:
-        """Transactions by kind: ``read``, ``write``, ``autocommit``."""
-        return {"read": self.reads, "write": self.writes, "autocommit": self.autocommits}
+        """Transactions by kind: ``read``, ``write``, ``autocommit``, ``glance``."""
+        return {"read": self.reads, "write": self.writes, "autocommit": self.autocommits, "glance": self.glances}
 
 
 class Database(ABC):
@@ -97,6 +98,11 @@ class Database(ABC):
     @abstractmethod
     async def write(self, fn: TxFunction[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """Run ``fn(tx, ...)`` in a write transaction; commit when it returns, roll back when it raises."""
+
+    async def glance(self, fn: TxFunction[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        """Run ``fn(tx, ...)``, a read of a row or two that must cost next to nothing (the version checked
+        before an answer kept in memory), as cheaply as the backend can. The default is :meth:`read`."""
+        return await self.read(fn, *args, **kwargs)
 
     async def autocommit(self, fn: TxFunction[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """Run ``fn(tx, ...)`` with each statement its own transaction: for a single statement that must not
@@ -190,14 +196,18 @@ class SqliteDatabase(Database):
         sync_url = parsed.set(drivername="sqlite+pysqlite")
         self._writer_engine = self._engine(sync_url, "BEGIN IMMEDIATE", pool_size=1)
         self._reader_engine = self._engine(sync_url, "BEGIN", pool_size=SQLITE_READERS)
+        # Glances run on the event loop, on a connection of their own that never waits for a lock.
+        self._glance_engine = self._engine(sync_url, "BEGIN", pool_size=1, busy_timeout_ms=0)
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="procurd-db-writer")
         self._readers = ThreadPoolExecutor(SQLITE_READERS, thread_name_prefix="procurd-db-reader")
 
     @staticmethod
-    def _engine(url: Any, begin: str, pool_size: int) -> Engine:
+    def _engine(
+        url: Any, begin: str, pool_size: int, busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS
+    ) -> Engine:
         engine = create_engine(
             url,
-            connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000, "check_same_thread": False},
+            connect_args={"timeout": busy_timeout_ms / 1000, "check_same_thread": False},
             pool_size=pool_size,
             max_overflow=0,
             hide_parameters=True,  # statement errors would otherwise log delivered goods and form data
@@ -213,7 +223,7 @@ class SqliteDatabase(Database):
                 cursor.execute("PRAGMA journal_mode=WAL")
                 cursor.execute("PRAGMA synchronous=NORMAL")
                 cursor.execute("PRAGMA foreign_keys=ON")
-                cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+                cursor.execute(f"PRAGMA busy_timeout={busy_timeout_ms}")
                 cursor.execute(f"PRAGMA cache_size=-{SQLITE_CACHE_KIB}")
             finally:
                 cursor.close()
@@ -229,7 +239,7 @@ class SqliteDatabase(Database):
         return self._writer_engine
 
     def engines(self) -> list[Engine]:
-        return [self._writer_engine, self._reader_engine]
+        return [self._writer_engine, self._reader_engine, self._glance_engine]
 
     async def read(self, fn: TxFunction[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         self.counts.reads += 1
@@ -238,6 +248,17 @@ class SqliteDatabase(Database):
     async def write(self, fn: TxFunction[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         self.counts.writes += 1
         return await self._run(self._writer, self._writer_engine, lambda c: _in_tx(c, fn, *args, **kwargs))
+
+    async def glance(self, fn: TxFunction[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        """On the event loop, without a thread's round trip: a WAL reader waits for no writer, so a read of
+        a row or two in the operating system's cache takes microseconds. Should it find the database busy
+        (a checkpoint's recovery), it is run as any read."""
+        self.counts.glances += 1
+        try:
+            with _translating(), self._glance_engine.begin() as connection:
+                return _in_tx(connection, fn, *args, **kwargs)
+        except DatabaseError:
+            return await self.read(fn, *args, **kwargs)
 
     async def _run(self, pool: ThreadPoolExecutor, engine: Engine, work: Callable[[Connection], T]) -> T:
         loop = asyncio.get_running_loop()
@@ -259,6 +280,7 @@ class SqliteDatabase(Database):
         self._readers.shutdown(wait=True)
         self._writer_engine.dispose()
         self._reader_engine.dispose()
+        self._glance_engine.dispose()
 
 
 # --- PostgreSQL --------------------------------------------------------------------------------------------

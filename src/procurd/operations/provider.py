@@ -175,7 +175,7 @@ class ProviderOperations:
             ]
             return version, Page(total, [_dump(document) for document in documents])
 
-        version = await self.runtime.database.read(lambda tx: tx.offered.version())
+        version = await self.runtime.database.glance(lambda tx: tx.offered.version())
         found = await self.pages.get(version, key, build)
         return found.total, list(found.items)
 
