@@ -79,7 +79,12 @@ class TransactionCounts:
 
     def transactions(self) -> dict[str, int]:
         """Transactions by kind: ``read``, ``write``, ``autocommit``, ``glance``."""
-        return {"read": self.reads, "write": self.writes, "autocommit": self.autocommits, "glance": self.glances}
+        return {
+            "read": self.reads,
+            "write": self.writes,
+            "autocommit": self.autocommits,
+            "glance": self.glances,
+        }
 
 
 class Database(ABC):
