@@ -342,6 +342,7 @@ class HopFigures:
     top_requests: dict[str, int]
     provider_requests: dict[str, int] = field(default_factory=dict)
     provider_cpu_seconds: float = 0.0
+    entry_cpu_seconds: float = 0.0  # the entry site's CPU over the run
 
     def row(self, label: str) -> str:
         hop = self.hop_seconds
@@ -368,6 +369,7 @@ async def through_storefront(
     requests_before = (await top.ask("counts"))["requests"]
     provider_before = await provider.metric(session, "procurd_provider_requests") if provider else Counter()
     cpu_before = cpu_seconds(provider.pid) if provider else 0.0
+    entry_cpu_before = cpu_seconds(entry.pid)
     orders = [(f"{prefix}{index:05d}", skus[index % len(skus)]) for index in range(count)]
     started = time.monotonic()
     load = loop.run_in_executor(
@@ -384,6 +386,7 @@ async def through_storefront(
     await wait_for(settled, 120 + count * 0.2, f"{count} orders through {entry.name}", 0.2)
     seconds = time.monotonic() - started
     provider_cpu = cpu_seconds(provider.pid) - cpu_before if provider else 0.0
+    entry_cpu = cpu_seconds(entry.pid) - entry_cpu_before
     intake = load.result()
     if intake["statuses"].get(202, 0) != count:
         raise SystemExit(f"{entry.name} refused orders: {intake['statuses']} {intake['refusals']}")
@@ -410,6 +413,7 @@ async def through_storefront(
         top_requests={k: requests_after.get(k, 0) - requests_before.get(k, 0) for k in requests_after},
         provider_requests=_by_endpoint(provider_after - provider_before),
         provider_cpu_seconds=provider_cpu,
+        entry_cpu_seconds=entry_cpu,
     )
 
 
@@ -629,6 +633,7 @@ async def _benchmark(
         sum(v for k, v in chained.provider_requests.items() if k.startswith("orders")) / chained.orders
     )
     relay_cpu_ms = chained.provider_cpu_seconds / chained.orders * 1000
+    plain_cpu_ms = base.entry_cpu_seconds / base.orders * 1000  # D: a site buying straight from the top
     accepted_per_second = direct.orders / direct.intake_seconds
     relayed_per_second = direct.orders / direct.relay_seconds
     direct_cpu_ms = direct.cpu_seconds / direct.orders * 1000
@@ -636,12 +641,14 @@ async def _benchmark(
         (f"the added hop at p50 (chain − one hop): {ms(hop)}; chain p95 {ms(hop_max)}", "≤ 300 ms",
          hop_max <= HOP_AIM_SECONDS),
         (f"without callbacks, p95 beyond the one hop: {ms(poll_extra)}",
-         f"≤ one poll ({args.poll_seconds:g} s)", poll_extra <= args.poll_seconds),
+         f"≤ one poll ({args.poll_seconds:g} s) + {ms(HOP_AIM_SECONDS)}",
+         poll_extra <= args.poll_seconds + HOP_AIM_SECONDS),
         (f"top requests per order through the chain: orders.create {top_per_order:.3f}, all order "
          f"endpoints {top_all:.3f}", "1.0", top_per_order <= REQUESTS_PER_ORDER_AIM),
         (f"B's API requests per order from C: {b_per_order:.3f} {chained.provider_requests}", "1.0",
          b_per_order <= REQUESTS_PER_ORDER_AIM),
-        (f"B's CPU per order relayed for C: {relay_cpu_ms:.2f} ms", "≤ 3 ms",
+        (f"B's CPU per order relayed for C: {relay_cpu_ms:.2f} ms ({relay_cpu_ms / plain_cpu_ms:.1f} x D's "
+         f"{plain_cpu_ms:.2f} ms per order bought straight from the top, same run)", "≤ 3 ms",
          relay_cpu_ms <= CPU_PER_ORDER_AIM_MS),
         (f"provider orders accepted a second (straight at B): {accepted_per_second:.0f} "
          f"(p50 {ms(direct.intake_p50)}, p99 {ms(direct.intake_p99)}); relayed to the end "

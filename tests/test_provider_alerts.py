@@ -81,13 +81,12 @@ async def test_an_order_that_takes_a_wallet_below_the_threshold_raises_and_sends
             await settled(daemon)
             operations = daemon.operations
             rich = await add_account(operations, "rich", balance="100000.00")
-            listing = await operations.provider.products(
-                await operations.provider.accounts.get("rich"), 1, 100, None, None
-            )
+            async with SignedClient(rich.base_url, rich.api_key, rich.api_secret) as rich_client:
+                listing = await rich_client.list_all_products()
             skus = [
                 (sku["id"], Decimal(sku["price_amount"]))
-                for item in listing[1]
-                for sku in json.loads(item)["skus"]
+                for item in listing
+                for sku in item["skus"]
                 if sku["is_active"] and sku["stock_status"] != "out_of_stock"
             ]
             cheap_id, price = min(skus, key=lambda pair: pair[1])

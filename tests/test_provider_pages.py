@@ -19,8 +19,8 @@ from support import mirror, run_cli, running_daemon, wait_until
 Build = Callable[[], Awaitable[tuple[int, Page]]]
 
 
-def page(*items: bytes) -> Page:
-    return Page(len(items), list(items))
+def page(answer: bytes) -> Page:
+    return Page(1, answer)
 
 
 def builder(version: int, body: bytes, built: list[int] | None = None) -> Build:
@@ -42,10 +42,10 @@ async def test_a_page_is_built_once_and_answered_until_the_version_moves() -> No
     first = await cache.get(1, "p1", builder(1, b"old", built))
     again = await cache.get(1, "p1", builder(1, b"never built", built))
     newer = await cache.get(2, "p1", builder(2, b"new", built))
-    assert (first.items, again.items, newer.items) == ([b"old"], [b"old"], [b"new"])
+    assert (first.answer, again.answer, newer.answer) == (b"old", b"old", b"new")
     assert built == [1, 2]
     assert (cache.hits, cache.misses) == (1, 2)
-    assert (await cache.get(2, "p1", builder(2, b"kept"))).items == [b"new"]
+    assert (await cache.get(2, "p1", builder(2, b"kept"))).answer == b"new"
 
 
 async def test_a_page_read_at_an_older_version_than_asked_is_answered_but_not_kept() -> None:
@@ -56,7 +56,7 @@ async def test_a_page_read_at_an_older_version_than_asked_is_answered_but_not_ke
     async def stale() -> tuple[int, Page]:
         return 4, page(b"older")
 
-    assert (await cache.get(5, "p", stale)).items == [b"older"]
+    assert (await cache.get(5, "p", stale)).answer == b"older"
     assert cache.bytes == 0
 
 
@@ -77,7 +77,7 @@ async def test_requests_that_miss_together_build_the_page_once() -> None:
     gate.set()
     pages = await asyncio.gather(*waiting)
     assert builds == 1
-    assert {tuple(p.items) for p in pages} == {(b"shared",)}
+    assert {p.answer for p in pages} == {b"shared"}
 
 
 async def test_a_failed_build_is_tried_again_by_those_that_waited_for_it() -> None:
@@ -103,7 +103,7 @@ async def test_a_failed_build_is_tried_again_by_those_that_waited_for_it() -> No
     results = await asyncio.gather(first, second, return_exceptions=True)
     assert isinstance(results[0], RuntimeError)
     assert isinstance(results[1], Page)
-    assert results[1].items == [b"second try"]
+    assert results[1].answer == b"second try"
 
 
 async def test_the_budget_keeps_the_most_recently_used_pages() -> None:
@@ -116,13 +116,13 @@ async def test_the_budget_keeps_the_most_recently_used_pages() -> None:
     await cache.get(1, "p1", builder(1, b"a hit: not built"))  # p1 is now the most recent
     await cache.get(1, "p4", builder(1, item))  # p2 goes
     misses = cache.misses
-    assert (await cache.get(1, "p1", builder(1, b"not built"))).items == [item]
+    assert (await cache.get(1, "p1", builder(1, b"not built"))).answer == item
     assert cache.misses == misses
-    assert (await cache.get(1, "p2", builder(1, b"built again"))).items == [b"built again"]
+    assert (await cache.get(1, "p2", builder(1, b"built again"))).answer == b"built again"
     assert cache.misses == misses + 1
-    assert (await cache.get(1, "huge", builder(1, b"y" * 4000))).items == [b"y" * 4000]
+    assert (await cache.get(1, "huge", builder(1, b"y" * 4000))).answer == b"y" * 4000
     assert cache.bytes <= cache.budget_bytes
-    assert (await cache.get(1, "huge", builder(1, b"built once more"))).items == [b"built once more"]
+    assert (await cache.get(1, "huge", builder(1, b"built once more"))).answer == b"built once more"
 
 
 async def test_a_pass_in_another_process_is_seen_by_the_next_page(database_url: str, tmp_path: Path) -> None:
@@ -167,3 +167,30 @@ async def test_a_pass_in_another_process_is_seen_by_the_next_page(database_url: 
     for (_, old), (_, new) in zip(before, after, strict=True):
         assert new > old * Decimal("1.5"), (before, after)
     assert json.dumps([str(price) for _, price in after])  # both are prices
+
+
+async def test_pages_go_gzip_compressed_to_clients_that_take_it(database_url: str) -> None:
+    """A page is sent gzip-compressed (``Content-Encoding: gzip``, ``Vary: Accept-Encoding``) to a client
+    whose ``Accept-Encoding`` takes gzip, and plain to one that does not (or refuses it with ``q=0``): the
+    same answer either way."""
+    async with Sandbox(SandboxConfig(products=3, manual_ratio=0, allow_private_callbacks=True)) as top:
+        settings = provider_settings(database_url, ("main", top))
+        await mirror(settings)
+        async with running_daemon(settings) as daemon:
+            await settled(daemon)
+            site = await add_account(daemon.operations, "reader")
+            async with SignedClient(site.base_url, site.api_key, site.api_secret) as client:
+                answers = {}
+                for accept in ("gzip, deflate", "identity", "gzip;q=0", ""):
+                    answer = await client.get(
+                        "/products", {"page": 1, "page_size": 10}, headers={"Accept-Encoding": accept}
+                    )
+                    assert answer.status == 200, answer.body
+                    answers[accept] = answer
+    compressed = answers["gzip, deflate"]
+    assert compressed.headers["Content-Encoding"] == "gzip"
+    for accept in ("identity", "gzip;q=0", ""):
+        assert "Content-Encoding" not in answers[accept].headers, accept
+        assert answers[accept].json() == compressed.json()
+    assert all(answer.headers["Vary"] == "Accept-Encoding" for answer in answers.values())
+    assert compressed.json()["total"] == 3

@@ -18,16 +18,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import sqlite3
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
-from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy import Connection, Engine, Executable, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DisconnectionError
 
@@ -104,10 +105,11 @@ class Database(ABC):
     async def write(self, fn: TxFunction[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """Run ``fn(tx, ...)`` in a write transaction; commit when it returns, roll back when it raises."""
 
-    async def glance(self, fn: TxFunction[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
-        """Run ``fn(tx, ...)``, a read of a row or two that must cost next to nothing (the version checked
-        before an answer kept in memory), as cheaply as the backend can. The default is :meth:`read`."""
-        return await self.read(fn, *args, **kwargs)
+    async def glance(self, statement: Executable, parameters: Mapping[str, Any] | None = None) -> Any:
+        """The first column of the first row of ``statement`` (``None`` when there is none): a one-row read
+        that must cost next to nothing (the version checked before an answer kept in memory), as cheaply as
+        the backend can. The default runs it as a read."""
+        return await self.read(lambda tx: tx.connection.execute(statement, dict(parameters or {})).scalar())
 
     async def autocommit(self, fn: TxFunction[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """Run ``fn(tx, ...)`` with each statement its own transaction: for a single statement that must not
@@ -203,6 +205,8 @@ class SqliteDatabase(Database):
         self._reader_engine = self._engine(sync_url, "BEGIN", pool_size=SQLITE_READERS)
         # Glances run on the event loop, on a connection of their own that never waits for a lock.
         self._glance_engine = self._engine(sync_url, "BEGIN", pool_size=1, busy_timeout_ms=0)
+        self._glance_connection: Any = None
+        self._glance_statements: dict[int, tuple[Executable, str, list[str], dict[str, Any]]] = {}
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="procurd-db-writer")
         self._readers = ThreadPoolExecutor(SQLITE_READERS, thread_name_prefix="procurd-db-reader")
 
@@ -254,16 +258,37 @@ class SqliteDatabase(Database):
         self.counts.writes += 1
         return await self._run(self._writer, self._writer_engine, lambda c: _in_tx(c, fn, *args, **kwargs))
 
-    async def glance(self, fn: TxFunction[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
-        """On the event loop, without a thread's round trip: a WAL reader waits for no writer, so a read of
-        a row or two in the operating system's cache takes microseconds. Should it find the database busy
-        (a checkpoint's recovery), it is run as any read."""
+    async def glance(self, statement: Executable, parameters: Mapping[str, Any] | None = None) -> Any:
+        """On the event loop, on a connection of its own, without a thread's round trip or a transaction
+        (one statement is atomic): a WAL reader waits for no writer, so a read of a row in the operating
+        system's cache takes microseconds. Should it find the database held (a connection in exclusive
+        mode, a checkpoint's recovery), it is run as any read."""
         self.counts.glances += 1
+        sql, names, defaults = self._glance_sql(statement)
+        given = {**defaults, **(parameters or {})}
+        values = [given.get(name) for name in names]
         try:
-            with _translating(), self._glance_engine.begin() as connection:
-                return _in_tx(connection, fn, *args, **kwargs)
-        except DatabaseError:
-            return await self.read(fn, *args, **kwargs)
+            if self._glance_connection is None:
+                self._glance_connection = self._glance_engine.raw_connection()
+            cursor = self._glance_connection.cursor()
+            try:
+                row = cursor.execute(sql, values).fetchone()
+            finally:
+                cursor.close()  # a statement left open would keep its snapshot: later glances would be stale
+        except sqlite3.Error:
+            self.counts.glances -= 1
+            return await super().glance(statement, parameters)
+        return None if row is None else row[0]
+
+    def _glance_sql(self, statement: Executable) -> tuple[str, list[str], dict[str, Any]]:
+        """The statement's SQLite text, the names of its parameters in order and the values it binds itself
+        (compiled once)."""
+        found = self._glance_statements.get(id(statement))
+        if found is None or found[0] is not statement:
+            compiled = statement.compile(dialect=self._glance_engine.dialect)  # type: ignore[attr-defined]
+            found = (statement, str(compiled), list(compiled.positiontup or []), compiled.construct_params())
+            self._glance_statements[id(statement)] = found
+        return found[1], found[2], found[3]
 
     async def _run(self, pool: ThreadPoolExecutor, engine: Engine, work: Callable[[Connection], T]) -> T:
         loop = asyncio.get_running_loop()
@@ -283,6 +308,8 @@ class SqliteDatabase(Database):
     def _close(self) -> None:
         self._writer.shutdown(wait=True)
         self._readers.shutdown(wait=True)
+        if self._glance_connection is not None:
+            self._glance_connection.close()
         self._writer_engine.dispose()
         self._reader_engine.dispose()
         self._glance_engine.dispose()

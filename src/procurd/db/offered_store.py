@@ -60,6 +60,10 @@ _SKU_SOURCE = (
 )
 
 
+VERSION_QUERY = select(provider_state.c.value).where(provider_state.c.name == VERSION)
+"""The offered catalogue's version (its one row; none before the first refresh)."""
+
+
 @dataclass(frozen=True, slots=True)
 class SkuSource:
     """An offered SKU id's source, and its product's offered id and title."""
@@ -318,7 +322,7 @@ class OfferedStore:
 
     def version(self) -> int:
         """The offered catalogue's version: it moves with every write of an offered product."""
-        return self.state(VERSION) or 0
+        return int(self.connection.execute(VERSION_QUERY).scalar_one_or_none() or 0)
 
     def set_state(self, name: str, value: int) -> None:
         self.connection.execute(

@@ -179,10 +179,10 @@ class ProviderBackend(Backend):
                 if updated_after.year > 1:
                     return Listing([], 0)  # after the last instant: nothing was updated since
                 updated_after = None  # before the first instant: everything was
-        total, items = await self.provider.products(
+        found = await self.provider.products(
             caller.account, page, query.page_size, query.category_id, updated_after
         )
-        return Listing(items, total)
+        return Listing([], found.total, found.answer)
 
     async def product(self, caller: Caller, product_id: int) -> bytes:
         try:

@@ -40,9 +40,11 @@ from procurd.core.provider import (
 )
 from procurd.core.refusals import Refused
 from procurd.db.errors import Conflict
+from procurd.db.offered_store import VERSION_QUERY
 from procurd.db.types import utcnow
 from procurd.operations.orders import OrderOperations
 from procurd.operations.provider_accounts import ProviderAccountOperations
+from procurd.protocol import listing_answer
 from procurd.provider.callbacks import CallbackSender, record_try
 from procurd.provider.catalog import OfferedCatalog, RefreshReport
 from procurd.provider.pages import Page, PageCache
@@ -152,10 +154,10 @@ class ProviderOperations:
 
     async def products(
         self, account: Account, page: int, page_size: int, category_id: int | None, updated_after: Any
-    ) -> tuple[int, list[bytes]]:
-        """A page of the offered products as ``account`` sees them, and how many match: from the pages kept
-        for its tier while the offered catalogue is at the version read first (:mod:`procurd.provider.pages`),
-        else built now."""
+    ) -> Page:
+        """A page of the offered products as ``account`` sees them (``GET /products``'s whole answer, kept
+        gzip-compressed): from the pages kept for its tier while the offered catalogue is at the version read
+        first (:mod:`procurd.provider.pages`), else built now."""
         offered = self.runtime.settings.offered_upstreams()
         level = self.level(account)
         key = (None if level is None else level.slug, page, page_size, category_id, updated_after)
@@ -168,16 +170,17 @@ class ProviderOperations:
                 )
             )
             if level is None:
-                return version, Page(total, [row.document.encode() for row in rows])
-            discount = level.discount()
-            documents = [
-                member_document(json.loads(row.document), discount, row.floors or {}) for row in rows
-            ]
-            return version, Page(total, [_dump(document) for document in documents])
+                documents = [row.document.encode() for row in rows]
+            else:
+                discount = level.discount()
+                documents = [
+                    _dump(member_document(json.loads(row.document), discount, row.floors or {}))
+                    for row in rows
+                ]
+            return version, Page.of(total, listing_answer(documents, total, page, page_size))
 
-        version = await self.runtime.database.glance(lambda tx: tx.offered.version())
-        found = await self.pages.get(version, key, build)
-        return found.total, list(found.items)
+        version = int(await self.runtime.database.glance(VERSION_QUERY) or 0)
+        return await self.pages.get(version, key, build)
 
     async def product(self, account: Account, product_id: int) -> bytes:
         """One offered product; 404 ``product_not_found``, or ``product_unavailable`` when it is not offered

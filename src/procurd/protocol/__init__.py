@@ -11,7 +11,7 @@ memory; procurd's provider role (:mod:`procurd.http.provider`) serves its mirror
 
 from procurd.protocol.backend import Backend, Caller, Credential, Listing, OrderSubmission, ProductQuery
 from procurd.protocol.errors import ProtocolError, bad_request
-from procurd.protocol.server import API_PREFIX, PROTOCOL_VERSION, SignedApi
+from procurd.protocol.server import API_PREFIX, PROTOCOL_VERSION, SignedApi, listing_answer
 
 __all__ = [
     "API_PREFIX",
@@ -25,4 +25,5 @@ __all__ = [
     "ProtocolError",
     "SignedApi",
     "bad_request",
+    "listing_answer",
 ]

@@ -47,10 +47,12 @@ class ProductQuery:
 
 @dataclass(frozen=True)
 class Listing:
-    """One page of products, each already serialized, and how many products match in all."""
+    """One page of products, each already serialized, and how many products match in all; or, from a site
+    that keeps its answers ready, the whole answer gzip-compressed (``gzip_answer``)."""
 
     items: Sequence[bytes]
     total: int
+    gzip_answer: bytes | None = None
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,10 @@ backend's. Every answer carries the site's clock in ``Date``; a bug in a backend
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import re
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
@@ -98,6 +99,32 @@ def json_response(data: Any, status: int = 200) -> web.Response:
 
 def raw_json_response(body: bytes, status: int = 200) -> web.Response:
     return web.Response(body=body, status=status, content_type="application/json", charset="utf-8")
+
+
+def listing_answer(items: Sequence[bytes], total: int, page: int, page_size: int) -> bytes:
+    """``GET /products``'s answer: the serialized products, how many match in all, the page asked for."""
+    tail = f'],"total":{total},"page":{page},"page_size":{page_size}}}'.encode()
+    return b"".join((b'{"ok":true,"items":[', b",".join(items), tail))
+
+
+def accepts_gzip(request: web.Request) -> bool:
+    """Whether the client's ``Accept-Encoding`` takes gzip (a weight of 0 refuses it)."""
+    for part in request.headers.get(hdrs.ACCEPT_ENCODING, "").split(","):
+        coding, _, weight = part.strip().partition(";")
+        if coding.strip().lower() in ("gzip", "*"):
+            return weight.replace(" ", "").lower() not in ("q=0", "q=0.0", "q=0.00", "q=0.000")
+    return False
+
+
+def gzip_json_response(request: web.Request, compressed: bytes) -> web.Response:
+    """An answer kept gzip-compressed: sent as it is to a client that takes gzip, decompressed otherwise."""
+    if accepts_gzip(request):
+        response = raw_json_response(compressed)
+        response.headers[hdrs.CONTENT_ENCODING] = "gzip"
+    else:
+        response = raw_json_response(gzip.decompress(compressed))
+    response.headers[hdrs.VARY] = hdrs.ACCEPT_ENCODING
+    return response
 
 
 def rate_limited_response(request_id: str, retry_after: float | None = None) -> web.Response:
@@ -327,8 +354,9 @@ class SignedApi:
     ) -> web.Response:
         query = self.product_query(request)
         page = await self.backend.products(caller, query)
-        tail = f'],"total":{page.total},"page":{query.page},"page_size":{query.page_size}}}'.encode()
-        return raw_json_response(b'{"ok":true,"items":[' + b",".join(page.items) + tail)
+        if page.gzip_answer is not None:
+            return gzip_json_response(request, page.gzip_answer)
+        return raw_json_response(listing_answer(page.items, page.total, query.page, query.page_size))
 
     def product_query(self, request: web.Request) -> ProductQuery:
         """``page`` (from 1), ``page_size`` (1 to the site's maximum; out of range: the default or the
