@@ -334,6 +334,7 @@ class ProviderSettings(_Section):
     allow_private_callback_url: bool = False
     low_balance_threshold: Annotated[str, AfterValidator(_optional_amount)] = ""
     callback_give_up_seconds: PositiveSeconds = 86400
+    callback_timeout_seconds: PositiveSeconds = 15  # one try's wait for the downstream's answer
     levels: list[ProviderLevelSettings] = Field(default_factory=list)
 
     @field_validator("levels")

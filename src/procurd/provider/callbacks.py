@@ -36,7 +36,6 @@ log = structlog.get_logger("procurd.provider")
 
 FIRST_RETRY_SECONDS = 30.0
 MAX_RETRY_SECONDS = 1800.0
-TIMEOUT_SECONDS = 15.0
 LEASE = timedelta(seconds=60)
 CONCURRENCY = 8  # tries in flight at a time
 MESSAGE_CHARS = 300
@@ -85,6 +84,7 @@ class CallbackSender:
 
     def __init__(self, settings: ProviderSettings, clock: Callable[[], datetime] = utcnow) -> None:
         self.names = HeaderNames.for_prefix(settings.header_prefix)
+        self.timeout_seconds = settings.callback_timeout_seconds
         self.clock = clock
         self._session: aiohttp.ClientSession | None = None
 
@@ -99,7 +99,7 @@ class CallbackSender:
         headers["Content-Type"] = "application/json"
         if self._session is None:
             self._session = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=TIMEOUT_SECONDS),
+                timeout=aiohttp.ClientTimeout(total=self.timeout_seconds),
                 headers={"User-Agent": f"procurd/{__version__}"},
             )
         try:
@@ -108,7 +108,7 @@ class CallbackSender:
             ) as response:
                 return _delivery(response.status, await _answer(response))
         except TimeoutError:
-            return Delivery(False, None, f"no answer within {TIMEOUT_SECONDS:g} s")
+            return Delivery(False, None, f"no answer within {self.timeout_seconds:g} s")
         except (aiohttp.ClientError, OSError) as exc:
             return Delivery(False, None, f"cannot reach it: {type(exc).__name__}")
 
