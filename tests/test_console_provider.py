@@ -24,6 +24,7 @@ from procurd.daemon import Daemon
 from procurd.http.console.data import ProviderOrderDetail
 from procurd.http.console.render import Templates
 from procurd.http.testing import procurd_stack
+from procurd.operations.orders import MAX_NOTE_CHARS
 from procurd.sandbox import Sandbox, SandboxConfig
 from procurd.sandbox.testing import CallbackReceiver, SignedClient
 from provider_support import ProviderSite, add_account, provider_settings, settled
@@ -292,7 +293,8 @@ async def test_a_refused_wallet_action_shows_the_reason_on_the_page_and_changes_
         ("topup", {"amount": "5.00", "note": "   "}, 400, "note must be a non-empty string"),
         ("debit", {"amount": "5.00"}, 400, "note must be a non-empty string"),
         ("debit", {"amount": "500.01", "note": "too much"}, 409, "holds 500.00 CNY: 500.01 cannot be taken"),
-        ("debit", {"amount": "5.00", "note": "n" * 1001}, 400, "note is longer than 1000 characters"),
+        ("debit", {"amount": "5.00", "note": "n" * (MAX_NOTE_CHARS + 1)}, 400,
+         f"note is longer than {MAX_NOTE_CHARS} characters"),
         ("topup", {"amount": "9" * 40, "note": "n"}, 400, "amount is longer than 32 characters"),
     ]  # fmt: skip
     for action, fields, status, reason in cases:
@@ -305,7 +307,7 @@ async def test_a_refused_wallet_action_shows_the_reason_on_the_page_and_changes_
         assert shown.endswith(". Nothing was changed."), shown
         form = page.text[page.text.index('role="alert"') :]
         assert form.index(f'action="/ui/provider/accounts/shop-c/{action}"') < form.index("</form>")
-        if len(fields.get("note", "")) <= 1000 and fields.get("note", "").strip():
+        if len(fields.get("note", "")) <= MAX_NOTE_CHARS and fields.get("note", "").strip():
             assert f'value="{fields["note"]}"' in form
         assert '<h2 id="ledger">' in page.text  # the whole account page
     assert await account(chain) == before

@@ -21,6 +21,7 @@ from sqlalchemy import func, select
 
 from procurd.config import Settings
 from procurd.db.schema import provider_accounts, provider_ledger
+from procurd.operations.orders import MAX_NOTE_CHARS
 from procurd.sandbox import Sandbox, SandboxConfig
 from procurd.sandbox.testing import CallbackReceiver, SignedClient
 from provider_support import provider_settings, public_base_url
@@ -310,7 +311,9 @@ async def test_topups_and_debits_move_the_wallet_and_a_refused_movement_changes_
         for note in (None, "", "   ", 5):
             await provider.refused("POST", path, {"amount": "1.00", "note": note}, 400, "note_required")
         await provider.refused("POST", path, {"amount": "1.00"}, 400, "note_required")
-        await provider.refused("POST", path, {"amount": "1.00", "note": "n" * 1001}, 400, "invalid_request")
+        await provider.refused(
+            "POST", path, {"amount": "1.00", "note": "n" * (MAX_NOTE_CHARS + 1)}, 400, "invalid_request"
+        )
         await provider.refused(
             "POST", path, {"amount": "1.00", "note": "n", "kind": "x"}, 400, "invalid_request"
         )

@@ -31,20 +31,20 @@ from procurd.http.errors import (
     healthz,
     json_response,
     listener_app,
-    read_body,
 )
 from procurd.http.inputs import (
     DEFAULT_PAGE_SIZE,
     MAX_FILTER_CHARS,
     MAX_PAGE,
     MAX_PAGE_SIZE,
+    json_object,
     parse_procurement_id,
     query_int,
     query_text,
 )
 from procurd.http.provider_admin import add_provider_admin_routes
 from procurd.operations import Operations
-from procurd.operations.orders import DEFAULT_BULK_RETRY, check_order_no, decode_json
+from procurd.operations.orders import DEFAULT_BULK_RETRY, check_order_no
 from procurd.reconcile import runs_with_findings
 from procurd.runtime import Runtime
 from procurd.status import refresh_metrics
@@ -53,22 +53,6 @@ log = structlog.get_logger("procurd.admin")
 
 
 # --- request helpers --------------------------------------------------------------------------------------
-
-
-async def _json_object(request: web.Request, *, optional: bool = False) -> dict[str, Any]:
-    raw = await read_body(request)
-    if optional and not raw.strip():
-        return {}
-    body = decode_json(raw)
-    if not isinstance(body, dict):
-        raise ApiError(400, "invalid_request", "the body must be a JSON object")
-    return body
-
-
-def _fields(body: dict[str, Any], allowed: set[str]) -> None:
-    unknown = sorted(set(body) - allowed)
-    if unknown:
-        raise ApiError(400, "invalid_request", f"unknown field {unknown[0]!r}")
 
 
 def _operations(request: web.Request) -> Operations:
@@ -80,7 +64,7 @@ def _operations(request: web.Request) -> Operations:
 
 async def submit_order(request: web.Request) -> web.Response:
     """Accept a locally paid order for procurement: 202 when new, 200 for a repeat of the same body."""
-    body = await _json_object(request)
+    body = await json_object(request)
     result = await _operations(request).orders.submit(body)
     return json_response({"ok": True, "order": result.order}, 202 if result.created else 200)
 
@@ -116,15 +100,14 @@ async def list_exceptions(request: web.Request) -> web.Response:
 async def retry_exception(request: web.Request) -> web.Response:
     """Send the procurement again (under a new number once the upstream canceled the old one)."""
     procurement_id = parse_procurement_id(request.match_info["id"])
-    body = await _json_object(request, optional=True)
+    body = await json_object(request, optional=True)
     answer = await _operations(request).orders.retry(procurement_id, body.get("note"))
     return json_response({"ok": True, **answer})
 
 
 async def retry_exceptions(request: web.Request) -> web.Response:
     """Send many exceptions again: ``{"reason", "upstream", "all", "note", "limit"}``, oldest first."""
-    body = await _json_object(request, optional=True)
-    _fields(body, {"reason", "upstream", "all", "note", "limit"})
+    body = await json_object(request, allowed={"reason", "upstream", "all", "note", "limit"}, optional=True)
     everything = body.get("all", False)
     if not isinstance(everything, bool):
         raise ApiError(400, "invalid_request", "all must be true or false")
@@ -154,7 +137,7 @@ def _body_filter(body: dict[str, Any], name: str) -> str | None:
 async def resolve_exception(request: web.Request) -> web.Response:
     """Close the exception by hand; ``{"note": TEXT}`` is required."""
     procurement_id = parse_procurement_id(request.match_info["id"])
-    body = await _json_object(request, optional=True)
+    body = await json_object(request, optional=True)
     answer = await _operations(request).orders.resolve(procurement_id, body.get("note"))
     return json_response({"ok": True, **answer})
 
@@ -206,8 +189,7 @@ async def release_price_hold(request: web.Request) -> web.Response:
 async def start_catalog_sync(request: web.Request) -> web.Response:
     """Start a catalogue pass now: ``{"upstream": NAME, "full": true, "allow_mass_removal": false}``; 202."""
     catalog = _operations(request).catalog
-    body = await _json_object(request, optional=True)
-    _fields(body, {"upstream", "full", "allow_mass_removal"})
+    body = await json_object(request, allowed={"upstream", "full", "allow_mass_removal"}, optional=True)
     name = body.get("upstream")
     if name is not None and not isinstance(name, str):
         raise ApiError(400, "invalid_request", "upstream must be a string")
@@ -242,8 +224,7 @@ async def put_offer(request: web.Request) -> web.Response:
     when it is new."""
     offers = _operations(request).offers
     code = offers.check_code(request.match_info["code"])
-    body = await _json_object(request)
-    _fields(body, {"code", "sources"})
+    body = await json_object(request, allowed={"code", "sources"})
     if "code" in body and body["code"] != code:
         raise ApiError(400, "invalid_request", "code in the body differs from the one in the path")
     stored = await offers.put_request(code, body.get("sources"))

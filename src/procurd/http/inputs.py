@@ -6,10 +6,14 @@ alike by both. The operations themselves are :mod:`procurd.operations`; a bad in
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
+
+from aiohttp import web
 
 from procurd.core.json_limits import text_problem
 from procurd.core.numbers import MAX_ID
-from procurd.http.errors import ApiError
+from procurd.http.errors import ApiError, read_body
+from procurd.operations.orders import decode_json
 
 DEFAULT_PAGE_SIZE = 20
 MAX_PAGE_SIZE = 100
@@ -39,12 +43,39 @@ def query_text(query: Mapping[str, str], name: str, max_chars: int = MAX_FILTER_
     return value or None
 
 
-def parse_procurement_id(raw: str) -> int:
-    """A procurement id from a path or a form: 400 ``invalid_id`` when not a number, 404 when no
-    procurement can have it."""
+def parse_id(raw: str, what: str, not_found: str) -> int:
+    """A record's id from a path or a form: 400 ``invalid_id`` when not a number, 404 ``not_found`` when no
+    such record can have it."""
     if not (raw.isascii() and raw.isdigit()):
-        raise ApiError(400, "invalid_id", "the procurement id must be a positive integer")
+        raise ApiError(400, "invalid_id", f"the {what} id must be a positive integer")
     value = int(raw)
     if not 0 < value <= MAX_ID:
-        raise ApiError(404, "procurement_not_found", f"no procurement {raw}")
+        raise ApiError(404, not_found, f"no {what} {raw}")
     return value
+
+
+def parse_procurement_id(raw: str) -> int:
+    """A procurement id: 404 ``procurement_not_found`` when no procurement can have it."""
+    return parse_id(raw, "procurement", "procurement_not_found")
+
+
+def parse_provider_order_id(raw: str) -> int:
+    """A provider order id: 404 ``order_not_found`` when no order can have it."""
+    return parse_id(raw, "provider order", "order_not_found")
+
+
+async def json_object(
+    request: web.Request, *, allowed: set[str] | None = None, optional: bool = False
+) -> dict[str, Any]:
+    """The JSON object sent (``{}`` for an empty body when ``optional``); 400 ``invalid_json`` /
+    ``invalid_request`` for anything else or, with ``allowed``, a field not in it."""
+    raw = await read_body(request)
+    if optional and not raw.strip():
+        return {}
+    body = decode_json(raw)
+    if not isinstance(body, dict):
+        raise ApiError(400, "invalid_request", "the body must be a JSON object")
+    unknown = sorted(set(body) - allowed) if allowed is not None else []
+    if unknown:
+        raise ApiError(400, "invalid_request", f"unknown field {unknown[0]!r}")
+    return body

@@ -14,12 +14,18 @@ from typing import Any
 
 from aiohttp import web
 
-from procurd.core.numbers import MAX_ID
 from procurd.core.provider import ACCOUNT_NAME_RULE, Account
-from procurd.http.errors import OPERATIONS, ApiError, Handler, json_response, read_body
-from procurd.http.inputs import DEFAULT_PAGE_SIZE, MAX_PAGE, MAX_PAGE_SIZE, query_int, query_text
+from procurd.http.errors import OPERATIONS, ApiError, Handler, json_response
+from procurd.http.inputs import (
+    DEFAULT_PAGE_SIZE,
+    MAX_PAGE,
+    MAX_PAGE_SIZE,
+    json_object,
+    parse_provider_order_id,
+    query_int,
+    query_text,
+)
 from procurd.operations import Operations
-from procurd.operations.orders import decode_json
 from procurd.operations.provider import ProviderOperations
 from procurd.operations.provider_accounts import ACCOUNT_NAME, account_view
 
@@ -32,21 +38,6 @@ PREFIX = "/api/v1/provider"
 def _provider(request: web.Request) -> ProviderOperations:
     operations: Operations = request.app[OPERATIONS]
     return operations.provider
-
-
-async def _body(request: web.Request, allowed: set[str], *, optional: bool = False) -> dict[str, Any]:
-    """The JSON object sent (``{}`` for an empty body when ``optional``); 400 ``invalid_json`` /
-    ``invalid_request`` for anything else or a field not in ``allowed``."""
-    raw = await read_body(request)
-    if optional and not raw.strip():
-        return {}
-    body = decode_json(raw)
-    if not isinstance(body, dict):
-        raise ApiError(400, "invalid_request", "the body must be a JSON object")
-    unknown = sorted(set(body) - allowed)
-    if unknown:
-        raise ApiError(400, "invalid_request", f"unknown field {unknown[0]!r}")
-    return body
 
 
 def _account_name(request: web.Request) -> str:
@@ -62,15 +53,7 @@ def _no_such_name() -> ApiError:
 
 
 def _order_id(request: web.Request) -> int:
-    """The provider order id in the path: 400 ``invalid_id`` when not a number, 404 ``order_not_found``
-    when no order can have it."""
-    raw = request.match_info["id"]
-    if not (raw.isascii() and raw.isdigit()):
-        raise ApiError(400, "invalid_id", "the provider order id must be a positive integer")
-    value = int(raw)
-    if not 0 < value <= MAX_ID:
-        raise ApiError(404, "order_not_found", f"no provider order {raw}")
-    return value
+    return parse_provider_order_id(request.match_info["id"])
 
 
 def _pages(request: web.Request) -> tuple[int, int]:
@@ -102,7 +85,7 @@ async def list_accounts(request: web.Request) -> web.Response:
 
 async def add_account(request: web.Request) -> web.Response:
     """Create an account (``{"name"}``): 201 with its API key and, this once, its API secret."""
-    body = await _body(request, {"name"})
+    body = await json_object(request, allowed={"name"})
     account, secret = await _provider(request).accounts.add(body.get("name", ""))
     return json_response({"ok": True, "account": _brief(account), "api_secret": secret}, 201)
 
@@ -118,7 +101,7 @@ async def get_account(request: web.Request) -> web.Response:
 def _movement(topup: bool) -> Handler:
     async def move(request: web.Request) -> web.Response:
         name = _account_name(request)
-        body = await _body(request, {"amount", "note"})
+        body = await json_object(request, allowed={"amount", "note"})
         moved = await _provider(request).accounts.move(
             name, body.get("amount"), body.get("note"), topup=topup
         )
@@ -135,7 +118,7 @@ def _movement(topup: bool) -> Handler:
 def _status_change(active: bool) -> Handler:
     async def change(request: web.Request) -> web.Response:
         name = _account_name(request)
-        await _body(request, set(), optional=True)
+        await json_object(request, allowed=set(), optional=True)
         account = await _provider(request).accounts.set_status(name, active)
         return json_response({"ok": True, "account": _brief(account)})
 
@@ -150,7 +133,7 @@ def _status_change(active: bool) -> Handler:
 async def rotate_secret(request: web.Request) -> web.Response:
     """A new API secret for the account, shown this once; the old one stops working at once."""
     name = _account_name(request)
-    await _body(request, set(), optional=True)
+    await json_object(request, allowed=set(), optional=True)
     account, secret = await _provider(request).accounts.rotate(name)
     return json_response({"ok": True, "account": _brief(account), "api_secret": secret})
 
@@ -160,7 +143,7 @@ async def set_level(request: web.Request) -> web.Response:
     (``{"level": null}``)."""
     name = _account_name(request)
     provider = _provider(request)
-    body = await _body(request, {"level"})
+    body = await json_object(request, allowed={"level"})
     if "level" not in body:
         raise ApiError(400, "invalid_request", "level is required: a configured slug, or null for none")
     slug = body["level"]
@@ -198,7 +181,7 @@ async def replay_callback(request: web.Request) -> web.Response:
     """Tell the order's latest status to its downstream site now, signed afresh; the order with its
     delivery log (the try is in it, successful or not)."""
     order_id = _order_id(request)
-    await _body(request, set(), optional=True)
+    await json_object(request, allowed=set(), optional=True)
     view = await _provider(request).replay(order_id)
     return json_response({"ok": True, "order": view})
 

@@ -11,7 +11,6 @@ from typing import Any
 import structlog
 
 from procurd.core.alerts import Kind, Occurrence
-from procurd.core.json_limits import text_problem
 from procurd.core.orders import iso
 from procurd.core.provider import (
     ACCOUNT_NAME_RULE,
@@ -26,12 +25,12 @@ from procurd.core.provider import (
 from procurd.core.refusals import Refused
 from procurd.db.provider_store import LedgerEntry
 from procurd.db.types import utcnow
+from procurd.operations.orders import check_note
 from procurd.runtime import Runtime
 
 log = structlog.get_logger("procurd.provider")
 
 ACCOUNT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
-MAX_NOTE_CHARS = 1000
 CREDENTIAL_SECONDS = 1.0
 KEY_PREFIX = "pk_"
 
@@ -66,19 +65,6 @@ def ledger_view(entry: LedgerEntry) -> dict[str, Any]:
         "balance_after": cents_text(entry.balance_after_cents),
         "at": iso(entry.created_at),
     }
-
-
-def check_note(note: Any, *, required: bool = True) -> str | None:
-    if note is None and not required:
-        return None
-    if not isinstance(note, str) or (required and not note.strip()):
-        raise Refused(400, "note_required", "note must be a non-empty string")
-    if len(note) > MAX_NOTE_CHARS:
-        raise Refused(400, "invalid_request", f"note is longer than {MAX_NOTE_CHARS} characters")
-    problem = text_problem(note)
-    if problem is not None:
-        raise Refused(400, "invalid_request", f"note {problem}")
-    return note.strip() or None
 
 
 class ProviderAccountOperations:
@@ -199,7 +185,7 @@ class ProviderAccountOperations:
             cents = positive_cents(amount)
         except AmountError as exc:
             raise Refused(400, "invalid_amount", str(exc)) from None
-        text = check_note(note)
+        text = check_note(note, required=True)
         account = await self.get(name)
         kind = "topup" if topup else "debit"
         now = utcnow()

@@ -17,7 +17,6 @@ from urllib.parse import quote, urlencode
 import structlog
 from aiohttp import web
 
-from procurd.core.numbers import MAX_ID
 from procurd.core.provider import ORDER_STATUSES as PROVIDER_ORDER_STATUSES
 from procurd.core.refusals import Refused
 from procurd.http.console import data
@@ -42,13 +41,14 @@ from procurd.http.inputs import (
     MAX_PAGE,
     MAX_PAGE_SIZE,
     parse_procurement_id,
+    parse_provider_order_id,
     query_int,
     query_text,
 )
 from procurd.operations import Operations
-from procurd.operations.orders import DEFAULT_BULK_RETRY, check_order_no, order_not_found
+from procurd.operations.orders import DEFAULT_BULK_RETRY, MAX_NOTE_CHARS, check_order_no, order_not_found
 from procurd.operations.provider import ProviderOperations
-from procurd.operations.provider_accounts import ACCOUNT_NAME, MAX_NOTE_CHARS, account_not_found
+from procurd.operations.provider_accounts import ACCOUNT_NAME, account_not_found
 from procurd.runtime import Runtime
 
 log = structlog.get_logger("procurd.console")
@@ -323,13 +323,7 @@ def _account_name(request: web.Request) -> str:
 
 
 def _provider_order_id(request: web.Request) -> int:
-    raw = request.match_info["id"]
-    if not (raw.isascii() and raw.isdigit()):
-        raise ApiError(400, "invalid_id", "the provider order id must be a positive integer")
-    value = int(raw)
-    if not 0 < value <= MAX_ID:
-        raise ApiError(404, "order_not_found", f"no provider order {raw}")
-    return value
+    return parse_provider_order_id(request.match_info["id"])
 
 
 async def provider_home(request: web.Request) -> web.Response:
