@@ -4,18 +4,9 @@ accounts, and a provider seen as an upstream site by the next procurd down the c
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
-import uuid
-from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
-
-from sqlalchemy import text
-from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import create_async_engine
 
 from procurd.catalog.sync import SyncReport
 from procurd.config import Settings
@@ -95,37 +86,6 @@ async def add_account(
         secret,
         operations.settings.provider.header_prefix,
     )
-
-
-@asynccontextmanager
-async def site_database(
-    directory: Path, name: str, sqlite_template: Path | None, postgres_template: str | None
-) -> AsyncIterator[str]:
-    """A fresh migrated database for one more site of a chain (each procurd keeps its own), on the test
-    run's database kind: a copy of the session's SQLite template under ``directory``, or a PostgreSQL
-    database cloned from the session's template and dropped afterwards (conftest's two template fixtures)."""
-    if sqlite_template is not None:
-        path = directory / f"{name}.db"
-        shutil.copyfile(sqlite_template, path)
-        yield f"sqlite+aiosqlite:///{path}"
-        return
-    assert postgres_template is not None, "neither a SQLite nor a PostgreSQL template"
-    server = os.environ["PROCURD_TEST_POSTGRES_URL"]
-    database = f"procurd_test_{name}_{uuid.uuid4().hex[:10]}"
-
-    async def execute(statement: str) -> None:
-        engine = create_async_engine(server, isolation_level="AUTOCOMMIT")
-        try:
-            async with engine.connect() as connection:
-                await connection.execute(text(statement))
-        finally:
-            await engine.dispose()
-
-    await execute(f"CREATE DATABASE {database} TEMPLATE {postgres_template}")
-    try:
-        yield make_url(server).set(database=database).render_as_string(hide_password=False)
-    finally:
-        await execute(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
 
 
 async def settled(daemon: Daemon) -> None:

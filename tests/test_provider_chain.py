@@ -34,8 +34,8 @@ from provider_support import (
     provider_order_of,
     provider_settings,
     settled,
-    site_database,
 )
+from scale_cluster import own_database
 from support import AdminClient, mirror, running_daemon, settings_for, sql_rows, wait_until
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -176,8 +176,8 @@ async def chain(
     )
     async with (
         Sandbox(config) as top,
-        site_database(directory, "b", sqlite_template, postgres_template) as b_url,
-        site_database(directory, "c", sqlite_template, postgres_template) as c_url,
+        own_database(directory, "b", sqlite_template, postgres_template) as b_url,
+        own_database(directory, "c", sqlite_template, postgres_template) as c_url,
     ):
         # The last SKU of the last product: that product keeps its other SKU, so it stays listed.
         unpriced = max(top.state.skus)
