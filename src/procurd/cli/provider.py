@@ -37,9 +37,13 @@ def account_group() -> None:
     """Accounts of downstream sites (each with an API key and secret, a wallet and a level)."""
 
 
-def _secret_lines(name: str, api_key: str, secret: str, what: str) -> None:
-    echo(f"{what} {name}")
-    print_fields([("api_key", api_key), ("api_secret", secret)])
+def _show_secret(account: Account, secret: str, as_json: bool, what: str) -> None:
+    """The account's key and its secret, printed this once."""
+    if as_json:
+        emit_json({"name": account.name, "api_key": account.api_key, "api_secret": secret})
+        return
+    echo(f"{what} {account.name}")
+    print_fields([("api_key", account.api_key), ("api_secret", secret)])
     echo(
         "The secret is shown this once: give it to the downstream site now (it signs every request with it)."
     )
@@ -58,10 +62,7 @@ def account_add(state: CliState, name: str, as_json: bool) -> None:
 async def _add(settings: Settings, name: str, as_json: bool) -> None:
     async with open_operations(settings) as operations:
         account, secret = await operations.provider.accounts.add(name)
-    if as_json:
-        emit_json({"name": account.name, "api_key": account.api_key, "api_secret": secret})
-        return
-    _secret_lines(account.name, account.api_key, secret, "added account")
+    _show_secret(account, secret, as_json, "added account")
 
 
 @account_group.command("list")
@@ -199,10 +200,7 @@ def account_rotate(state: CliState, name: str, as_json: bool) -> None:
 async def _rotate(settings: Settings, name: str, as_json: bool) -> None:
     async with open_operations(settings) as operations:
         account, secret = await operations.provider.accounts.rotate(name)
-    if as_json:
-        emit_json({"name": account.name, "api_key": account.api_key, "api_secret": secret})
-        return
-    _secret_lines(account.name, account.api_key, secret, "new secret for account")
+    _show_secret(account, secret, as_json, "new secret for account")
 
 
 @account_group.command("set-level")
