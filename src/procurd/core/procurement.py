@@ -131,6 +131,11 @@ class Procurement:
     failovers: tuple[Mapping[str, Any], ...] = ()
     created_at: datetime
     updated_at: datetime
+    # The selling price known at intake (a unit, in ``sell_currency``) and the exchange rate of the pricing
+    # rule that brings it back to the upstream's currency: what the charts set the upstream amount against.
+    sell_price: str | None = None
+    sell_currency: str | None = None
+    sell_rate: str | None = None
 
     @property
     def submission_in_flight(self) -> bool:

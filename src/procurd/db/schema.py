@@ -22,6 +22,7 @@ from sqlalchemy import (
     text,
 )
 
+from procurd.core.rollup import VALUE_COLUMNS as ROLLUP_COLUMNS
 from procurd.db.types import JsonDocument, Money, UtcDateTime
 
 NAMING_CONVENTION = {
@@ -277,10 +278,42 @@ procurements = Table(
     Column("failovers", JsonDocument, nullable=True),
     Column("created_at", UtcDateTime(), nullable=False),
     Column("updated_at", UtcDateTime(), nullable=False),
+    # The selling price known at intake (a unit, in sell_currency; from [pricing], or what a downstream site
+    # was charged) and the pricing rule's exchange rate that brings it back to the upstream's currency.
+    Column("sell_price", Money(), nullable=True),
+    Column("sell_currency", String(16), nullable=True),
+    Column("sell_rate", Money(), nullable=True),
     UniqueConstraint("order_no", "position", name="uq_procurements_order_position"),
     Index("ix_procurements_due", "upstream", "state", "next_attempt_at"),
     Index("ix_procurements_poll", "upstream", "state", "next_poll_at"),
     Index("ix_procurements_upstream_order", "upstream", "upstream_order_id"),
+)
+
+# The hourly rollup of procurements (procurd.core.rollup), written by the state path in the transaction of
+# each change: per upstream and hour, the procurements taken in by their state now, the upstream amounts of
+# those submitted (integer millionths) with their selling prices, and the deliveries by time to delivery.
+# account_id 0 is every order of the upstream, another a downstream account's share (the provider role);
+# currency "" holds counts; each writing instance adds to rows of its own, so no instance waits for another.
+procurement_hours = Table(
+    "procurement_hours",
+    metadata,
+    Column("upstream", String(64), primary_key=True),
+    Column("account_id", BigInteger, primary_key=True, autoincrement=False),
+    Column("hour", UtcDateTime(), primary_key=True),
+    Column("currency", String(16), primary_key=True),
+    Column("writer", String(128), primary_key=True),
+    *(Column(name, BigInteger, nullable=False, default=0) for name in ROLLUP_COLUMNS),
+)
+
+# The wallet at each upstream, hour by hour: the last balance a ping (or an answer that refreshed it) showed.
+upstream_balances = Table(
+    "upstream_balances",
+    metadata,
+    Column("upstream", String(64), primary_key=True),
+    Column("hour", UtcDateTime(), primary_key=True),
+    Column("balance", Money(), nullable=False),
+    Column("currency", String(16), nullable=True),
+    Column("at", UtcDateTime(), nullable=False),
 )
 
 offers = Table(
@@ -453,6 +486,7 @@ provider_ledger = Table(
     Column("balance_after_cents", BigInteger, nullable=False),
     Column("created_at", UtcDateTime(), nullable=False),
     Index("ix_provider_ledger_account", "account_id", "id"),
+    Index("ix_provider_ledger_account_at", "account_id", "created_at"),  # the wallet's chart
 )
 
 # Orders received from downstream sites; ``order_no`` is also the local order that procures each.
