@@ -111,7 +111,9 @@ class Runtime:
         }
         alerts = Alerts(database, settings.alerts, metrics)
         observers = [metrics.observe_transition, alerts.observe_applied]
-        service = ProcurementService(database, settings, wakeups=Wakeups(), observers=observers)
+        service = ProcurementService(
+            database, settings, wakeups=Wakeups(), observers=observers, writer=instance
+        )
         return cls(
             settings,
             database,

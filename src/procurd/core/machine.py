@@ -246,6 +246,9 @@ def _admit(event: Admit, now: datetime) -> Decision:
         failovers=tuple(_hop(skip.source, skip.reason, skip.message, number, now) for skip in skipped),
         created_at=now,
         updated_at=now,
+        sell_price=None if event.sell is None else event.sell[0],
+        sell_currency=None if event.sell is None else event.sell[1],
+        sell_rate=None if event.sell is None else event.sell[2],
     )
     detail: dict[str, Any] = {"downstream_order_no": number, "unit_price": procurement.unit_price}
     if source.limit is not None:

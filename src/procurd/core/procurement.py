@@ -245,6 +245,8 @@ class Admit:
     sources: tuple[SourceRef, ...]
     mirror: Mapping[tuple[str, int], MirroredSku]
     offer_code: str | None = None
+    # The selling price known at intake: a unit, its currency and the pricing rule's exchange rate.
+    sell: tuple[str, str | None, str | None] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -58,8 +58,9 @@ MONEY_COLUMNS: Final = ("spend_micros", "sold_micros", "sold_cost_micros")
 COUNT_COLUMNS: Final = (*STATE_COLUMNS.values(), "n_paid", "n_priced")
 VALUE_COLUMNS: Final = (*COUNT_COLUMNS, *MONEY_COLUMNS, *DELIVERY_COLUMNS)
 
-# (upstream, account_id, hour, currency): account 0 is every order of the upstream; currency "" holds counts.
-Key = tuple[str, int, datetime, str]
+# (upstream, account_id, hour, currency): account 0 is every order of the upstream; currency "" holds counts;
+# the hour as a number (hours since 1970, UTC: :func:`hour_number`).
+Key = tuple[str, int, int, str]
 Deltas = dict[Key, dict[str, int]]
 
 
@@ -67,6 +68,16 @@ def hour_of(moment: datetime) -> datetime:
     """The start of the UTC hour ``moment`` is in."""
     moment = moment.astimezone(UTC)
     return moment.replace(minute=0, second=0, microsecond=0)
+
+
+def hour_number(moment: datetime) -> int:
+    """The UTC hour ``moment`` is in, as hours since 1970 (cheaper to compute than :func:`hour_of`)."""
+    return int(moment.timestamp()) // 3600
+
+
+def hour_start(number: int) -> datetime:
+    """The start of the hour :func:`hour_number` numbered."""
+    return datetime.fromtimestamp(number * 3600, UTC)
 
 
 def micros(amount: str | Decimal) -> int:
@@ -106,25 +117,23 @@ def sold_value(p: Procurement) -> Decimal | None:
         return None
 
 
-def contributions(p: Procurement) -> dict[tuple[datetime, str], dict[str, int]]:
-    """What ``p`` adds to the rollup as it is now, by ``(hour, currency)``."""
-    out: dict[tuple[datetime, str], dict[str, int]] = {
-        (hour_of(p.created_at), ""): {STATE_COLUMNS[p.state]: 1}
-    }
+def contributions(p: Procurement) -> dict[tuple[int, str], dict[str, int]]:
+    """What ``p`` adds to the rollup as it is now, by ``(hour number, currency)``."""
+    out = {(hour_number(p.created_at), ""): {STATE_COLUMNS[p.state]: 1}}
     if p.state in PAID_STATES and p.amount is not None and p.submitted_at is not None:
         values = {"n_paid": 1, "spend_micros": micros(p.amount)}
         sold = sold_value(p)
         if sold is not None:
             values.update(n_priced=1, sold_micros=micros(sold), sold_cost_micros=values["spend_micros"])
-        _add(out, (hour_of(p.submitted_at), p.currency or ""), values)
+        _add(out, (hour_number(p.submitted_at), p.currency or ""), values)
     if p.state is State.DELIVERED and p.delivered_at is not None:
         seconds = (p.delivered_at - p.created_at).total_seconds()
-        _add(out, (hour_of(p.delivered_at), ""), {delivery_column(seconds): 1})
+        _add(out, (hour_number(p.delivered_at), ""), {delivery_column(seconds): 1})
     return out
 
 
 def _add(
-    into: dict[tuple[datetime, str], dict[str, int]], key: tuple[datetime, str], values: Mapping[str, int]
+    into: dict[tuple[int, str], dict[str, int]], key: tuple[int, str], values: Mapping[str, int]
 ) -> None:
     row = into.setdefault(key, {})
     for column, value in values.items():

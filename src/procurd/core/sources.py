@@ -114,14 +114,36 @@ def offer_limits(
     return tuple(refs)
 
 
+def selling_terms(
+    upstream: str,
+    sku: MirroredSku | None,
+    rules: Sequence[PricingRule],
+    charged: tuple[str, str] | None = None,
+) -> tuple[str, str | None, str | None] | None:
+    """The selling price known when an item bought as ``sku`` is taken in, as ``(unit price, currency,
+    exchange rate)``: ``charged`` (what a downstream site paid a unit, and its currency) or the SKU's selling
+    price, with the exchange rate of the rule that prices the SKU (``None`` when no rule does). ``None`` when
+    no price is known."""
+    price, currency = charged or (None if sku is None else sku.sell_price, None)
+    if not price:
+        return None
+    if sku is None:
+        return price, currency, None
+    rate = exchange_rate_of(upstream, _facts(sku), rules)
+    return price, currency or sku.sell_currency, None if rate is None else str(rate)
+
+
+def _facts(sku: MirroredSku) -> SkuFacts:
+    return SkuFacts(
+        id=sku.id, product_id=sku.product_id, category_id=sku.category_id, cost=sku.price_amount, live=True,
+        sell_price=sku.sell_price, sell_currency=sku.sell_currency, held=False,
+    )  # fmt: skip
+
+
 def _limit_from(
     upstream: str, sku: MirroredSku, sell_price: str | None, rules: Sequence[PricingRule]
 ) -> str | None:
     if not sell_price:
         return None
-    facts = SkuFacts(
-        id=sku.id, product_id=sku.product_id, category_id=sku.category_id, cost=sku.price_amount, live=True,
-        sell_price=sku.sell_price, sell_currency=sku.sell_currency, held=False,
-    )  # fmt: skip
-    rate = exchange_rate_of(upstream, facts, rules)
+    rate = exchange_rate_of(upstream, _facts(sku), rules)
     return None if rate is None else cost_limit(sell_price, rate, sku.price_amount)

@@ -38,6 +38,7 @@ from procurd.db.batching import BatchWriter
 from procurd.db.database import Database
 from procurd.db.stores import Tx
 from procurd.db.types import utcnow
+from procurd.instance import instance_id
 from procurd.procurement.transitions import (
     Applied,
     Change,
@@ -118,6 +119,7 @@ class ProcurementService:
         rng: random.Random | None = None,
         wakeups: Wakeups | None = None,
         observers: Sequence[Observer] = (),
+        writer: str | None = None,
     ) -> None:
         self.database = database
         self.settings = settings
@@ -144,6 +146,7 @@ class ProcurementService:
             alert_repeat_after=settings.alerts.repeat_after_seconds,
             alert_delivery=bool(settings.alerts.urls),
             pricing=settings.pricing.compiled().rules,
+            writer=writer or instance_id(),
         )
         self._writer: BatchWriter[Command, Result] = BatchWriter(
             database, partial(_run_batch, rules=self.rules)

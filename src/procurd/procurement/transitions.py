@@ -48,7 +48,8 @@ from procurd.core.procurement import (
     UpstreamReport,
 )
 from procurd.core.provider import ProviderIntake, ProviderOrder
-from procurd.core.sources import default_limit, first_available, offer_limits
+from procurd.core.rollup import Deltas, difference
+from procurd.core.sources import default_limit, first_available, offer_limits, selling_terms
 from procurd.db.offer_store import Offer
 from procurd.db.procurement_store import AuditRow
 from procurd.db.stores import Tx
@@ -184,6 +185,7 @@ class Rules:
     alert_repeat_after: float = 3600
     alert_delivery: bool = False  # alert URLs are configured: opened exceptions are to be sent
     pricing: tuple[PricingRule, ...] = ()  # [[pricing.rules]]: an item without max_unit_price is limited
+    writer: str = ""  # this process's rows of the hourly rollup (its instance id)
 
 
 # --- one batch ----------------------------------------------------------------------------------------------
@@ -215,6 +217,7 @@ class _Batch:
     new_orders: dict[str, Order] = field(default_factory=dict)
     updated: dict[Key, Procurement] = field(default_factory=dict)
     inserted: dict[Key, Procurement] = field(default_factory=dict)
+    originals: dict[Key, Procurement] = field(default_factory=dict)  # the updated ones as they were loaded
     order_changes: dict[str, Order] = field(default_factory=dict)
     numbers_added: list[tuple[str, str, Key, bool]] = field(default_factory=list)
     numbers_retired: list[tuple[str, str, int | None]] = field(default_factory=list)
@@ -424,7 +427,7 @@ def _intake(
             raise IntakeError("order_conflict", f"order {order_no} exists with a different body")
         items = tuple(batch.items.get(order_no, ()))
         return lambda ids: IntakeResult(False, order_view(existing, _with_ids(items, ids)))
-    steps = _admissions(batch, request, numbers, skus, offers)
+    steps = _admissions(batch, request, numbers, skus, offers, provider)
     if provider is not None and not batch.provider.active(provider):
         raise IntakeError("account_disabled", "the provider account is disabled")
     if provider is not None and not batch.provider.can_pay(provider):
@@ -466,6 +469,7 @@ def _admissions(
     numbers: Mapping[tuple[str, str], Any],
     skus: Mapping[tuple[str, int], MirroredSku],
     offers: Mapping[str, Offer],
+    provider: ProviderIntake | None = None,
 ) -> list[tuple[None, Event]]:
     """Each item's first event, once every item is found buyable as asked (:class:`IntakeError` when one
     is not: nothing is written)."""
@@ -489,8 +493,16 @@ def _admissions(
             sources = offer_limits(
                 keys, skus, None if in_use is None else keys[in_use], item.max_unit_price, batch.rules.pricing
             )
+            reference = None if in_use is None else keys[in_use]
         else:
             sources = (_sku_source(batch, position, item, skus),)
+            reference = (sources[0].upstream, sources[0].sku_id)
+        charged = None if provider is None else (provider.unit_price, provider.currency)
+        sell = (
+            None
+            if reference is None
+            else selling_terms(reference[0], skus.get(reference), batch.rules.pricing, charged)
+        )
         for upstream, _ in keys:
             if (upstream, number) in numbers or any(
                 added[:2] == (upstream, number) for added in batch.numbers_added
@@ -510,6 +522,7 @@ def _admissions(
             sources=sources,
             mirror={key: skus[key] for key in keys if key in skus},
             offer_code=item.offer,
+            sell=sell,
         )
         steps.append((None, admit))
     return steps
@@ -567,6 +580,7 @@ def _apply(batch: _Batch, steps: Sequence[tuple[Procurement | None, Event]], sou
             if key in batch.inserted:
                 batch.inserted[key] = after
             else:
+                batch.originals.setdefault(key, current)
                 batch.updated[key] = after
         if decision.audited:
             old_state = None if current is None else current.state.value
@@ -658,7 +672,23 @@ def _flush(batch: _Batch) -> dict[Key, int]:
     rules = batch.rules
     opened = [_exception_alert(batch, key, effect) for key, effect in batch.exceptions_opened]
     batch.tx.alerts.occur(opened, batch.now, rules.alert_repeat_after, rules.alert_delivery)
+    batch.tx.charts.add(_rollup(batch), rules.writer)
     return ids
+
+
+def _rollup(batch: _Batch) -> Deltas:
+    """What the batch's changes add to the hourly rollup (:mod:`procurd.core.rollup`), for the upstream and,
+    for a downstream site's order, its account."""
+    provider_orders = batch.provider.orders
+
+    def accounts(p: Procurement) -> tuple[int, ...]:
+        order = provider_orders.get(p.order_no) if provider_orders else None
+        return (0,) if order is None else (0, order.account_id)
+
+    changes: list[tuple[Procurement | None, Procurement, tuple[int, ...]]]
+    changes = [(None, p, accounts(p)) for p in batch.inserted.values()]
+    changes += [(batch.originals[key], p, accounts(p)) for key, p in batch.updated.items()]
+    return difference(changes)
 
 
 def _exception_alert(batch: _Batch, key: Key, effect: ExceptionOpened) -> Occurrence:
