@@ -17,6 +17,7 @@ key and the reason.
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
 import tomllib
 from collections.abc import Mapping
@@ -28,6 +29,7 @@ from urllib.parse import urlsplit
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     PrivateAttr,
@@ -72,6 +74,23 @@ def _http_url(value: str) -> str:
 
 HttpUrl = Annotated[str, AfterValidator(_http_url)]
 PositiveSeconds = Annotated[float, Field(gt=0)]
+
+
+def _optional_hours(value: object) -> float | str:
+    """A number of hours above 0, or ``""`` for off."""
+    if value == "":
+        return ""
+    if not isinstance(value, bool) and isinstance(value, int | float | str | Decimal):
+        try:
+            hours = float(value)
+        except ValueError:
+            hours = float("nan")
+        if math.isfinite(hours) and hours > 0:
+            return hours
+    raise ValueError('must be a number of hours above 0, or "" for off')
+
+
+OptionalHours = Annotated[float | Literal[""], BeforeValidator(_optional_hours)]
 NonNegativeDays = Annotated[float, Field(ge=0)]  # 0 = keep forever
 
 
@@ -145,6 +164,8 @@ class UpstreamSettings(_Section):
     max_requests_per_second: PositiveSeconds = 1
     ping_interval_seconds: PositiveSeconds = 300
     low_balance_threshold: Annotated[str, AfterValidator(_optional_amount)] = ""
+    # alert balance_runway when the wallet lasts fewer hours than this at the last 24 h's spend; "" = off
+    runway_alert_hours: OptionalHours = 24
     incremental_sync: Literal["auto", "on", "off"] = "auto"
 
     @model_validator(mode="after")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 import structlog
@@ -18,6 +19,7 @@ from procurd.config import UpstreamSettings
 from procurd.core.orders import iso
 from procurd.core.procurement import State
 from procurd.core.provider import cents_text
+from procurd.core.rollup import runway_hours, window_start
 from procurd.db.health_store import UpstreamHealth
 from procurd.db.instance_store import Instance
 from procurd.db.reconcile_store import ReconcileRun
@@ -27,7 +29,7 @@ from procurd.logs import scrub
 from procurd.runtime import Runtime
 from procurd.upstream.errors import AuthError, UpstreamError, truncate
 from procurd.upstream.models import PingResult
-from procurd.watch import low_balance
+from procurd.watch import balance_runway, low_balance
 
 log = structlog.get_logger("procurd.status")
 
@@ -48,6 +50,7 @@ class _Facts:
     last_reconcile: ReconcileRun | None
     mirror: dict[str, dict[str, int]]
     provider: dict[str, Any] | None
+    spend: dict[str, dict[str, Decimal]]  # per upstream and currency, since the runway's window began
 
 
 def _provider_facts(tx: Tx, currency: str) -> dict[str, Any]:
@@ -72,7 +75,9 @@ def _provider_facts(tx: Tx, currency: str) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _facts(tx: Tx, upstreams: list[str], day_ago: datetime, provider_currency: str | None) -> _Facts:
+def _facts(
+    tx: Tx, upstreams: list[str], day_ago: datetime, provider_currency: str | None, spend_from: datetime
+) -> _Facts:
     store = tx.procurements
     syncs = {}
     for name in upstreams:
@@ -90,6 +95,7 @@ def _facts(tx: Tx, upstreams: list[str], day_ago: datetime, provider_currency: s
         last_reconcile=tx.reconcile.last_finished(),
         mirror=tx.mirror.totals(),
         provider=None if provider_currency is None else _provider_facts(tx, provider_currency),
+        spend={name: tx.charts.spend_since(name, spend_from) for name in upstreams},
     )
 
 
@@ -99,7 +105,7 @@ async def status_report(runtime: Runtime) -> dict[str, Any]:
     names = [upstream.name for upstream in runtime.settings.upstreams]
     provider = runtime.settings.provider
     currency = provider.currency if provider.enabled else None
-    facts = await runtime.database.read(_facts, names, now - timedelta(days=1), currency)
+    facts = await runtime.database.read(_facts, names, now - timedelta(days=1), currency, window_start(now))
     upstreams = []
     for upstream in runtime.settings.upstreams:
         status = _upstream_status(
@@ -110,6 +116,7 @@ async def status_report(runtime: Runtime) -> dict[str, Any]:
         status["callbacks"]["accepted"] += accepted
         status["callbacks"]["rejected"] += rejected
         status["exceptions_by_reason"] = facts.exceptions.get(upstream.name, {})
+        status.update(runway(upstream, status["last_ping"], facts.spend[upstream.name]))
         status["mirror"] = facts.mirror.get(upstream.name, {"categories": 0, "products": 0, "skus": 0})
         upstreams.append(status)
     events_pending = facts.events_pending
@@ -129,6 +136,24 @@ async def status_report(runtime: Runtime) -> dict[str, Any]:
             "events_pending": events_pending,
         },
         "provider": facts.provider or {"enabled": False},
+    }
+
+
+def runway(upstream: UpstreamSettings, ping: dict[str, Any], spend: dict[str, Decimal]) -> dict[str, Any]:
+    """``spend_24h``: the upstream amounts of the procurements submitted in the last 24 h (counted by the
+    hour: the current hour so far and the 23 before it) that the upstream holds money for, in the wallet's
+    currency; ``runway_hours``: the last known balance divided by that spend per hour (``None`` when nothing
+    was spent or no balance is known)."""
+    currency = ping.get("currency") or (next(iter(spend)) if len(spend) == 1 else None)
+    spent = spend.get(currency or "", Decimal(0))
+    try:
+        balance = Decimal(ping["balance"]) if ping.get("balance") not in (None, "") else None
+    except InvalidOperation:
+        balance = None
+    return {
+        "spend_24h": str(spent if spent else Decimal("0.00")),
+        "runway_hours": runway_hours(balance, spent),
+        "runway_alert_hours": upstream.runway_alert_hours or None,
     }
 
 
@@ -260,7 +285,13 @@ async def record_ping(runtime: Runtime, upstream: str, outcome: PingResult | Bas
         values.update(last_ping_ok=False, last_ping_error=describe_failure(outcome), latency_ms=None)
         if isinstance(outcome, AuthError):
             values.update(auth_error_code=outcome.code, auth_error_at=now)
-    await update_health(runtime, upstream, values, now)
+
+    def record(tx: Tx) -> None:
+        tx.health.update(upstream, values, now)
+        if isinstance(outcome, PingResult):  # the wallet's chart, hour by hour
+            tx.charts.record_balance(upstream, str(outcome.balance), outcome.currency, now)
+
+    await runtime.database.write(record)
     log.info(
         "upstream.ping_recorded",
         upstream=upstream,
@@ -280,9 +311,11 @@ async def ping_upstream(runtime: Runtime, upstream: str) -> PingResult | Upstrea
         raise
     await record_ping(runtime, upstream, result)
     if isinstance(result, PingResult):
-        low = await low_balance(runtime.database, runtime.settings.upstream(upstream), result)
-        if low is not None:
-            await runtime.alerts.raise_(low)
+        settings = runtime.settings.upstream(upstream)
+        for check in (low_balance, balance_runway):
+            found = await check(runtime.database, settings, result)
+            if found is not None:
+                await runtime.alerts.raise_(found)
     return result
 
 

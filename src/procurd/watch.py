@@ -14,6 +14,7 @@ import structlog
 from procurd.alerts import Alerts
 from procurd.config import Settings, UpstreamSettings
 from procurd.core.alerts import Kind, Occurrence
+from procurd.core.rollup import runway_hours, window_start
 from procurd.db.database import Database
 from procurd.db.types import utcnow
 from procurd.upstream.errors import AuthError, RateLimited, UpstreamError, UpstreamUnavailable
@@ -23,7 +24,6 @@ log = structlog.get_logger("procurd.watch")
 
 REJECTION_BURST = 10  # rejected callbacks of one upstream ...
 REJECTION_WINDOW_SECONDS = 60.0  # ... within this long make an alert
-SPEND_WINDOW = timedelta(hours=24)
 
 
 @dataclass
@@ -139,8 +139,8 @@ async def low_balance(
     threshold = Decimal(upstream.low_balance_threshold)
     if balance >= threshold:
         return None
-    since = (now or utcnow()) - SPEND_WINDOW
-    spent = await database.read(lambda tx: tx.procurements.spend_since(upstream.name, since))
+    since = window_start(now or utcnow())
+    spent = await database.read(lambda tx: tx.charts.spend_since(upstream.name, since))
     currency = ping.currency or ""
     in_currency = spent.get(currency, Decimal(0))
     message = (
@@ -152,6 +152,30 @@ async def low_balance(
         message += f"; at that rate the balance lasts about {hours:.1f} h"
     message += ". Top up the upstream wallet."
     return Occurrence(Kind.LOW_BALANCE, upstream.name, message, upstream.name)
+
+
+async def balance_runway(
+    database: Database, upstream: UpstreamSettings, ping: PingResult, now: datetime | None = None
+) -> Occurrence | None:
+    """A ``balance_runway`` alert when, at the last 24 h's spend per hour, the wallet the ping shows lasts
+    fewer than ``runway_alert_hours``; it says the balance, the spend and the hours left."""
+    if upstream.runway_alert_hours == "":
+        return None
+    since = window_start(now or utcnow())
+    spent = await database.read(lambda tx: tx.charts.spend_since(upstream.name, since))
+    currency = ping.currency or ""
+    balance = Decimal(str(ping.balance))
+    in_currency = spent.get(currency, Decimal(0))
+    hours = runway_hours(balance, in_currency)
+    if hours is None or hours >= upstream.runway_alert_hours:
+        return None
+    rate = (in_currency / 24).quantize(Decimal("0.01"))
+    message = (
+        f"{upstream.name}: the wallet holds {balance} {currency}; the last 24 h spent {in_currency} "
+        f"{currency} (about {rate} an hour), so it lasts about {hours:.1f} h, less than runway_alert_hours "
+        f"({upstream.runway_alert_hours:g} h). Top up the upstream wallet."
+    )
+    return Occurrence(Kind.BALANCE_RUNWAY, upstream.name, message, upstream.name)
 
 
 async def stuck_orders(database: Database, settings: Settings, alerts: Alerts) -> int:

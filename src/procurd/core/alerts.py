@@ -21,6 +21,7 @@ SEND_RETRY_MAX_SECONDS = 600.0
 class Kind(StrEnum):
     EXCEPTION_OPENED = "exception_opened"
     LOW_BALANCE = "low_balance"
+    BALANCE_RUNWAY = "balance_runway"
     UPSTREAM_UNHEALTHY = "upstream_unhealthy"
     UPSTREAM_RECOVERED = "upstream_recovered"
     ORDER_STUCK = "order_stuck"

@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from decimal import Decimal
 from typing import Any, Final
 
 from sqlalchemy import (
@@ -571,19 +570,6 @@ class ProcurementStore:
         )
         value = self.connection.execute(statement).scalar_one_or_none()
         return value if isinstance(value, datetime) else None
-
-    def spend_since(self, upstream: str, since: datetime) -> dict[str, Decimal]:
-        """What the upstream's wallet paid for procurements submitted since ``since``, per currency."""
-        statement = select(procurements.c.amount, procurements.c.currency).where(
-            procurements.c.upstream == upstream,
-            procurements.c.submitted_at >= since,
-            procurements.c.state.in_((State.SUBMITTED.value, State.DELIVERED.value)),
-            procurements.c.amount.is_not(None),
-        )
-        spent: dict[str, Decimal] = {}
-        for amount, currency in self.connection.execute(statement):
-            spent[currency or ""] = spent.get(currency or "", Decimal(0)) + Decimal(amount)
-        return spent
 
     def reconcile_candidates(
         self, since: datetime, upstream: str | None, include_settled: bool, limit: int
