@@ -5,17 +5,23 @@ installation's operations, as the JSON API does.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from decimal import Decimal, InvalidOperation
 from typing import Any, Generic, TypeVar
 
 from procurd import offers
 from procurd.alerts import alert_view
 from procurd.config import ProviderSettings, UpstreamSettings
 from procurd.core.orders import fulfillment_view, iso
-from procurd.core.provider import AmountError, to_cents
+from procurd.core.provider import AmountError, cents_text, to_cents
+from procurd.core.rollup import HOUR, hour_of, hours_from_rows, runway_hours
 from procurd.db.console_store import CatalogSlice, OrderSummary
 from procurd.db.stores import Tx
+from procurd.db.types import utcnow
+from procurd.http.console import pulse
+from procurd.http.console.charts import Chart
 from procurd.http.errors import ApiError
 from procurd.operations import Operations
 from procurd.runtime import Runtime
@@ -64,6 +70,7 @@ class UpstreamOverview:
     status: dict[str, Any]
     exceptions_by_reason: dict[str, int]
     low_balance_threshold: str | None
+    charts: list[Chart] = field(default_factory=list)  # the shop's pulse (none when asked without)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,18 +82,21 @@ class Overview:
     alerts: list[dict[str, Any]]
     instances: list[dict[str, Any]]  # every daemon instance with its heartbeat, as GET /api/v1/status
     provider: ProviderOverview | None = None  # when [provider] enabled
+    charts: bool = True  # drawn (the page may be asked for without them: ?charts=off)
 
 
-async def overview(runtime: Runtime) -> Overview:
-    """Per upstream: the status report (health, balance, queue, oldest queued, last sync, callbacks) with its
-    open exceptions by reason; recent alerts and the instances alive."""
+async def overview(runtime: Runtime, *, charts: bool = True) -> Overview:
+    """Per upstream: the status report (health, balance, runway, queue, oldest queued, last sync, callbacks)
+    with its open exceptions by reason and (unless ``charts`` is off) its charts; recent alerts and the
+    instances alive."""
     report = await status_report(runtime)
-    reasons = await runtime.database.read(lambda tx: tx.procurements.exception_reasons())
+    pulses = await upstream_pulses(runtime, report["upstreams"]) if charts else {}
     upstreams = [
         UpstreamOverview(
             status=entry,
-            exceptions_by_reason=dict(sorted(reasons.get(entry["name"], {}).items())),
+            exceptions_by_reason=dict(sorted(entry["exceptions_by_reason"].items())),
             low_balance_threshold=low_balance_threshold(runtime.settings.upstream(entry["name"])),
+            charts=pulses.get(entry["name"], []),
         )
         for entry in report["upstreams"]
     ]
@@ -98,7 +108,58 @@ async def overview(runtime: Runtime) -> Overview:
         alerts=await recent_alerts(runtime, limit=10),
         instances=list(report["instances"]),
         provider=provider_overview(runtime.settings.provider, report["provider"]),
+        charts=charts,
     )
+
+
+def _decimal(value: Any) -> Decimal | None:
+    try:
+        return None if value in (None, "") else Decimal(str(value))
+    except InvalidOperation:
+        return None
+
+
+def _balance_hours(
+    samples: Sequence[tuple[datetime, str, str | None]], start: datetime
+) -> list[Decimal | None]:
+    """The last balance known at the end of each hour from ``start`` to the current one."""
+    at_hour: dict[datetime, Decimal | None] = {}
+    first: Decimal | None = None
+    for at, balance, _currency in samples:
+        if at < start:
+            first = _decimal(balance)
+        else:
+            at_hour[hour_of(at)] = _decimal(balance)
+    hours = [start + HOUR * index for index in range(pulse.BALANCE_DAYS * 24)]
+    return pulse.carried([first, *(at_hour.get(hour) for hour in hours)])[1:]
+
+
+async def upstream_pulses(runtime: Runtime, statuses: Sequence[dict[str, Any]]) -> dict[str, list[Chart]]:
+    """Each upstream's charts: one read of its hourly rollup (30 days) and of its balance (7 days)."""
+    now = utcnow()
+    since = pulse.day_of(now) - timedelta(days=pulse.DAYS_SHOWN - 1)
+    balance_since = hour_of(now) - HOUR * (pulse.BALANCE_DAYS * 24 - 1)
+    names = [entry["name"] for entry in statuses]
+
+    def read(tx: Tx) -> dict[str, tuple[Any, Any]]:
+        return {
+            name: (tx.charts.hours([name], 0, since), tx.charts.balances(name, balance_since))
+            for name in names
+        }
+
+    found = await runtime.database.read(read)
+    pulses = {}
+    for entry in statuses:
+        rows, samples = found[entry["name"]]
+        ping = entry["last_ping"]
+        facts = pulse.PulseFacts(
+            name=entry["name"], now=now, hours=hours_from_rows(rows),
+            balances=_balance_hours(samples, balance_since), balance=_decimal(ping["balance"]),
+            currency=ping["currency"], spend_24h=_decimal(entry["spend_24h"]) or Decimal(0),
+            runway_hours=entry["runway_hours"], runway_alert_hours=entry["runway_alert_hours"],
+        )  # fmt: skip
+        pulses[entry["name"]] = pulse.charts(facts)
+    return pulses
 
 
 # --- exceptions -------------------------------------------------------------------------------------------
@@ -341,12 +402,44 @@ class ProviderAccountPage:
     low: bool
     low_balance_threshold: str | None
     levels: list[ProviderLevel]  # the configured levels, to choose from
+    charts: list[Chart] = field(default_factory=list)  # the account's pulse
+
+
+async def account_pulse(operations: Operations, account: Mapping[str, Any]) -> list[Chart]:
+    """A downstream account's charts: its share of the hourly rollup (its orders, on every upstream the
+    provider offers), and its wallet from its ledger (one index seek per hour) with its runway at the last
+    24 h's spend."""
+    runtime = operations.runtime
+    now = utcnow()
+    since = pulse.day_of(now) - timedelta(days=pulse.DAYS_SHOWN - 1)
+    start = hour_of(now) - HOUR * (pulse.BALANCE_DAYS * 24 - 1)
+    ends = [min(start + HOUR * (index + 1), now) for index in range(pulse.BALANCE_DAYS * 24)]
+    upstreams = list(operations.settings.provider.upstreams)
+    account_id = int(account["id"])
+
+    def read(tx: Tx) -> tuple[Any, list[int | None], int]:
+        return (
+            tx.charts.hours(upstreams, account_id, since),
+            tx.charts.wallet_at(account_id, ends),
+            tx.charts.wallet_spend(account_id, now - timedelta(hours=24)),
+        )
+
+    rows, wallet, spent_cents = await runtime.database.read(read)
+    balance = _decimal(account["balance"])
+    spent = Decimal(cents_text(spent_cents))
+    facts = pulse.PulseFacts(
+        name=f"account-{account_id}", now=now, hours=hours_from_rows(rows),
+        balances=[None if cents is None else Decimal(cents_text(cents)) for cents in wallet],
+        balance=balance, currency=account["currency"], spend_24h=spent,
+        runway_hours=runway_hours(balance, spent), runway_alert_hours=None, wallet="account's wallet",
+    )  # fmt: skip
+    return pulse.charts(facts)
 
 
 async def provider_account(
     operations: Operations, name: str, page: int, page_size: int
 ) -> ProviderAccountPage:
-    """An account with a page of its ledger (``GET /api/v1/provider/accounts/{name}``)."""
+    """An account with a page of its ledger (``GET /api/v1/provider/accounts/{name}``) and its charts."""
     settings = operations.settings.provider
     view = await operations.provider.accounts.show(name, page, page_size)
     ledger = view.pop("ledger")
@@ -358,6 +451,7 @@ async def provider_account(
         low=below_threshold(view["balance"], threshold),
         low_balance_threshold=threshold,
         levels=levels,
+        charts=await account_pulse(operations, view),
     )
 
 

@@ -125,7 +125,10 @@ async def logout(request: web.Request) -> web.Response:
 
 
 async def overview(request: web.Request) -> web.Response:
-    found = await data.overview(_runtime(request))
+    charts = request.query.get("charts", "on")
+    if charts not in ("on", "off"):
+        raise ApiError(400, "invalid_query", "charts must be on or off")
+    found = await data.overview(_runtime(request), charts=charts == "on")
     return render(request, "overview.html", {"nav": "overview", "overview": found})
 
 
