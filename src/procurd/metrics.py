@@ -145,6 +145,19 @@ class Metrics:
             "procurd_upstream_balance", "Wallet balance at the last ping (exact value in the status report).",
             ["upstream", "currency"], registry=r,
         )  # fmt: skip
+        self.spend_24h = Gauge(
+            "procurd_upstream_spend_24h", "Upstream amounts of the procurements submitted in the last 24 h "
+            "(the current hour and the 23 before it) that the upstream holds money for.",
+            ["upstream", "currency"], registry=r,
+        )  # fmt: skip
+        self.runway_hours = Gauge(
+            "procurd_upstream_runway_hours", "Hours the wallet lasts at the last 24 h's spend (absent when "
+            "nothing was spent).", ["upstream"], registry=r,
+        )  # fmt: skip
+        self.runway_alert_hours = Gauge(
+            "procurd_upstream_runway_alert_hours", "The upstream's runway_alert_hours (absent when off).",
+            ["upstream"], registry=r,
+        )  # fmt: skip
         self.last_ping_timestamp = Gauge(
             "procurd_upstream_last_ping_timestamp_seconds", "When the upstream was last pinged (Unix time).",
             ["upstream"], registry=r,
@@ -211,6 +224,9 @@ class Metrics:
         self.oldest_queued_seconds.clear()
         self.upstream_healthy.clear()
         self.upstream_balance.clear()
+        self.spend_24h.clear()
+        self.runway_hours.clear()
+        self.runway_alert_hours.clear()
         self.last_ping_timestamp.clear()
         self.last_sync_timestamp.clear()
         self.last_sync_ok.clear()
@@ -238,6 +254,13 @@ class Metrics:
         balance = _number(ping.get("balance"))
         if balance is not None:
             self.upstream_balance.labels(name, str(ping.get("currency") or "")).set(balance)
+        spent = _number(upstream.get("spend_24h"))
+        if spent is not None:
+            self.spend_24h.labels(name, str(ping.get("currency") or "")).set(spent)
+        if upstream.get("runway_hours") is not None:
+            self.runway_hours.labels(name).set(float(upstream["runway_hours"]))
+        if upstream.get("runway_alert_hours"):
+            self.runway_alert_hours.labels(name).set(float(upstream["runway_alert_hours"]))
         ping_at = _timestamp(ping.get("at"))
         if ping_at is not None:
             self.last_ping_timestamp.labels(name).set(ping_at)
