@@ -406,15 +406,14 @@ class ProviderAccountPage:
 
 
 async def account_pulse(operations: Operations, account: Mapping[str, Any]) -> list[Chart]:
-    """A downstream account's charts: its share of the hourly rollup (its orders, on every upstream the
-    provider offers), and its wallet from its ledger (one index seek per hour) with its runway at the last
-    24 h's spend."""
+    """A downstream account's charts: its share of the hourly rollup (its orders, on every upstream), and
+    its wallet from its ledger (one index seek per hour) with its runway at the last 24 h's spend."""
     runtime = operations.runtime
     now = utcnow()
     since = pulse.day_of(now) - timedelta(days=pulse.DAYS_SHOWN - 1)
     start = hour_of(now) - HOUR * (pulse.BALANCE_DAYS * 24 - 1)
     ends = [min(start + HOUR * (index + 1), now) for index in range(pulse.BALANCE_DAYS * 24)]
-    upstreams = list(operations.settings.provider.upstreams)
+    upstreams = [upstream.name for upstream in operations.settings.upstreams]
     account_id = int(account["id"])
 
     def read(tx: Tx) -> tuple[Any, list[int | None], int]:
