@@ -205,8 +205,8 @@ async def test_balance_chart_and_runway_follow_the_pings_and_the_spend(history: 
     figures = chart(charts, "balance").figures
     assert f"Balance: {balance} CNY." in figures
     assert f"Spent in the last 24 h: {spent} CNY" in figures[1]
-    assert figures[2].startswith(f"Runway: {main['runway_hours']:g} h at that rate")
-    assert f"{main['runway_hours']} h at the last 24 h's spend" in page.text  # the upstream's card
+    assert figures[2].startswith(f"Runway: {main['runway_hours']:,.1f} h at that rate")
+    assert f"{main['runway_hours']:,.1f} h at the last 24 h's spend" in page.text  # the upstream's card
 
 
 async def test_the_overview_without_charts(history: History) -> None:
@@ -315,4 +315,4 @@ async def test_a_downstream_accounts_page_has_the_charts_of_its_orders_and_walle
         charged = Decimal("500.00") - Decimal(account["balance"])
         assert f"Spent in the last 24 h: {charged:.2f} {account['currency']}" in figures[1]
         hours = round(float(Decimal(account["balance"]) * 24 / charged), 1)
-        assert figures[2].startswith(f"Runway: {hours:g} h at that rate: the account's wallet is empty")
+        assert figures[2].startswith(f"Runway: {hours:,.1f} h at that rate: the account's wallet is empty")

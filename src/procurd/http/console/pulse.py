@@ -299,7 +299,7 @@ def balance(facts: PulseFacts) -> Chart:
     else:
         empty = facts.now + timedelta(hours=runway)
         figures.append(
-            f"Runway: {runway:g} h at that rate: the {facts.wallet} is empty around "
+            f"Runway: {runway:,.1f} h at that rate: the {facts.wallet} is empty around "
             f"{empty:%Y-%m-%d %H:%M} UTC."
         )
     if facts.runway_alert_hours is not None:
