@@ -311,19 +311,6 @@ def runway_text(upstream: dict[str, Any]) -> str:
     if hours is None:
         return f"nothing spent in the last 24 h{alert}"
     low = " LOW" if limit and hours < limit else ""
-    return f"{hours:g} h{low} at the last 24 h's spend of {spent}{alert}"
-
-
-def runway_text(upstream: dict[str, Any]) -> str:
-    """``77.3 h at the 24 h spend of 310.50 CNY (alert below 24 h)``, or why there is none."""
-    currency = upstream["last_ping"].get("currency") or ""
-    spent = f"{upstream.get('spend_24h') or '0.00'} {currency}".strip()
-    limit = upstream.get("runway_alert_hours")
-    alert = f" (alert below {limit:g} h)" if limit else ""
-    hours = upstream.get("runway_hours")
-    if hours is None:
-        return f"nothing spent in the last 24 h{alert}"
-    low = " LOW" if limit and hours < limit else ""
     return f"{hours:,.1f} h{low} at the last 24 h's spend of {spent}{alert}"
 
 
@@ -345,7 +332,6 @@ def _upstream_fields(upstream: dict[str, Any]) -> list[tuple[str, Any]]:
     if balance and threshold:
         balance += f" (alert below {threshold})"
     fields.append(("balance", balance or "unknown (no successful ping yet)"))
-    fields.append(("runway", runway_text(upstream)))
     fields.append(("runway", runway_text(upstream)))
     auth = upstream.get("auth_error")
     if auth:
