@@ -93,12 +93,18 @@ async def test_a_wrong_secret_fails_with_what_to_check(tmp_path: Path, database_
 
 
 async def test_an_unmigrated_database_fails(tmp_path: Path) -> None:
-    """An empty database: ✗ database with the command that fixes it, exit 1; the upstream is not checked
-    (its request budget is shared through the database), and doctor says what to do first."""
+    """A database file that does not exist (doctor does not create it), then an empty one: ✗ database with
+    the command that fixes it, exit 1; the upstream is not checked (its request budget is shared through the
+    database), and doctor says what to do first."""
     async with Sandbox(SandboxConfig(products=2)) as sandbox:
         database_url = f"sqlite+aiosqlite:///{tmp_path / 'empty.db'}"
         config = write_config(tmp_path, database_url, sandbox.base_url, f'api_secret = "{SECRET}"')
+        missing_code, missing, _ = await doctor(config)
+        (tmp_path / "empty.db").touch()
         code, lines, _ = await doctor(config)
+    assert missing_code == 1
+    index = missing.index(f"✗ database: the database {tmp_path / 'empty.db'} does not exist")
+    assert missing[index + 1] == "    → run `procurd db upgrade` to create it"
     assert code == 1
     index = lines.index("✗ database: empty; this version needs revision " + lines[1].rsplit(" ", 1)[-1])
     assert lines[index + 1] == "    → run `procurd db upgrade`"

@@ -16,10 +16,12 @@ key and the reason.
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import math
 import os
 import tomllib
+import typing
 from collections.abc import Mapping
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
@@ -442,11 +444,20 @@ class Settings(BaseSettings):
         return (init_settings,)
 
     _source: Path | None = PrivateAttr(default=None)
+    _origins: dict[tuple[str | int, ...], str] = PrivateAttr(default_factory=dict)
 
     @property
     def source(self) -> Path | None:
         """The file these settings were read from, if any."""
         return self._source
+
+    def origin(self, *location: str | int) -> str:
+        """Where the key at ``location`` (``"database", "url"``) was set, as a message names it: the
+        environment variable that set it, else the file (or ``(no configuration file)``)."""
+        from_environment = _origin(self._origins, location)
+        if from_environment is not None:
+            return from_environment
+        return str(self._source) if self._source is not None else "(no configuration file)"
 
     def upstream(self, name: str) -> UpstreamSettings:
         for upstream in self.upstreams:
@@ -521,6 +532,7 @@ def load_settings(
         credentials = SecretFiles(where, origins, environ, path.parent if path is not None else Path())
         settings = credentials.read_into(settings)
     settings._source = path
+    settings._origins = origins
     return settings
 
 
@@ -680,10 +692,16 @@ def format_validation_error(
     lines = []
     for error in exc.errors(include_url=False):
         location = _describe_location(error["loc"], data)
-        source = _origin(origins or {}, tuple(error["loc"])) or where
+        loc = tuple(error["loc"])
+        source = _origin(origins or {}, loc) or where
         message = str(error["msg"])
         if error["type"] == "extra_forbidden":
-            message = "unknown key"
+            if len(loc) == 1:
+                # A section of no known name: the variables that made it up are to blame, if any did.
+                named = sorted(name for at, name in (origins or {}).items() if at[:1] == loc)
+                source = f"environment variable {named[0]}" if named else where
+            noun = "section" if len(loc) == 1 and loc != ("upstreams",) else "key"
+            message = f"unknown {noun}{_did_you_mean(loc)}"
         elif error["type"] == "missing":
             message = "required key is missing"
         elif error["type"] == "too_short" and error["loc"] == ("upstreams",):
@@ -702,6 +720,29 @@ def format_validation_error(
         else:
             lines.append(f"{source}: {location}: {message}")
     return "\n".join(lines)
+
+
+def _did_you_mean(loc: tuple[int | str, ...]) -> str:
+    """`` (did you mean api_secret?)`` for an unknown key close to a known one of its section, else ``""``."""
+    model: type[BaseModel] = Settings
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue  # a block of an array of tables: its model is the section's
+        field = model.model_fields.get(part)
+        annotation = field.annotation if field is not None else None
+        sections = [
+            argument
+            for argument in (*typing.get_args(annotation), annotation)
+            if isinstance(argument, type) and issubclass(argument, BaseModel)
+        ]
+        if not sections:
+            return ""
+        model = sections[0]
+    key = loc[-1]
+    if not isinstance(key, str):
+        return ""
+    close = difflib.get_close_matches(key.lower(), list(model.model_fields), n=1, cutoff=0.75)
+    return f" (did you mean {close[0]}?)" if close else ""
 
 
 def _describe_location(loc: tuple[int | str, ...], data: Mapping[str, Any]) -> str:

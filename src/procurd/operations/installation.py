@@ -4,6 +4,7 @@ version needs; and, for a command, the alerts it raised sent before it ends."""
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,15 +51,56 @@ def check_database_location(settings: Settings) -> None:
     configured."""
     problem = database_location_problem(settings)
     if problem is not None:
-        raise InstallationError(f"{settings.source or 'environment'}: [database] url: {problem}", 2)
+        raise InstallationError(f"{settings.origin('database', 'url')}: [database] url: {problem}", 2)
 
 
-def _open(settings: Settings) -> Database:
+def missing_database(settings: Settings) -> str | None:
+    """Why the configured SQLite database cannot be used because its file does not exist yet (what
+    ``procurd db upgrade`` creates), or ``None``. Only ``db upgrade`` creates the file: any other command
+    leaves no empty database behind."""
+    path = sqlite_file(settings.database.url)
+    if path is None or path.exists():
+        return None
+    return f"the database {path.absolute()} does not exist: run `procurd db upgrade` to create it"
+
+
+def database_problem(settings: Settings, error: DatabaseError) -> str:
+    """``error`` as one line for a person: for SQLite with the file's path and, when the driver only says
+    that the file cannot be opened, the operating system's reason."""
+    path = sqlite_file(settings.database.url)
+    if path is None:
+        return f"database error: {error.reason}"
+    if "file is not a database" in str(error):
+        return f"database error: {path.absolute()} is not a SQLite database"
+    return f"database error: {path.absolute()}: {sqlite_open_problem(path) or error.reason}"
+
+
+def sqlite_open_problem(path: Path) -> str | None:
+    """Why SQLite cannot open or create ``path`` (and its ``-wal`` and ``-shm`` files beside it), in the
+    operating system's words, or ``None`` when nothing is found."""
+    try:
+        if path.exists():
+            os.close(os.open(path, os.O_RDWR))
+        else:
+            os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
+            path.unlink()
+    except OSError as exc:
+        action = "open" if path.exists() else "create"
+        return f"cannot {action} the file: {exc.strerror or type(exc).__name__}"
+    if not os.access(path.parent, os.W_OK):
+        return f"cannot write in {path.parent} (SQLite keeps its -wal and -shm files beside the database)"
+    return None
+
+
+def _open(settings: Settings, *, create: bool = False) -> Database:
     check_database_location(settings)
+    missing = None if create else missing_database(settings)
+    if missing is not None:
+        raise InstallationError(missing)
     try:
         return open_database(settings.database.url)
     except DatabaseError as exc:
-        raise InstallationError(f"database error: {exc.reason}") from None
+        raise InstallationError(database_problem(settings, exc)) from None
 
 
 async def open_checked_database(settings: Settings) -> Database:
@@ -68,7 +110,7 @@ async def open_checked_database(settings: Settings) -> Database:
         mismatch = describe_mismatch(await current_revision(database))
     except DatabaseError as exc:
         await database.close()
-        raise InstallationError(f"database error: {exc.reason}") from None
+        raise InstallationError(database_problem(settings, exc)) from None
     if mismatch is not None:
         await database.close()
         raise InstallationError(mismatch)
@@ -79,11 +121,11 @@ async def upgrade_database(settings: Settings, revision: str = "head") -> tuple[
     """Create the schema or migrate it (``procurd db upgrade``); the revisions before and after."""
     from procurd.db import migrate  # Alembic is loaded only here
 
-    database = _open(settings)
+    database = _open(settings, create=True)
     try:
         return await migrate.upgrade(database, revision)
     except DatabaseError as exc:
-        raise InstallationError(f"database error: {exc.reason}") from None
+        raise InstallationError(database_problem(settings, exc)) from None
     finally:
         await database.close()
 
@@ -100,6 +142,10 @@ class DatabaseCheck:
 async def check_database(settings: Settings) -> DatabaseCheck:
     """Whether the database can be reached and is at the revision this version needs."""
     fix = "check [database] url, and that the database server runs and accepts procurd"
+    missing = missing_database(settings)
+    if missing is not None:
+        detail, _, command = missing.partition(": run ")
+        return DatabaseCheck(False, detail, f"run {command}")
     try:
         database = _open(settings)
     except InstallationError as exc:
@@ -107,7 +153,7 @@ async def check_database(settings: Settings) -> DatabaseCheck:
     try:
         current = await current_revision(database)
     except DatabaseError as exc:
-        return DatabaseCheck(False, f"cannot be used: {exc.reason}", fix)
+        return DatabaseCheck(False, database_problem(settings, exc).removeprefix("database error: "), fix)
     finally:
         await database.close()
     if current != HEAD_REVISION:
