@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import os
 import signal
+import socket
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 
@@ -24,20 +27,25 @@ from aiohttp import web
 from apscheduler.events import EVENT_JOB_ERROR, JobExecutionEvent
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
+from procurd import __version__
 from procurd.alerts import AlertDispatcher, load_notifiers
 from procurd.background import Singletons, Supervisor, Worker
 from procurd.config import Settings
+from procurd.core.alerts import Kind, Occurrence
 from procurd.db.errors import DatabaseError
 from procurd.db.revision import current_revision, describe_mismatch
 from procurd.heartbeat import Heartbeat
 from procurd.http.admin import make_admin_app
 from procurd.http.errors import listener_runner
 from procurd.http.public import make_public_app
+from procurd.logs import muted_on_terminal
 from procurd.operations import Operations, Refused
+from procurd.operations.installation import database_problem, deliver_due_alerts, missing_database
 from procurd.procurement.poller import Poller
 from procurd.procurement.submitter import Submitter
 from procurd.provider.callbacks import CallbackDispatcher
 from procurd.runtime import Runtime
+from procurd.status import describe_failure
 from procurd.systemd import Notifier
 from procurd.upstream.errors import AuthError, BusinessError, UpstreamError
 from procurd.upstream.models import OrderCreated
@@ -68,13 +76,30 @@ async def startup_checks(settings: Settings, runtime: Runtime) -> None:
             f"[server] callback_url {settings.server.callback_url!r}: {problem}; upstreams refuse such "
             "an address (set allow_private_callback_url = true only for a sandbox on this machine)"
         )
+    missing = missing_database(settings)
+    if missing is not None:
+        raise StartupError(missing, 1)
     try:
         current = await current_revision(runtime.database)
     except DatabaseError as exc:
-        raise StartupError(f"[database] url: cannot use the database: {exc.reason}", 1) from None
+        raise StartupError(database_problem(settings, exc), 1) from None
     mismatch = describe_mismatch(current)
     if mismatch is not None:
         raise StartupError(mismatch, 1)
+
+
+def daemon_failed(runtime: Runtime, what: str) -> Occurrence:
+    """The alert of a daemon that could not start, or stopped on a failure: one key per host, so that a
+    service restarted again and again is one alert whose count is the number of tries."""
+    host = socket.gethostname()
+    return Occurrence(
+        Kind.DAEMON_FAILED,
+        host,
+        f"{what}. Instance {runtime.instance}, procurd {__version__}.\n"
+        "A service restarted on failure (systemd's Restart=on-failure) tries again, and each try that "
+        "fails counts here. Fix the cause; `systemctl status procurd` and `journalctl -u procurd` show "
+        "the tries.",
+    )
 
 
 class Daemon:
@@ -95,25 +120,35 @@ class Daemon:
         )
         self.public_port: int | None = None
         self.admin_port: int | None = None
+        self.heartbeat: Heartbeat | None = None
+        self.database_usable = False  # the start-up checks found the database at the current revision
 
     # --- lifecycle -------------------------------------------------------------------------------------
 
     async def start(self) -> None:
+        """Check, listen, then count as an instance: the heartbeat records this instance (and takes over
+        from dead predecessors) only once both listeners are up, so a start that fails before serving
+        leaves no row in ``instances`` and takes nothing over (:class:`StartupError`, after which
+        :meth:`abandon` closes what was opened). A :class:`DatabaseError` after that: :meth:`shutdown`."""
         await startup_checks(self.settings, self.runtime)
+        self.database_usable = True
         if self.settings.alerts.urls:
             # Apprise loads its notifiers on first use (about 0.3 s): before anything listens, not on the
             # first alert.
             await asyncio.get_running_loop().run_in_executor(None, load_notifiers, self.settings.alerts.urls)
-        await self.runtime.start()
-        self.heartbeat = Heartbeat(self.runtime)
-        await self.heartbeat.start()
         server = self.settings.server
+        try:
+            await self.runtime.start()
+        except DatabaseError as exc:
+            raise StartupError(database_problem(self.settings, exc), 1) from None
         self.public_port = await self._listen(
-            make_public_app(self.operations), server.public_host, server.public_port
+            make_public_app(self.operations), "public", server.public_host, server.public_port
         )
         self.admin_port = await self._listen(
-            make_admin_app(self.operations), server.admin_host, server.admin_port
+            make_admin_app(self.operations), "admin", server.admin_host, server.admin_port
         )
+        self.heartbeat = Heartbeat(self.runtime)
+        await self.heartbeat.start()
         self._start_workers()
         self._start_scheduler()
         self.operations.catalog.start_reprice()
@@ -131,12 +166,21 @@ class Daemon:
             upstreams=[u.name for u in self.settings.upstreams],
         )
 
-    async def _listen(self, app: web.Application, host: str, port: int) -> int:
+    async def _listen(self, app: web.Application, which: str, host: str, port: int) -> int:
+        """Serve ``app`` on ``host:port``; :class:`StartupError` naming the listener when it cannot."""
         runner = listener_runner(app, shutdown_timeout=self.settings.server.shutdown_timeout_seconds)
         await runner.setup()
-        site = web.TCPSite(runner, host, port, reuse_address=True)
-        await site.start()
         self.runners.append(runner)
+        site = web.TCPSite(runner, host, port, reuse_address=True)
+        try:
+            await site.start()
+        except OSError as exc:
+            reason = os.strerror(exc.errno).lower() if exc.errno else str(exc)
+            if exc.errno == errno.EADDRINUSE:
+                reason += " (another procurd, or another program, listens there)"
+            raise StartupError(
+                f"cannot listen on {host}:{port} ([server] {which}_host and {which}_port): {reason}", 1
+            ) from None
         addresses = runner.addresses
         return int(addresses[0][1]) if addresses else port
 
@@ -187,6 +231,7 @@ class Daemon:
                 idle_seconds=idle,
             )
             workers.append(callbacks)
+        assert self.heartbeat is not None
         workers += [self.heartbeat, self.singletons]
         for worker in workers:
             self.workers[worker.name] = worker
@@ -303,7 +348,10 @@ class Daemon:
         await self.stop_event.wait()
 
     async def shutdown(self) -> None:
-        """Stop taking work, let in-flight upstream calls finish up to the deadline, then close everything."""
+        """Stop taking work, let in-flight upstream calls finish up to the deadline, then close everything.
+
+        The instance is marked stopped (a clean shutdown, also after a failure); when a background worker
+        failed, alert ``daemon_failed`` is raised and sent before the database is closed."""
         self.notifier.stopping("draining")
         self.stop_event.set()
         if self.scheduler.running:
@@ -315,8 +363,33 @@ class Daemon:
             log.warning("daemon.task_cut_off", task=name)
         if self.job_tasks:
             await asyncio.wait(list(self.job_tasks), timeout=deadline)
+        if self.heartbeat is not None and self.heartbeat.name not in self.workers:
+            await self.heartbeat.drain()  # recorded, but stopped before its worker ran
+        failure = self.supervisor.failure
+        if failure is not None:
+            await self._tell(f"stopped on a failure: {describe_failure(failure)}")
         await self.operations.close()
         log.info("daemon.stopped")
+
+    async def abandon(self, reason: str) -> None:
+        """After a start that failed before serving (:class:`StartupError`): close what was opened. Nothing
+        of this process stays in ``instances`` and nothing was taken over from other instances; when the
+        database could be used, alert ``daemon_failed`` is raised (one key per host, counted)."""
+        log.error("daemon.refused_to_start", reason=reason)
+        for runner in self.runners:
+            await runner.cleanup()
+        if self.database_usable:
+            await self._tell(f"could not start: {reason}")
+        await self.operations.close()
+
+    async def _tell(self, what: str) -> None:
+        """Raise ``daemon_failed`` and send it (for a few seconds at most): nothing may be left to send it
+        if the daemon does not come back."""
+        try:
+            await self.runtime.alerts.raise_(daemon_failed(self.runtime, what))
+            await deliver_due_alerts(self.runtime)
+        except DatabaseError as exc:
+            log.warning("daemon.failure_not_recorded", reason=exc.reason)
 
 
 async def run_daemon(settings: Settings) -> int:
@@ -328,12 +401,14 @@ async def run_daemon(settings: Settings) -> int:
     try:
         await daemon.start()
     except StartupError as exc:
-        log.error("daemon.refused_to_start", reason=str(exc))
-        await daemon.operations.close()
+        with muted_on_terminal():  # on a terminal the one sentence `procurd run` prints says it all
+            await daemon.abandon(str(exc))
         raise
-    except OSError as exc:
+    except DatabaseError as exc:  # after both listeners were up: an instance that served, stopped cleanly
+        reason = database_problem(settings, exc)
+        log.error("daemon.refused_to_start", reason=reason)
         await daemon.shutdown()
-        raise StartupError(f"cannot listen: {exc.strerror or exc}", 1) from None
+        raise StartupError(reason, 1) from None
     try:
         await daemon.wait()
     finally:

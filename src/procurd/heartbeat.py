@@ -56,19 +56,23 @@ class Heartbeat(Worker):
         self.next_beat = 0.0  # monotonic
 
     async def start(self) -> None:
-        """Record this instance, and take over from predecessors on this host that died."""
+        """Take over from predecessors on this host that died, then record this instance (the daemon calls
+        this once it serves: a start that fails before leaves no row and takes nothing over).
+
+        A predecessor is an instance of this host, neither stopped nor marked down, whose process is gone,
+        or one recorded under this very id (``host:pid`` comes again when a container restarts with the same
+        host name and process id 1): its claims are released before this instance starts its own."""
         me = this_instance(self.runtime)
-        await self.runtime.database.write(lambda tx: tx.instances.register(me))
         dead = [
             instance.id
             for instance in await self.runtime.database.read(lambda tx: tx.instances.all())
             if instance.host == me.host
-            and instance.id != me.id
             and instance.stopped_at is None
             and instance.down_at is None
-            and not _process_alive(instance.pid)
+            and (instance.id == me.id or not _process_alive(instance.pid))
         ]
         await self._take_over(dead)
+        await self.runtime.database.write(lambda tx: tx.instances.register(me))
 
     async def step(self) -> float | None:
         if time.monotonic() >= self.next_beat:

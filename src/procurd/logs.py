@@ -164,6 +164,33 @@ def log_stream(stream: TextIO) -> Iterator[None]:
             handler.setStream(old)
 
 
+@contextmanager
+def muted_on_terminal() -> Iterator[None]:
+    """Leave out the log lines that would be written to a terminal during the block: a person there reads
+    the one sentence that follows instead. A file, a pipe or the journal still gets every line."""
+    handlers = [
+        handler
+        for handler in logging.getLogger().handlers
+        if isinstance(handler, logging.StreamHandler) and _is_terminal(handler.stream)
+    ]
+    levels = [handler.level for handler in handlers]
+    for handler in handlers:
+        handler.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        for handler, level in zip(handlers, levels, strict=True):
+            handler.setLevel(level)
+
+
+def _is_terminal(stream: Any) -> bool:
+    isatty = getattr(stream, "isatty", None)
+    try:
+        return bool(isatty()) if callable(isatty) else False
+    except ValueError:  # a closed stream
+        return False
+
+
 def _rich_available() -> bool:
     try:
         import rich  # noqa: F401

@@ -200,6 +200,13 @@ def print_status(report: dict[str, Any]) -> None:
             "`procurd run` (systemctl start procurd) runs."
         )
         echo(wrapped(text, indent=8, first="daemon: "))
+    for failed in report.get("daemon_failures") or []:
+        times = count(failed["count"], "time")
+        text = (
+            f"{failed['host']}: failed {times} since {utc(failed['first_at'])} UTC, the last "
+            f"{ago(failed['last_at'])}: {failed['last_failure']}"
+        )
+        echo(wrapped(text, indent=10, first=" " * 8))
     for instance in instances:
         if instance.get("down_at") and not instance["alive"]:
             gone = f"instance {instance['id']} went down without a clean shutdown {when(instance['down_at'])}"
@@ -322,7 +329,9 @@ def _upstream_fields(upstream: dict[str, Any]) -> list[tuple[str, Any]]:
     elif ping["ok"]:
         ping_text = f"ok {when(ping['at'])}, {ping['latency_ms']} ms"
     else:
-        ping_text = f"failed {when(ping['at'])}: {ping['error']}"
+        # The recorded error names the upstream and the request; the block is the upstream's already.
+        error = str(ping["error"] or "").removeprefix(f"{upstream['name']} ping: ")
+        ping_text = f"failed {when(ping['at'])}: {error}"
     fields: list[tuple[str, Any]] = []
     if upstream.get("site_name"):
         fields.append(("site", f"{upstream['site_name']} ({upstream['base_url']})"))
@@ -344,8 +353,11 @@ def _upstream_fields(upstream: dict[str, Any]) -> list[tuple[str, Any]]:
     if sync["at"] is None:
         fields.append(("last sync", "never"))
     else:
-        kind = f" ({sync['kind']})" if sync.get("kind") else ""
-        listed = f"{count(sync['products'] or 0, 'product')} and {count(sync['skus'] or 0, 'SKU')} listed"
+        kind = f" ({sync['kind']} pass)" if sync.get("kind") else ""
+        products, skus = count(sync["products"] or 0, "product"), count(sync["skus"] or 0, "SKU")
+        listed = f"this pass listed {products} and {skus}"
+        if sync.get("kind") == "incremental":
+            listed += " (only those changed since the pass before)"
         sync_text = f"{sync['status']}{kind} {when(sync['at'])}: {listed}"
         fields.append(("last sync", sync_text + (f" ({sync['error']})" if sync.get("error") else "")))
     queue = upstream["queue"]

@@ -16,6 +16,7 @@ import structlog
 
 from procurd.catalog.sync import SyncReport
 from procurd.config import UpstreamSettings
+from procurd.core.alerts import Alert, Kind
 from procurd.core.orders import iso
 from procurd.core.procurement import State
 from procurd.core.provider import cents_text
@@ -51,6 +52,7 @@ class _Facts:
     mirror: dict[str, dict[str, int]]
     provider: dict[str, Any] | None
     spend: dict[str, dict[str, Decimal]]  # per upstream and currency, since the runway's window began
+    daemon_failures: list[Alert]
 
 
 def _provider_facts(tx: Tx, currency: str) -> dict[str, Any]:
@@ -96,6 +98,11 @@ def _facts(
         mirror=tx.mirror.totals(),
         provider=None if provider_currency is None else _provider_facts(tx, provider_currency),
         spend={name: tx.charts.spend_since(name, spend_from) for name in upstreams},
+        daemon_failures=[
+            alert
+            for alert in tx.alerts.recent(1, 20, Kind.DAEMON_FAILED.value)[1]
+            if alert.last_at >= day_ago
+        ],
     )
 
 
@@ -128,6 +135,7 @@ async def status_report(runtime: Runtime) -> dict[str, Any]:
         "instance": runtime.instance,
         "daemon_alive": any(instance["alive"] for instance in instances),
         "instances": instances,
+        "daemon_failures": [_daemon_failure(alert) for alert in facts.daemon_failures],
         "alerts": {"last_24h": facts.alerts_last_day},
         "last_reconcile": _last_reconcile(facts.last_reconcile),
         "upstreams": upstreams,
@@ -136,6 +144,18 @@ async def status_report(runtime: Runtime) -> dict[str, Any]:
             "events_pending": events_pending,
         },
         "provider": facts.provider or {"enabled": False},
+    }
+
+
+def _daemon_failure(alert: Alert) -> dict[str, Any]:
+    """A host whose daemon could not start, or stopped on a failure, in the last 24 h (alert
+    ``daemon_failed``): how many times, and the last reason."""
+    return {
+        "host": alert.subject,
+        "count": alert.count,
+        "first_at": iso(alert.first_at),
+        "last_at": iso(alert.last_at),
+        "last_failure": alert.message.splitlines()[0] if alert.message else "",
     }
 
 

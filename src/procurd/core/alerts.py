@@ -31,6 +31,7 @@ class Kind(StrEnum):
     CALLBACKS_REJECTED = "callbacks_rejected"
     RECONCILE_MISMATCH = "reconcile_mismatch"
     INSTANCE_DOWN = "instance_down"
+    DAEMON_FAILED = "daemon_failed"
     PROVIDER_LOW_BALANCE = "provider_low_balance"
     PROVIDER_CALLBACKS_FAILING = "provider_callbacks_failing"
 
@@ -39,7 +40,13 @@ KINDS = tuple(kind.value for kind in Kind)
 
 # Kinds that mean something is broken now (logged at error level); the rest need a look (warning).
 ERRORS = frozenset(
-    {Kind.UPSTREAM_UNHEALTHY, Kind.INSTANCE_DOWN, Kind.RECONCILE_MISMATCH, Kind.CALLBACKS_REJECTED}
+    {
+        Kind.UPSTREAM_UNHEALTHY,
+        Kind.INSTANCE_DOWN,
+        Kind.DAEMON_FAILED,
+        Kind.RECONCILE_MISMATCH,
+        Kind.CALLBACKS_REJECTED,
+    }
 )
 # Good news: sent like the others, logged at info.
 RECOVERIES = frozenset({Kind.UPSTREAM_RECOVERED})
