@@ -114,12 +114,34 @@ async def test_submit_repeat_and_conflict(shell: Shell) -> None:
 
 
 async def test_submit_a_whole_body_from_stdin(shell: Shell) -> None:
-    """``--json -`` reads the HTTP body from stdin; amounts keep their exact text."""
+    """``--body -`` reads the HTTP body from stdin and ``--json`` prints the answer, as on every command;
+    amounts keep their exact text."""
     body = {"order_no": "B1", "items": [{"sku_id": shell.sku, "quantity": 2, "max_unit_price": "10.00"}]}
-    result = await shell.run("order", "submit", "--json", "-", "--output", "json", stdin=json.dumps(body))
+    result = await shell.run("order", "submit", "--body", "-", "--json", stdin=json.dumps(body))
     assert result.exit_code == 0, result.stderr
+    assert result.stderr == ""
     [item] = parsed(result)["order"]["procurements"]
     assert (item["quantity"], item["max_unit_price"], item["unit_price"]) == (2, "10.00", "9.90")
+
+
+async def test_submit_json_file_is_the_old_spelling_of_body(shell: Shell, tmp_path: Path) -> None:
+    """``--json FILE`` (this command's request body before ``--body``) still submits the file, with one line
+    saying it is deprecated; ``--json`` alone prints JSON; both spellings of the body at once exit 2."""
+    body = tmp_path / "body.json"
+    body.write_text(
+        json.dumps({"order_no": "J1", "items": [{"sku_id": shell.sku, "quantity": 1}]}), encoding="utf-8"
+    )
+    old = await shell.run("order", "submit", "--json", str(body), "--output", "json")
+    assert old.exit_code == 0, old.stderr
+    assert old.stderr.splitlines() == ["procurd: order submit --json FILE is deprecated: use --body FILE"]
+    assert parsed(old)["order"]["order_no"] == "J1"
+    plain = await shell.run("order", "submit", "--order-no", "J2", "--sku", str(shell.sku), "--json")
+    assert (plain.exit_code, parsed(plain)["created"]) == (0, True)
+    both = await shell.run("order", "submit", "--json", str(body), "--body", str(body))
+    assert both.exit_code == 2
+    assert (
+        both.stderr.splitlines()[-1] == "procurd: give --body FILE|- once (--json FILE is its old spelling)"
+    )
 
 
 @pytest.mark.parametrize(
@@ -128,13 +150,13 @@ async def test_submit_a_whole_body_from_stdin(shell: Shell) -> None:
         (["--order-no", "U1", "--sku", "999999"], None, 1, "sku_not_found"),
         (["--order-no", "U1", "--sku", "{sku}", "--upstream", "nope"], None, 1, "unknown_upstream"),
         (["--order-no", "U1", "--sku", "{sku}", "--max-unit-price", "cheap"], None, 1, "invalid_request"),
-        (["--json", "-"], "{not json", 1, "invalid_json"),
-        (["--json", "-"], "[1]", 1, "invalid_request"),
+        (["--body", "-"], "{not json", 1, "invalid_json"),
+        (["--body", "-"], "[1]", 1, "invalid_request"),
         (["--order-no", "U1", "--sku", "{sku}", "--form-data", "{bad"], None, 2, "--form-data"),
         (["--order-no", "U1", "--sku", "{sku}", "--form-data", "[1]"], None, 2, "--form-data"),
         (["--order-no", "U1"], None, 2, "--sku"),
         (["--order-no", "U1", "--sku", "{sku}", "--quantity", "0"], None, 2, "--quantity"),
-        (["--order-no", "U1", "--json", "-"], "{}", 2, "either --json"),
+        (["--order-no", "U1", "--body", "-"], "{}", 2, "either --body"),
     ],
 )
 async def test_submit_refusals_exit_1_and_usage_errors_exit_2(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 import time
@@ -22,7 +23,8 @@ def procurd(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[
 
 
 def test_demo_delivers_both_orders_and_leaves_a_database(tmp_path: Path) -> None:
-    """The demo mirrors, orders an auto and a manual product, shows both delivered, and status works after."""
+    """The demo mirrors, orders an auto and a manual product, shows both delivered, and status works after;
+    the commands it suggests to explore further run as printed."""
     result = procurd("demo", "--dir", str(tmp_path / "demo"), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     out = result.stdout
@@ -35,6 +37,17 @@ def test_demo_delivers_both_orders_and_leaves_a_database(tmp_path: Path) -> None
     status = procurd("--config", str(config), "order", "show", "DEMO-AUTO-1")
     assert status.returncode == 0, status.stderr
     assert "delivered" in status.stdout
+    # The commands it suggests run as printed, from where the demo ran, with what started it.
+    suggested = out.split("Explore them with:\n", 1)[1].splitlines()
+    python = Path(sys.executable).name  # as printed when the PATH finds this very interpreter
+    assert {line.split(" --config ")[0] for line in suggested} <= {
+        f"  {python} -m procurd",
+        f"  {sys.executable} -m procurd",
+    }
+    assert len(suggested) == 3
+    for line in suggested:
+        shown = subprocess.run(shlex.split(line), cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        assert shown.returncode == 0, (line, shown.stderr)
 
 
 def test_a_second_demo_in_the_same_directory_starts_fresh(tmp_path: Path) -> None:

@@ -8,6 +8,9 @@ configuration file stay behind for ``procurd status`` and ``procurd order show``
 from __future__ import annotations
 
 import asyncio
+import shlex
+import shutil
+import sys
 import time
 from datetime import datetime
 from pathlib import Path
@@ -111,10 +114,26 @@ async def run_demo(directory: Path, console: Console) -> int:
             await daemon.shutdown()
     console.rule()
     console.print("The database and configuration stay behind. Explore them with:")
-    console.print(f"  procurd --config {config_path} status")
-    console.print(f"  procurd --config {config_path} order show DEMO-AUTO-1")
-    console.print(f"  procurd --config {config_path} exceptions list")
+    command = f"{invoked_as()} --config {shlex.quote(str(config_path))}"
+    for rest in ("status", "order show DEMO-AUTO-1", "exceptions list"):
+        console.print(f"  {command} {rest}", markup=False, highlight=False, soft_wrap=True)
     return 0
+
+
+def invoked_as() -> str:
+    """How to run this very procurd again from the same directory: ``procurd`` when that is what the
+    ``PATH`` finds, else the path it was started by (``.venv/bin/procurd``), or ``python -m procurd`` with
+    the interpreter that runs it."""
+    argv0 = sys.argv[0] if sys.argv else ""
+    if not argv0 or Path(argv0).name == "__main__.py":
+        python = sys.executable
+        on_path = shutil.which(Path(python).name)
+        same = on_path is not None and Path(on_path).resolve() == Path(python).resolve()
+        return f"{Path(python).name if same else shlex.quote(python)} -m procurd"
+    on_path = shutil.which("procurd")
+    if on_path is not None and Path(on_path).resolve() == Path(argv0).resolve():
+        return "procurd"
+    return shlex.quote(argv0)
 
 
 async def _upgrade(settings: Settings) -> None:
@@ -140,8 +159,9 @@ async def _show_catalogue(daemon: Daemon, console: Console) -> None:
     seconds = (report.finished_at - report.started_at).total_seconds() if report.finished_at else 0
     console.rule("catalogue mirror")
     console.print(
-        f"mirrored {report.categories} categories, {report.products} products and {report.skus} SKUs "
-        f"in {seconds:.2f} s ({report.pages} pages, {report.rows_written} rows written)"
+        f"mirrored {count(report.categories, 'category')}, {count(report.products, 'product')} and "
+        f"{count(report.skus, 'SKU')} in {seconds:.2f} s ({count(report.pages, 'page')}, "
+        f"{count(report.rows_written, 'row')} written)"
     )
 
 

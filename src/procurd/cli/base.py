@@ -22,6 +22,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 EXIT_CONFIG = 2
 EXIT_FAILURE = 1
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+QUIET = "critical"  # the level of a command whose answer is all a person at a terminal needs
 
 log = structlog.get_logger("procurd.cli")
 
@@ -53,7 +54,14 @@ class CliState:
             self._loaded[secrets] = settings
             register_secrets(known_secrets(settings))
         configured = settings.logging.level
-        level = self.log_level or (configured if daemon else max(configured, "warning", key=LOG_LEVELS.index))
+        if self.log_level is not None:
+            level = self.log_level
+        elif daemon:
+            level = configured
+        elif answer_only(self.log_level, self.log_format):
+            level = QUIET
+        else:
+            level = max(configured, "warning", key=LOG_LEVELS.index)
         configure_logging(level, self.log_format or settings.logging.format)
         return settings
 
@@ -68,6 +76,12 @@ class CliState:
             fail_usage(f"no upstream named {name!r} is configured (configured: {known})")
 
 
+def answer_only(log_level: str | None, log_format: str | None) -> bool:
+    """Whether a one-shot command shows its answer alone: on a terminal, unless ``--log-level`` or
+    ``--log-format`` asks for log lines (a pipe, a file or the journal gets warnings and worse)."""
+    return log_level is None and log_format is None and sys.stderr.isatty()
+
+
 def known_secrets(settings: Settings) -> list[str]:
     """Every secret value the settings hold (those read so far)."""
     return [
@@ -78,7 +92,9 @@ def known_secrets(settings: Settings) -> list[str]:
 
 
 def fail_config(message: str) -> NoReturn:
-    click.echo(f"procurd: configuration error\n{message}", err=True)
+    """``procurd: configuration error: PROBLEM``, or the heading and one line per problem."""
+    separator = "\n" if "\n" in message else ": "
+    click.echo(f"procurd: configuration error{separator}{message}", err=True)
     sys.exit(EXIT_CONFIG)
 
 
@@ -106,20 +122,21 @@ def _common_options(**extra: Any) -> list[Callable[[F], F]]:
         click.option(
             "--config",
             "config_path",
-            type=click.Path(dir_okay=False),
+            type=click.Path(),  # checked when read, with the same words as $PROCURD_CONFIG
             help="Configuration file (default: $PROCURD_CONFIG, ./procurd.toml, /etc/procurd/procurd.toml).",
             **extra,
         ),
         click.option(
             "--log-level",
             type=click.Choice(LOG_LEVELS),
-            help="Override [logging] level (one-shot commands log warnings and worse by default).",
+            help="Override [logging] level. One-shot commands show their answer alone on a terminal, and "
+            "log warnings and worse elsewhere, unless this or --log-format asks for log lines.",
             **extra,
         ),
         click.option(
             "--log-format",
             type=click.Choice(["json", "console", "auto"]),
-            help="Override [logging] format.",
+            help="Override [logging] format (auto: readable lines on a terminal, JSON elsewhere).",
             **extra,
         ),
     ]
@@ -146,7 +163,9 @@ def _group_options(group: F) -> F:
 def main(ctx: click.Context, config_path: str | None, log_level: str | None, log_format: str | None) -> None:
     """procurd: mirror upstream catalogues and procure paid orders over the signed upstream API."""
     ctx.obj = CliState(config_path, log_level, log_format)
-    configure_logging(log_level or "warning", log_format or "auto")
+    configure_logging(
+        log_level or (QUIET if answer_only(log_level, log_format) else "warning"), log_format or "auto"
+    )
 
 
 def run_command(coroutine: Coroutine[Any, Any, Any], as_json: bool = False) -> None:

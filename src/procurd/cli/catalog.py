@@ -16,6 +16,7 @@ from procurd.cli.base import EXIT_FAILURE, CliState, common_options, fail_usage,
 from procurd.config import Settings, UpstreamSettings
 from procurd.logs import log_stream
 from procurd.operations import open_operations
+from procurd.output import count
 
 if TYPE_CHECKING:
     from procurd.operations.catalog import SyncReport
@@ -136,10 +137,11 @@ def describe(report: SyncReport) -> str:
         else 0.0
     )
     line = (
-        f"{report.upstream}: {report.status} ({report.kind}) in {seconds:.1f}s: {report.pages} pages, "
-        f"{report.categories} categories, {report.products} products, {report.skus} SKUs; "
-        f"{report.added} added, {report.restored} restored, {report.changed} changed, "
-        f"{report.removed} removed, {report.rows_written} rows written"
+        f"{report.upstream}: {report.status} ({report.kind}) in {seconds:.1f}s: "
+        f"{count(report.pages, 'page')}, {count(report.categories, 'category')}, "
+        f"{count(report.products, 'product')}, {count(report.skus, 'SKU')}; {report.added} added, "
+        f"{report.restored} restored, {report.changed} changed, {report.removed} removed, "
+        f"{count(report.rows_written, 'row')} written"
     )
     if report.error:
         line += f"\n  {'removals blocked' if report.status == 'suspicious' else 'error'}: {report.error}"
@@ -169,8 +171,8 @@ async def _reprice_all(settings: Settings, upstreams: list[UpstreamSettings], pr
         for upstream in upstreams:
             (report,) = await operations.catalog.reprice(upstream.name)
             click.echo(
-                f"{upstream.name}: {report.priced} SKUs priced; {report.sku_prices_changed} SKU and "
-                f"{report.product_prices_changed} product prices changed; {len(report.new_holds)} held"
+                f"{upstream.name}: {count(report.priced, 'SKU')} priced; {report.sku_prices_changed} SKU "
+                f"and {report.product_prices_changed} product prices changed; {len(report.new_holds)} held"
             )
             for problem in report.problems:
                 click.echo(f"  problem: {problem}", err=True)

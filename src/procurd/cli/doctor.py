@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from procurd.cli.base import CliState, common_options, main, pass_state, run_async
+from procurd.cli.ping import failure_text
 from procurd.config import ConfigError, Settings, UpstreamSettings
 from procurd.operations import DatabaseError, InstallationError, check_database, open_operations
 from procurd.operations.housekeeping import alert_url_problems
@@ -109,7 +110,7 @@ def upstream_findings(upstream: UpstreamSettings, outcome: PingResult | Upstream
         return [Finding(False, subject, f"authentication failed: {outcome.code}", outcome.hint)]
     if isinstance(outcome, UpstreamError):
         fix = f"check base_url {upstream.base_url} and that this machine can reach it"
-        return [Finding(False, subject, f"no answer: {outcome}", fix)]
+        return [Finding(False, subject, f"no answer: {failure_text(outcome)}", fix)]
     site = f" at {outcome.site_name}" if outcome.site_name else ""
     findings = [
         Finding(True, subject, f"authenticated{site} ({upstream.base_url}), {outcome.latency_ms:.0f} ms")

@@ -84,7 +84,9 @@ def exceptions_retry(state: CliState, procurement_id: int, note: str | None, as_
     run_command(_act(state.settings(), procurement_id, "retry", note, as_json), as_json)
 
 
-@exceptions_group.command("retry-all")
+@exceptions_group.command(
+    "retry-all", options_metavar="(--reason REASON | --upstream NAME | --all) [OPTIONS]"
+)
 @click.option("--upstream", metavar="NAME", help="Only this upstream's exceptions.")
 @click.option(
     "--reason", metavar="REASON", help="Only this reason (max_attempts_exceeded, timestamp_expired ...)."

@@ -3,8 +3,8 @@ running or not).
 
 The same operations as the admin API: a submit is validated against the mirror and queued for the
 submitters, a cancel goes to the upstream first (through the budget every process shares). Human output
-is aligned text (:mod:`procurd.output`); ``--json`` or ``--output json`` (only the latter for ``submit``,
-whose ``--json`` reads a body) prints what the admin API would answer. Exit codes: 0 done, 1 refused or
+is aligned text (:mod:`procurd.output`); ``--json`` or ``--output json`` prints what the admin API would
+answer (``submit`` reads a whole request body with ``--body``). Exit codes: 0 done, 1 refused or
 failed (the reason on stderr), 2 usage or configuration.
 """
 
@@ -119,21 +119,51 @@ def order_group() -> None:
     """Orders accepted for procurement."""
 
 
-@order_group.command("submit")
-@click.option("--order-no", metavar="NO", help="The local (storefront) order number.")
-@click.option("--sku", "sku_id", type=int, metavar="ID", help="The upstream SKU id.")
+PRINT_JSON = "\0print"  # what --json stands for when given alone (its old use took a file name)
+
+
+@order_group.command(
+    "submit", options_metavar="(--order-no NO (--sku ID | --offer CODE) | --body FILE|-) [OPTIONS]"
+)
+@click.option(
+    "--order-no", metavar="NO", help="The local (storefront) order number. [required unless --body]"
+)
+@click.option(
+    "--sku", "sku_id", type=int, metavar="ID", help="The upstream SKU id. [this or --offer, unless --body]"
+)
 @click.option("--offer", metavar="CODE", help="An offer instead of a SKU (see procurd offers).")
-@click.option("--quantity", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--quantity", type=click.IntRange(min=1), default=1, show_default=True, help="How many to buy.")
 @click.option(
     "--upstream", metavar="NAME", help="The upstream (may be left out when only one is configured)."
 )
 @click.option("--max-unit-price", metavar="X", help='Refuse to buy above this unit price ("9.90").')
 @click.option("--form-data", metavar="JSON", help="manual_form_data as a JSON object (manual products).")
-@click.option("--trace-id", metavar="T")
 @click.option(
-    "--json", "body_file", type=click.File("rb"), metavar="FILE|-", help="The whole request body (as POSTed)."
+    "--trace-id",
+    metavar="ID",
+    help="A correlation id of yours, kept with the order, shown in its view and sent with its upstream "
+    "orders (trace_id).",
 )
-@click.option("--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.option(
+    "--body",
+    "body_file",
+    type=click.File("rb"),
+    metavar="FILE|-",
+    help="The whole request body as POSTed to /api/v1/orders (- reads it from standard input), instead of "
+    "--order-no, --sku or --offer and the item options.",
+)
+@click.option(
+    "--json",
+    "json_option_value",
+    is_flag=False,
+    flag_value=PRINT_JSON,
+    default=None,
+    metavar="",
+    help="Print JSON (what the admin API answers).",
+)
+@click.option(
+    "--output", type=click.Choice(["table", "json"]), help="table (the default) or json (as --json)."
+)
 @common_options
 @pass_state
 def order_submit(
@@ -147,17 +177,28 @@ def order_submit(
     form_data: str | None,
     trace_id: str | None,
     body_file: IO[bytes] | None,
-    output: str,
+    json_option_value: str | None,
+    output: str | None,
 ) -> None:
-    """Accept a locally paid order for procurement (it is queued for the workers; nothing is bought here)."""
+    """Accept a locally paid order for procurement (it is queued for the workers; nothing is bought here).
+
+    Give --order-no with --sku or --offer (and the item options), or --body with a whole request body.
+    """
+    as_json = json_option_value == PRINT_JSON or output == "json"
+    if json_option_value not in (None, PRINT_JSON):
+        # `--json FILE` was this command's request body before --body; it still works, with a note.
+        if body_file is not None:
+            fail_usage("give --body FILE|- once (--json FILE is its old spelling)")
+        click.echo("procurd: order submit --json FILE is deprecated: use --body FILE", err=True)
+        body_file = click.get_current_context().with_resource(click.open_file(json_option_value, "rb"))
     if body_file is not None:
         if order_no or sku_id is not None or offer is not None:
-            fail_usage("give either --json with a whole body, or --order-no and --sku (or --offer)")
+            fail_usage("give either --body with a whole body, or --order-no and --sku (or --offer)")
         raw = body_file.read()
     else:
         if not order_no or (sku_id is None) == (offer is None):
             fail_usage(
-                "--order-no and one of --sku or --offer are required (or --json FILE|- with a whole body)"
+                "--order-no and one of --sku or --offer are required (or --body FILE|- with a whole body)"
             )
         item: dict[str, Any] = {"quantity": quantity}
         if offer is not None:
@@ -175,7 +216,7 @@ def order_submit(
             body["trace_id"] = trace_id
         raw = json.dumps(body).encode()
     settings = state.settings()
-    run_command(_submit(settings, raw, output == "json"), output == "json")
+    run_command(_submit(settings, raw, as_json), as_json)
 
 
 def _form_data(value: str) -> dict[str, Any]:

@@ -37,15 +37,20 @@ async def _ping_all(settings: Settings, upstreams: list[UpstreamSettings], failu
                 failures.append(upstream.name)
 
 
+def failure_text(error: UpstreamError) -> str:
+    """What went wrong, without the upstream's name (the line names it already): ``HTTP 502 CODE: TEXT``."""
+    status = f"HTTP {error.http_status} " if error.http_status is not None else ""
+    message = f": {error.message}" if error.message else ""
+    return f"{status}{error.code}{message}"
+
+
 def show_ping(upstream: UpstreamSettings, outcome: PingResult | UpstreamError) -> bool:
     """Print what a ping found; whether it succeeded."""
     if isinstance(outcome, AuthError):
         click.echo(f"{upstream.name}: authentication failed: {outcome.code}: {outcome.hint}", err=True)
         return False
     if isinstance(outcome, UpstreamError):
-        status = f"HTTP {outcome.http_status} " if outcome.http_status is not None else ""
-        message = f": {outcome.message}" if outcome.message else ""
-        click.echo(f"{upstream.name}: {status}{outcome.code}{message}", err=True)
+        click.echo(f"{upstream.name}: {failure_text(outcome)}", err=True)
         return False
     level = "none"
     if outcome.member_level is not None:

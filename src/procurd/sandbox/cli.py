@@ -3,20 +3,19 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import signal
-import sys
 from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
 import click
-import structlog
 
+from procurd.logs import configure_logging
 from procurd.sandbox.config import DEFAULT_API_SECRET, SandboxConfig
 from procurd.sandbox.server import Sandbox
 
-LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+LOG_FORMATS = ("json", "console", "auto")
 
 
 def parse_delays(text: str) -> tuple[float, ...]:
@@ -52,23 +51,6 @@ def _read_secret(api_secret: str | None, api_secret_file: Path | None) -> str:
             raise click.BadParameter(f"{api_secret_file} is empty")
         return secret
     return api_secret if api_secret is not None else DEFAULT_API_SECRET
-
-
-def _configure_logging(level: str) -> None:
-    """A console log on stderr, unless the application already configured structlog."""
-    if structlog.is_configured():
-        return
-    structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty()),
-        ],
-        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
-        cache_logger_on_first_use=True,
-    )
 
 
 def describe_listener(config: SandboxConfig, base_url: str) -> str:
@@ -150,7 +132,20 @@ async def serve(config: SandboxConfig, host: str, port: int, on_ready: Callable[
     is_flag=True,
     help="List every product whatever GET /products?updated_after= asks, like an older site.",
 )
-@click.option("--log-level", type=click.Choice(LOG_LEVELS), default="info", show_default=True)
+@click.option(
+    "--log-level",
+    type=click.Choice(LOG_LEVELS),
+    default="info",
+    show_default=True,
+    help="Log this and worse.",
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(LOG_FORMATS),
+    default="auto",
+    show_default=True,
+    help="json, console, or auto (readable lines on a terminal, JSON elsewhere), as procurd's own.",
+)
 def sandbox_command(
     host: str,
     port: int,
@@ -171,6 +166,7 @@ def sandbox_command(
     balance_failure: str,
     ignore_updated_after: bool,
     log_level: str,
+    log_format: str,
 ) -> None:
     """Run a faithful upstream site (signed procurement API) on loopback for trying procurd out."""
     config = SandboxConfig(
@@ -192,7 +188,7 @@ def sandbox_command(
         else "payment_failed",
         honour_updated_after=not ignore_updated_after,
     )
-    _configure_logging(log_level)
+    configure_logging(log_level, log_format)
     try:
         asyncio.run(serve(config, host, port, lambda url: click.echo(describe_listener(config, url))))
     except OSError as exc:
