@@ -184,18 +184,29 @@ async def test_spend_and_margin_per_day_are_the_amounts_of_the_database(history:
 
 
 async def test_balance_chart_and_runway_follow_the_pings_and_the_spend(history: History) -> None:
-    """The balance chart lists the balance of every hour a ping changed it, the last one the status
-    report's; spend_24h is the amount submitted since the current hour's start 23 hours ago, and the runway
-    is the balance divided by that spend per hour, in the status report and beside the chart."""
+    """The balance chart's table gives each day's lowest and last balance as the pings left it (the last one
+    the status report's); spend_24h is the amount submitted since the current hour's start 23 hours ago, and
+    the runway is the balance divided by that spend per hour, in the status report and beside the chart."""
     page = await history.client.get("/ui/")
     charts = shown_charts(page.text)
-    shown = hours_of(charts, "balance")
+    shown = days_of(charts, "balance")
     status = (await history.stack.admin("GET", "/api/v1/status")).body
     [main] = status["upstreams"]
     now = datetime.fromisoformat(status["generated_at"].replace("Z", "+00:00"))
-    expected = {hour_of(now - timedelta(hours=ago)): f"{balance} CNY" for ago, balance in BALANCES.items()}
-    expected[hour_of(now)] = f"{main['last_ping']['balance']} CNY"
-    assert {hour: row["Balance"] for hour, row in shown.items()} == expected
+    pings = {hour_of(now - timedelta(hours=ago)): Decimal(balance) for ago, balance in BALANCES.items()}
+    pings[hour_of(now)] = Decimal(main["last_ping"]["balance"])
+    held: dict[datetime, list[Decimal]] = {}  # each day's balance hour by hour, held from ping to ping
+    last = None
+    for index in range(7 * 24 - 1, -1, -1):
+        hour = hour_of(now) - HOUR * index
+        last = pings.get(hour, last)
+        if last is not None:
+            held.setdefault(hour.replace(hour=0), []).append(last)
+    expected = {
+        day: {"Day (UTC)": f"{day:%Y-%m-%d}", "Lowest": f"{min(values)} CNY", "Last": f"{values[-1]} CNY"}
+        for day, values in held.items()
+    }
+    assert shown == expected
     found = await counted(history.stack.runtime.database, "main")
     spent = found.money(window_start(now), now + HOUR)[0]
     assert Decimal(main["spend_24h"]) == spent > 0
@@ -307,8 +318,8 @@ async def test_a_downstream_accounts_page_has_the_charts_of_its_orders_and_walle
             assert (whole(row["Paid"]), whole(row["With a selling price"])) == (paid, priced)
             if priced:
                 assert Decimal(row["Margin"].split()[0]) == margin
-        balances = hours_of(charts, "balance")
-        last = balances[max(balances)]["Balance"]
+        balances = days_of(charts, "balance")
+        last = balances[max(balances)]["Last"]
         assert last == f"{account['balance']} {account['currency']}"
         figures = chart(charts, "balance").figures
         assert f"Balance: {account['balance']} {account['currency']}." in figures

@@ -135,6 +135,7 @@ async def test_metrics_expose_the_procurd_series(stack: Stack) -> None:
         "procurd_procurements{", "procurd_oldest_queued_seconds", "procurd_upstream_healthy",
         "procurd_upstream_balance", "procurd_upstream_last_ping", "procurd_catalog_last_sync",
         "procurd_storefront_events_pending", "procurd_exceptions{", "procurd_instances_alive",
+        "procurd_upstream_spend_24h", "procurd_upstream_runway",
     )  # fmt: skip
     for line in metrics.splitlines():
         if line.startswith("procurd_"):

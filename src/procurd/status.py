@@ -86,12 +86,12 @@ def _facts(
         row = tx.mirror.last_run(name)
         syncs[name] = None if row is None else SyncReport.from_row(row)
     return _Facts(
-        queue=store.queue_counts(),
-        oldest=store.oldest_queued(),
+        queue=tx.charts.states(),  # from the hourly rollup, not a count of every procurement
+        oldest=tx.charts.oldest_queued(upstreams),
         health=tx.health.all(),
         events_pending=store.pending_events(),
         syncs=syncs,
-        exceptions=store.exception_reasons(),
+        exceptions=tx.charts.exception_reasons(upstreams),
         instances=tx.instances.all(),
         alerts_last_day=tx.alerts.count_since(day_ago),
         last_reconcile=tx.reconcile.last_finished(),

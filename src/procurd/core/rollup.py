@@ -173,16 +173,25 @@ def difference(
 # --- reading back ------------------------------------------------------------------------------------------
 
 
+_OUTCOME_COLUMNS: Final = {
+    name: tuple(STATE_COLUMNS[state] for state, outcome in OUTCOME_OF.items() if outcome == name)
+    for name in OUTCOMES
+}
+DAY_COLUMNS: Final = (*COUNT_COLUMNS, *MONEY_COLUMNS)  # what the charts of days read
+
+
 @dataclass(frozen=True, slots=True)
 class Hour:
-    """One hour of the rollup, summed over the instances that wrote it (counts, and money per currency)."""
+    """One hour (or one day) of the rollup, summed over the instances that wrote it: counts, and money per
+    currency."""
 
     hour: datetime
     counts: Mapping[str, int]
-    money: Mapping[str, Mapping[str, int]]  # currency: {spend_micros, sold_micros, sold_cost_micros, ...}
+    money: Mapping[str, Mapping[str, int]]  # currency: {spend_micros, sold_micros, sold_cost_micros}
 
     def outcome(self, name: str) -> int:
-        return sum(self.counts.get(STATE_COLUMNS[state], 0) for state, o in OUTCOME_OF.items() if o == name)
+        counts = self.counts
+        return sum(counts.get(column, 0) for column in _OUTCOME_COLUMNS[name])
 
     @property
     def taken_in(self) -> int:
@@ -193,25 +202,24 @@ class Hour:
         return sum(self.counts.get(column, 0) for column in DELIVERY_COLUMNS)
 
 
-def hours_from_rows(rows: Iterable[Mapping[str, object]]) -> dict[datetime, Hour]:
-    """Rows of ``procurement_hours`` (any number per hour: one per currency and writer) as one :class:`Hour`
-    per hour."""
+def hours_from_rows(rows: Iterable[Sequence[object]], columns: Sequence[str]) -> dict[datetime, Hour]:
+    """Rows ``(hour, currency, *values of columns)`` of the rollup, any number per hour (one per currency),
+    as one :class:`Hour` per hour."""
     counts: dict[datetime, dict[str, int]] = {}
     money: dict[datetime, dict[str, dict[str, int]]] = {}
-    for row in rows:
-        hour = row["hour"]
+    money_at = {index for index, column in enumerate(columns) if column in MONEY_COLUMNS}
+    for hour, currency, *values in rows:
         assert isinstance(hour, datetime)
-        currency = str(row["currency"] or "")
         into = counts.setdefault(hour, {})
-        for column in (*COUNT_COLUMNS, *DELIVERY_COLUMNS):
-            value = int(row.get(column) or 0)  # type: ignore[call-overload]
-            if value:
-                into[column] = into.get(column, 0) + value
-        for column in MONEY_COLUMNS:
-            value = int(row.get(column) or 0)  # type: ignore[call-overload]
-            if value:
-                per = money.setdefault(hour, {}).setdefault(currency, {})
-                per[column] = per.get(column, 0) + value
+        for index, value in enumerate(values):
+            if not value:
+                continue
+            column = columns[index]
+            if index in money_at:
+                per = money.setdefault(hour, {}).setdefault(str(currency or ""), {})
+                per[column] = per.get(column, 0) + int(value)  # type: ignore[call-overload]
+            else:
+                into[column] = into.get(column, 0) + int(value)  # type: ignore[call-overload]
     return {hour: Hour(hour, counts[hour], money.get(hour, {})) for hour in sorted(counts)}
 
 

@@ -8,14 +8,24 @@ currency and writer) of the rollup, never the procurements themselves.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import Any, Final
 
-from sqlalchemy import Connection, Insert, RowMapping, bindparam, func, select
+from sqlalchemy import Connection, Insert, Select, bindparam, func, select, type_coerce
 
-from procurd.core.rollup import VALUE_COLUMNS, Deltas, from_micros, hour_of, hour_start
-from procurd.db.schema import procurement_hours, provider_ledger, upstream_balances
+from procurd.core.procurement import State
+from procurd.core.rollup import (
+    DAY_COLUMNS,
+    STATE_COLUMNS,
+    VALUE_COLUMNS,
+    Deltas,
+    from_micros,
+    hour_of,
+    hour_start,
+)
+from procurd.db.schema import procurement_hours, procurements, provider_ledger, upstream_balances
+from procurd.db.types import UtcDateTime
 
 _HOURS: Final = procurement_hours.c
 _LEDGER_ORDER_KINDS: Final = ("order", "refund")
@@ -63,6 +73,44 @@ def _balance_statement(connection: Connection) -> Insert:
     return statement
 
 
+def _day(value: Any) -> datetime:
+    """A day as the database gives it (a date, a timestamp or ``YYYY-MM-DD``), as its UTC midnight."""
+    if isinstance(value, str):
+        return datetime.fromisoformat(value[:10]).replace(tzinfo=UTC)
+    if isinstance(value, datetime):
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    assert isinstance(value, date)
+    return datetime(value.year, value.month, value.day, tzinfo=UTC)
+
+
+# Built once: a statement of many columns costs more to build and to key for the cache than to run.
+_IN_WINDOW = (
+    _HOURS.upstream.in_(bindparam("upstreams", expanding=True)),
+    _HOURS.account_id == bindparam("account"),
+    _HOURS.hour >= bindparam("since", type_=UtcDateTime()),
+)
+_HOURS_SINCE = (
+    select(_HOURS.hour, _HOURS.currency, *(func.sum(_HOURS[name]) for name in VALUE_COLUMNS))
+    .where(*_IN_WINDOW)
+    .group_by(_HOURS.hour, _HOURS.currency)
+    .order_by(_HOURS.hour)
+)
+_DAYS_SINCE: dict[str, Select[Any]] = {}
+
+
+def _days_since(dialect: str) -> Select[Any]:
+    day: Any
+    if dialect == "postgresql":
+        day = func.date_trunc("day", func.timezone("UTC", _HOURS.hour))
+    else:
+        day = func.substr(_HOURS.hour, 1, 10)  # stored as "YYYY-MM-DD HH:MM:SS.ffffff" (UTC)
+    return (
+        select(day.label("day"), _HOURS.currency, *(func.sum(_HOURS[name]) for name in DAY_COLUMNS))
+        .where(*_IN_WINDOW)
+        .group_by(day, _HOURS.currency)
+    )
+
+
 class ChartStore:
     def __init__(self, connection: Connection) -> None:
         self.connection = connection
@@ -87,23 +135,60 @@ class ChartStore:
 
     # --- reading ----------------------------------------------------------------------------------------
 
-    def hours(
-        self,
-        upstreams: Sequence[str],
-        account_id: int,
-        since: datetime,
-        columns: Sequence[str] = VALUE_COLUMNS,
-    ) -> list[RowMapping]:
-        """The rollup's rows of ``upstreams`` (``account_id`` 0: every order; another: that downstream
-        account's) from the hour ``since`` on, summed over upstreams and writers: one row per hour and
-        currency."""
+    def hours(self, upstreams: Sequence[str], account_id: int, since: datetime) -> list[tuple[Any, ...]]:
+        """The rollup of ``upstreams`` (``account_id`` 0: every order; another: that downstream account's)
+        from the hour ``since`` on, summed over upstreams and writers: ``(hour, currency, *VALUE_COLUMNS)``
+        per hour and currency."""
+        bind = {"upstreams": list(upstreams), "account": account_id, "since": since}
+        return [tuple(row) for row in self.connection.execute(_HOURS_SINCE, bind)]
+
+    def days(self, upstreams: Sequence[str], account_id: int, since: datetime) -> list[tuple[Any, ...]]:
+        """:meth:`hours` summed by UTC day in the database: ``(day, currency, *DAY_COLUMNS)``."""
+        dialect = self.connection.dialect.name
+        statement = _DAYS_SINCE.get(dialect)
+        if statement is None:
+            statement = _DAYS_SINCE[dialect] = _days_since(dialect)
+        bind = {"upstreams": list(upstreams), "account": account_id, "since": since}
+        return [(_day(row[0]), *row[1:]) for row in self.connection.execute(statement, bind)]
+
+    def states(self) -> dict[tuple[str, str], int]:
+        """Procurements by upstream and state, from the rollup (its rows of every hour, not the
+        procurements): ``(upstream, state)`` to how many."""
+        columns = [(state, _HOURS[column]) for state, column in STATE_COLUMNS.items()]
         statement = (
-            select(_HOURS.hour, _HOURS.currency, *(func.sum(_HOURS[name]).label(name) for name in columns))
-            .where(_HOURS.upstream.in_(upstreams), _HOURS.account_id == account_id, _HOURS.hour >= since)
-            .group_by(_HOURS.hour, _HOURS.currency)
-            .order_by(_HOURS.hour)
+            select(_HOURS.upstream, *(func.sum(column) for _, column in columns))
+            .where(_HOURS.account_id == 0, _HOURS.currency == "")
+            .group_by(_HOURS.upstream)
         )
-        return [row._mapping for row in self.connection.execute(statement)]
+        counts = {}
+        for upstream, *values in self.connection.execute(statement):
+            for (state, _), value in zip(columns, values, strict=True):
+                if value:
+                    counts[(str(upstream), state.value)] = int(value)
+        return counts
+
+    def oldest_queued(self, upstreams: Sequence[str]) -> dict[str, datetime]:
+        """When the oldest queued procurement of each upstream was taken in (through the index of queued
+        procurements by upstream: as many rows as are queued)."""
+        statement = (
+            select(procurements.c.upstream, type_coerce(func.min(procurements.c.created_at), UtcDateTime()))
+            .where(procurements.c.upstream.in_(upstreams), procurements.c.state == State.QUEUED.value)
+            .group_by(procurements.c.upstream)
+        )
+        return {upstream: at for upstream, at in self.connection.execute(statement) if at is not None}
+
+    def exception_reasons(self, upstreams: Sequence[str]) -> dict[str, dict[str, int]]:
+        """Open exceptions per upstream and reason (through the index by upstream and state: as many rows
+        as are open)."""
+        statement = (
+            select(procurements.c.upstream, procurements.c.exception_reason, func.count())
+            .where(procurements.c.upstream.in_(upstreams), procurements.c.state == State.EXCEPTION.value)
+            .group_by(procurements.c.upstream, procurements.c.exception_reason)
+        )
+        counts: dict[str, dict[str, int]] = {}
+        for upstream, reason, count in self.connection.execute(statement):
+            counts.setdefault(upstream, {})[reason or "unknown"] = int(count)
+        return counts
 
     def spend_since(self, upstream: str, since: datetime, account_id: int = 0) -> dict[str, Decimal]:
         """The upstream amounts of the procurements submitted from the hour ``since`` on that the upstream

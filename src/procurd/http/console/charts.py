@@ -27,6 +27,7 @@ TOP: Final = 10
 BOTTOM: Final = 22  # room for the x axis' labels
 PLOT_W: Final = WIDTH - LEFT - RIGHT
 PLOT_H: Final = HEIGHT - TOP - BOTTOM
+HOVER_AREAS: Final = 28  # at most this many areas of a line answer a hover
 _ID_UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
 
 
@@ -53,7 +54,7 @@ class Point:
     """One bar (or one x position): its label for people, and a value per series (``None``: no value)."""
 
     label: str
-    values: tuple[Decimal | None, ...]
+    values: tuple[Decimal | int | None, ...]
     note: str = ""  # more words for the bar's tooltip
 
 
@@ -96,14 +97,16 @@ def nice_ceiling(value: Decimal | float) -> Decimal:
 
 def number(value: Decimal | int) -> str:
     """A count or amount for a label: ``1,204``, ``12.5``, ``0.25``."""
-    amount = Decimal(value).normalize()
+    if isinstance(value, int):
+        return f"{value:,}"
+    amount = value.normalize()
     if amount == amount.to_integral_value():
         return f"{int(amount):,}"
     return f"{amount:,f}"
 
 
 def _f(value: float) -> str:
-    return f"{value:.1f}".rstrip("0").rstrip(".")
+    return f"{value:.1f}"
 
 
 def _rect(kind: str, x: float, y: float, width: float, height: float, inner: str = "") -> str:
@@ -286,29 +289,40 @@ def step_line(
     fill the first ones, up to ``now`` (a fractional slot index); a projection may run on into the rest."""
     values = [v for p in points for v in p.values[:1] if v is not None]
     high = nice_ceiling(max([*values, projection.value if projection else Decimal(0)], default=Decimal(0)))
-    low = min([Decimal(0), *values])
-    if low < 0:
-        low = -nice_ceiling(-low)
+    lowest = min([Decimal(0), *values])
+    low = -nice_ceiling(-lowest) if lowest < 0 else Decimal(0)
     parts = _open(title, desc, ident, "line")
     _y_axis(parts, low, high)
     slot = PLOT_W / max(slots, 1)
     right = WIDTH - RIGHT
     end = LEFT + slot * now if now is not None else right
-    path: list[tuple[float, float]] = []
+    # Runs of the same value: one step of the line and one area that answers a hover, each.
+    runs: list[tuple[int, int, Point]] = []  # first index, last index, the point that began the run
     for index, point in enumerate(points):
-        value = point.values[0]
-        if value is None:
-            if path:
-                parts.append(_polyline(series.kind, path))
+        if runs and runs[-1][1] == index - 1 and runs[-1][2].values[0] == point.values[0]:
+            runs[-1] = (runs[-1][0], index, runs[-1][2])
+        elif point.values[0] is not None:
+            runs.append((index, index, point))
+    path: list[tuple[float, float]] = []
+    for number_of_run, (first, last, point) in enumerate(runs):
+        y = _y(point.values[0] or 0, low, high)
+        if path and runs[number_of_run - 1][1] != first - 1:  # a gap: the line stops
+            parts.append(_polyline(series.kind, path))
             path = []
-            continue
-        y = _y(value, low, high)
-        path += [(LEFT + slot * index, y), (min(LEFT + slot * (index + 1), end), y)]
+        path += [(LEFT + slot * first, y), (min(LEFT + slot * (last + 1), end), y)]
     if path:
         parts.append(_polyline(series.kind, path))
-    for index, point in enumerate(points):  # each hour answers a hover with its value
-        if point.values[0] is not None:
-            parts.append(_rect("hover", LEFT + slot * index, TOP, slot, PLOT_H, _tooltip(point, (series,))))
+    if len(runs) > HOVER_AREAS:  # many changes: an area per block of slots, with its last value
+        size = -(-len(points) // HOVER_AREAS)
+        blocks = [(first, min(first + size, len(points)) - 1) for first in range(0, len(points), size)]
+        runs = [(first, last, points[last]) for first, last in blocks if points[last].values[0] is not None]
+    for first, last, point in runs:
+        width = min(LEFT + slot * (last + 1), end) - (LEFT + slot * first)
+        label = point.label if first == last else f"{points[first].label} to {points[last].label}"
+        held = Point(label, point.values, point.note)
+        parts.append(
+            _rect("hover", LEFT + slot * first, TOP, max(width, 1), PLOT_H, _tooltip(held, (series,)))
+        )
     if now is not None:
         parts.append(_line("now", end, TOP, end, TOP + PLOT_H))
     if projection is not None:

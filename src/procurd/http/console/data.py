@@ -16,7 +16,7 @@ from procurd.alerts import alert_view
 from procurd.config import ProviderSettings, UpstreamSettings
 from procurd.core.orders import fulfillment_view, iso
 from procurd.core.provider import AmountError, cents_text, to_cents
-from procurd.core.rollup import HOUR, hour_of, hours_from_rows, runway_hours
+from procurd.core.rollup import DAY_COLUMNS, HOUR, VALUE_COLUMNS, hour_of, hours_from_rows, runway_hours
 from procurd.db.console_store import CatalogSlice, OrderSummary
 from procurd.db.stores import Tx
 from procurd.db.types import utcnow
@@ -137,23 +137,29 @@ def _balance_hours(
 async def upstream_pulses(runtime: Runtime, statuses: Sequence[dict[str, Any]]) -> dict[str, list[Chart]]:
     """Each upstream's charts: one read of its hourly rollup (30 days) and of its balance (7 days)."""
     now = utcnow()
-    since = pulse.day_of(now) - timedelta(days=pulse.DAYS_SHOWN - 1)
+    hours_since, days_since = pulse.windows(now)
     balance_since = hour_of(now) - HOUR * (pulse.BALANCE_DAYS * 24 - 1)
     names = [entry["name"] for entry in statuses]
 
-    def read(tx: Tx) -> dict[str, tuple[Any, Any]]:
+    def read(tx: Tx) -> dict[str, tuple[Any, Any, Any]]:
+        charts = tx.charts
         return {
-            name: (tx.charts.hours([name], 0, since), tx.charts.balances(name, balance_since))
+            name: (
+                charts.hours([name], 0, hours_since),
+                charts.days([name], 0, days_since),
+                charts.balances(name, balance_since),
+            )
             for name in names
         }
 
     found = await runtime.database.read(read)
     pulses = {}
     for entry in statuses:
-        rows, samples = found[entry["name"]]
+        hours, days, samples = found[entry["name"]]
         ping = entry["last_ping"]
         facts = pulse.PulseFacts(
-            name=entry["name"], now=now, hours=hours_from_rows(rows),
+            name=entry["name"], now=now, hours=hours_from_rows(hours, VALUE_COLUMNS),
+            days=hours_from_rows(days, DAY_COLUMNS),
             balances=_balance_hours(samples, balance_since), balance=_decimal(ping["balance"]),
             currency=ping["currency"], spend_24h=_decimal(entry["spend_24h"]) or Decimal(0),
             runway_hours=entry["runway_hours"], runway_alert_hours=entry["runway_alert_hours"],
@@ -410,24 +416,26 @@ async def account_pulse(operations: Operations, account: Mapping[str, Any]) -> l
     its wallet from its ledger (one index seek per hour) with its runway at the last 24 h's spend."""
     runtime = operations.runtime
     now = utcnow()
-    since = pulse.day_of(now) - timedelta(days=pulse.DAYS_SHOWN - 1)
+    hours_since, days_since = pulse.windows(now)
     start = hour_of(now) - HOUR * (pulse.BALANCE_DAYS * 24 - 1)
     ends = [min(start + HOUR * (index + 1), now) for index in range(pulse.BALANCE_DAYS * 24)]
     upstreams = [upstream.name for upstream in operations.settings.upstreams]
     account_id = int(account["id"])
 
-    def read(tx: Tx) -> tuple[Any, list[int | None], int]:
+    def read(tx: Tx) -> tuple[Any, Any, list[int | None], int]:
         return (
-            tx.charts.hours(upstreams, account_id, since),
+            tx.charts.hours(upstreams, account_id, hours_since),
+            tx.charts.days(upstreams, account_id, days_since),
             tx.charts.wallet_at(account_id, ends),
             tx.charts.wallet_spend(account_id, now - timedelta(hours=24)),
         )
 
-    rows, wallet, spent_cents = await runtime.database.read(read)
+    hours, days, wallet, spent_cents = await runtime.database.read(read)
     balance = _decimal(account["balance"])
     spent = Decimal(cents_text(spent_cents))
     facts = pulse.PulseFacts(
-        name=f"account-{account_id}", now=now, hours=hours_from_rows(rows),
+        name=f"account-{account_id}", now=now, hours=hours_from_rows(hours, VALUE_COLUMNS),
+        days=hours_from_rows(days, DAY_COLUMNS),
         balances=[None if cents is None else Decimal(cents_text(cents)) for cents in wallet],
         balance=balance, currency=account["currency"], spend_24h=spent,
         runway_hours=runway_hours(balance, spent), runway_alert_hours=None, wallet="account's wallet",

@@ -57,7 +57,8 @@ class PulseFacts:
 
     name: str  # the upstream's, or the account's (for the elements' ids)
     now: datetime
-    hours: Mapping[datetime, Hour]  # the rollup from 30 days back (hours without a row have none)
+    hours: Mapping[datetime, Hour]  # the rollup's last 24 hours (an hour without a row has none)
+    days: Mapping[datetime, Hour]  # the rollup's last 30 days, summed by day (from midnight UTC)
     balances: Sequence[Decimal | None]  # the wallet at the end of each hour of the last 7 days
     balance: Decimal | None  # the last known balance
     currency: str | None  # the wallet's currency
@@ -70,6 +71,11 @@ class PulseFacts:
 
 def day_of(moment: datetime) -> datetime:
     return moment.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+
+
+def windows(now: datetime) -> tuple[datetime, datetime]:
+    """Where the charts of hours and of days begin: 23 hours before the current one, 29 days before today."""
+    return hour_of(now) - HOUR * (HOURS_SHOWN - 1), day_of(now) - DAY * (DAYS_SHOWN - 1)
 
 
 def duration_text(seconds: int | None) -> str:
@@ -123,18 +129,13 @@ def _last_days(facts: PulseFacts) -> list[datetime]:
 
 
 def _by_day(facts: PulseFacts) -> dict[datetime, list[Hour]]:
-    days: dict[datetime, list[Hour]] = {}
-    for moment, hour in facts.hours.items():
-        days.setdefault(day_of(moment), []).append(hour)
-    return days
+    return {day: [summed] for day, summed in facts.days.items()}
 
 
 def _outcome_point(label: str, hours: Sequence[Hour | None]) -> Point:
     counts = _outcomes(hours)
     total = sum(counts.values())
-    return Point(
-        label, tuple(Decimal(counts[s]) for s in OUTCOMES), f"{_plural(total, 'procurement')} in all"
-    )
+    return Point(label, tuple(counts[s] for s in OUTCOMES), f"{_plural(total, 'procurement')} in all")
 
 
 def hourly(facts: PulseFacts) -> Chart:
@@ -272,14 +273,16 @@ def balance(facts: PulseFacts) -> Chart:
     now_at = (facts.now - start) / HOUR
     currency = facts.currency
     points = []
-    rows = []
-    previous: Decimal | None = None
+    days: dict[datetime, list[Decimal]] = {}
     for index, value in enumerate(facts.balances[-past:]):
         hour = start + HOUR * index
         points.append(Point(f"{hour:%d %b %H:00} UTC", (value,)))
-        if value is not None and value != previous:
-            rows.append((f"{hour:%Y-%m-%d %H:00}", _money(value, currency)))
-        previous = value
+        if value is not None:
+            days.setdefault(day_of(hour), []).append(value)
+    rows = [
+        (f"{day:%Y-%m-%d}", _money(min(values), currency), _money(values[-1], currency))
+        for day, values in days.items()
+    ]
     runway = facts.runway_hours
     projection = None
     if facts.balance is not None and runway is not None:
@@ -316,14 +319,14 @@ def balance(facts: PulseFacts) -> Chart:
             past + ahead, projection, now_at,
         ),
         (Series("balance", "balance"), Series("at the last 24 h's spend", "projection")),
-        tuple(figures), ("Hour (UTC)", "Balance"), tuple(rows),
+        tuple(figures), ("Day (UTC)", "Lowest", "Last"), tuple(rows),
     )  # fmt: skip
 
 
 def spend(facts: PulseFacts) -> Chart:
     days = _last_days(facts)
     by_day = _by_day(facts)
-    currency = facts.spend_currency or facts.currency or _main_currency(facts.hours.values())
+    currency = facts.spend_currency or facts.currency or _main_currency(facts.days.values())
     totals = {"spend_micros": 0, "sold_micros": 0, "sold_cost_micros": 0, "n_paid": 0, "n_priced": 0}
     points = []
     rows = []
