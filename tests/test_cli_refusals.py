@@ -67,13 +67,12 @@ async def test_a_database_path_from_the_environment_blames_the_variable(tmp_path
 
 
 async def test_a_database_never_set_up_is_named_and_not_created(tmp_path: Path) -> None:
-    """`status` (and `run`, and `order show`) on a SQLite file that does not exist say so with its path and
-    the command that creates it, exit 1, and leave no file behind; only `db upgrade` creates it."""
+    """`status` (and `run`) on a SQLite file that does not exist say so with its path and the command that
+    creates it, exit 1, and leave no file behind; only `db upgrade` creates it."""
     database = tmp_path / "data" / "procurd.db"
     config = write_config(tmp_path, sqlite_url(database))
     expected = f"the database {database} does not exist: run `procurd db upgrade` to create it"
     assert await one_line("--config", str(config), "status") == (1, f"procurd: {expected}")
-    assert await one_line("--config", str(config), "order", "show", "A1") == (1, f"procurd: {expected}")
     assert await one_line("--config", str(config), "run") == (1, f"procurd: not starting: {expected}")
     assert sorted(path.name for path in (tmp_path / "data").iterdir()) == []
     assert await one_line("--config", str(config), "db", "upgrade") == (
@@ -136,12 +135,13 @@ async def test_an_unknown_key_suggests_the_known_one(tmp_path: Path) -> None:
 # --- a one-shot command on a terminal, and its log -------------------------------------------------------
 
 
-async def test_a_one_shot_command_on_a_terminal_prints_its_answer_alone(tmp_path: Path) -> None:
+async def test_a_one_shot_command_on_a_terminal_prints_its_answer_alone(
+    database_url: str, tmp_path: Path
+) -> None:
     """`procurd ping` refused for a wrong secret prints one line on a terminal, exit 1; with --log-level the
     log line comes too, in the format asked for; on a pipe the log (JSON) is on stderr before the line."""
     async with Sandbox(SandboxConfig(products=2, allow_private_callbacks=True)) as sandbox:
-        config = write_config(tmp_path, sqlite_url(tmp_path / "procurd.db"), ("main", sandbox))
-        assert (await run_procurd("--config", str(config), "db", "upgrade", env=environment()))[0] == 0
+        config = write_config(tmp_path, database_url, ("main", sandbox))
         env = environment(PROCURD_UPSTREAMS__MAIN__API_SECRET="not-the-secret")
         refusal = (
             "main: authentication failed: invalid_signature: check api_secret of main (it is shown once, "
@@ -161,10 +161,9 @@ async def test_a_one_shot_command_on_a_terminal_prints_its_answer_alone(tmp_path
         assert [json.loads(line)["event"] for line in log] == ["upstream.auth_refused"]
 
 
-async def test_an_unreachable_upstream_is_named_once(tmp_path: Path) -> None:
+async def test_an_unreachable_upstream_is_named_once(database_url: str, tmp_path: Path) -> None:
     """`ping`, `doctor` and `status` name an upstream that does not answer once, not twice."""
-    config = write_config(tmp_path, sqlite_url(tmp_path / "procurd.db"))
-    assert (await run_procurd("--config", str(config), "db", "upgrade", env=environment()))[0] == 0
+    config = write_config(tmp_path, database_url)
     code, line = await one_line("--config", str(config), "ping")
     assert code == 1
     assert line.startswith("main: network_error: cannot connect: "), line
@@ -183,13 +182,12 @@ async def test_an_unreachable_upstream_is_named_once(tmp_path: Path) -> None:
 # --- words ------------------------------------------------------------------------------------------------
 
 
-async def test_counts_agree_with_their_nouns(tmp_path: Path) -> None:
+async def test_counts_agree_with_their_nouns(database_url: str, tmp_path: Path) -> None:
     """A pass of a catalogue that fits one page says "1 page" and "2 products"."""
     async with Sandbox(
         SandboxConfig(products=2, skus_per_product=1, allow_private_callbacks=True)
     ) as sandbox:
-        config = write_config(tmp_path, sqlite_url(tmp_path / "procurd.db"), ("main", sandbox))
-        assert (await run_procurd("--config", str(config), "db", "upgrade", env=environment()))[0] == 0
+        config = write_config(tmp_path, database_url, ("main", sandbox))
         code, line = await one_line("--config", str(config), "catalog", "sync", "--no-progress")
     assert code == 0
     assert re.fullmatch(

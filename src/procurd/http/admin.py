@@ -42,6 +42,7 @@ from procurd.http.inputs import (
     query_int,
     query_text,
 )
+from procurd.http.openapi import DOCUMENT_PATH, serve_document
 from procurd.http.provider_admin import add_provider_admin_routes
 from procurd.operations import Operations
 from procurd.operations.orders import DEFAULT_BULK_RETRY, check_order_no
@@ -57,6 +58,13 @@ log = structlog.get_logger("procurd.admin")
 
 def _operations(request: web.Request) -> Operations:
     return request.app[OPERATIONS]
+
+
+def _pages(request: web.Request) -> tuple[int, int]:
+    """``page`` and ``page_size`` of a listing, read as the document says (an empty value is refused)."""
+    page = query_int(request.query, "page", 1, 1, MAX_PAGE, strict=True)
+    page_size = query_int(request.query, "page_size", DEFAULT_PAGE_SIZE, 1, MAX_PAGE_SIZE, strict=True)
+    return page, page_size
 
 
 # --- handlers ---------------------------------------------------------------------------------------------
@@ -89,10 +97,9 @@ async def order_audit(request: web.Request) -> web.Response:
 
 async def list_exceptions(request: web.Request) -> web.Response:
     query = request.query
-    upstream = query_text(query, "upstream")
-    reason = query_text(query, "reason")
-    page = query_int(query, "page", 1, 1, MAX_PAGE)
-    page_size = query_int(query, "page_size", DEFAULT_PAGE_SIZE, 1, MAX_PAGE_SIZE)
+    upstream = query_text(query, "upstream", strict=True)
+    reason = query_text(query, "reason", strict=True)
+    page, page_size = _pages(request)
     total, items = await _operations(request).orders.exceptions(upstream, reason, page, page_size)
     return json_response({"ok": True, "items": items, "total": total, "page": page, "page_size": page_size})
 
@@ -100,7 +107,7 @@ async def list_exceptions(request: web.Request) -> web.Response:
 async def retry_exception(request: web.Request) -> web.Response:
     """Send the procurement again (under a new number once the upstream canceled the old one)."""
     procurement_id = parse_procurement_id(request.match_info["id"])
-    body = await json_object(request, optional=True)
+    body = await json_object(request, allowed={"note"}, optional=True)
     answer = await _operations(request).orders.retry(procurement_id, body.get("note"))
     return json_response({"ok": True, **answer})
 
@@ -124,6 +131,8 @@ async def retry_exceptions(request: web.Request) -> web.Response:
 
 
 def _body_filter(body: dict[str, Any], name: str) -> str | None:
+    """A filter of a bulk retry as sent (null or left out: none), not stripped: only spaces is refused, and
+    a value with spaces around a name names nothing procurd has."""
     value = body.get(name)
     if value is None:
         return None
@@ -131,29 +140,28 @@ def _body_filter(body: dict[str, Any], name: str) -> str | None:
         raise ApiError(
             400, "invalid_request", f"{name} must be a non-empty string of up to {MAX_FILTER_CHARS} chars"
         )
-    return value.strip()
+    return value
 
 
 async def resolve_exception(request: web.Request) -> web.Response:
     """Close the exception by hand; ``{"note": TEXT}`` is required."""
     procurement_id = parse_procurement_id(request.match_info["id"])
-    body = await json_object(request, optional=True)
+    body = await json_object(request, allowed={"note"}, optional=True)
     answer = await _operations(request).orders.resolve(procurement_id, body.get("note"))
     return json_response({"ok": True, **answer})
 
 
 async def list_alerts(request: web.Request) -> web.Response:
     """Recent alerts, the latest first: ``kind``, ``page``, ``page_size``."""
-    kind = query_text(request.query, "kind")
-    page = query_int(request.query, "page", 1, 1, MAX_PAGE)
-    page_size = query_int(request.query, "page_size", DEFAULT_PAGE_SIZE, 1, MAX_PAGE_SIZE)
+    kind = query_text(request.query, "kind", strict=True)
+    page, page_size = _pages(request)
     total, items = await _operations(request).housekeeping.alerts(page, page_size, kind)
     return json_response({"ok": True, "items": items, "total": total, "page": page, "page_size": page_size})
 
 
 async def list_reconciliations(request: web.Request) -> web.Response:
     """The last reconciliation passes (``limit``, 20 by default) with their findings."""
-    limit = query_int(request.query, "limit", 20, 1, MAX_PAGE_SIZE)
+    limit = query_int(request.query, "limit", 20, 1, MAX_PAGE_SIZE, strict=True)
     runs = await request.app[RUNTIME].database.read(lambda tx: runs_with_findings(tx, limit))
     return json_response({"ok": True, "runs": runs})
 
@@ -161,7 +169,7 @@ async def list_reconciliations(request: web.Request) -> web.Response:
 async def list_price_holds(request: web.Request) -> web.Response:
     """SKUs whose selling price is held after a steep cost increase (``upstream`` filter), oldest first."""
     catalog = _operations(request).catalog
-    upstream = query_text(request.query, "upstream")
+    upstream = query_text(request.query, "upstream", strict=True)
     if upstream is not None:
         catalog.upstream(upstream)
     return json_response({"ok": True, "items": await catalog.holds(upstream)})
@@ -208,8 +216,7 @@ async def start_catalog_sync(request: web.Request) -> web.Response:
 
 async def list_offers(request: web.Request) -> web.Response:
     """Every offer with its sources and the one in use now, by code."""
-    page = query_int(request.query, "page", 1, 1, MAX_PAGE)
-    page_size = query_int(request.query, "page_size", DEFAULT_PAGE_SIZE, 1, MAX_PAGE_SIZE)
+    page, page_size = _pages(request)
     total, items = await _operations(request).offers.page(page, page_size)
     return json_response({"ok": True, "items": items, "total": total, "page": page, "page_size": page_size})
 
@@ -319,5 +326,6 @@ def make_admin_app(operations: Operations) -> web.Application:
     router.add_get("/api/v1/reconcile", list_reconciliations)
     add_provider_admin_routes(router)
     router.add_get("/metrics", metrics_handler(runtime))
+    router.add_get(DOCUMENT_PATH, serve_document)
     router.add_get(HEALTH_PATH, healthz)
     return app

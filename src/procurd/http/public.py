@@ -24,6 +24,7 @@ from procurd.http.errors import (
     HEALTH_PATH,
     RUNTIME,
     ApiError,
+    Handler,
     dumps,
     healthz,
     listener_app,
@@ -168,6 +169,17 @@ def configured_callback_path(runtime: Runtime) -> str:
     return urlsplit(runtime.settings.server.callback_url).path or "/"
 
 
+async def _post_only_here(request: web.Request) -> web.Response:
+    raise web.HTTPMethodNotAllowed(request.method, ["POST"])
+
+
+def _post_only(app: web.Application, path: str, handler: Handler) -> None:
+    """``POST path`` answered by ``handler``; any other method 405 with ``Allow: POST`` (the provider's
+    signed API, served under the same prefix, does not answer it)."""
+    app.router.add_post(path, handler)
+    app.router.add_route("*", path, _post_only_here)
+
+
 def make_public_app(operations: Operations) -> web.Application:
     """The callback receiver and ``/healthz``; the receiver also answers at ``callback_url``'s own path. With
     ``[provider] enabled`` the provider's signed API is served under ``/api/v1/upstream`` too."""
@@ -175,10 +187,10 @@ def make_public_app(operations: Operations) -> web.Application:
     app = listener_app("public", public_error_body, runtime.metrics, runtime.settings.server)
     app[RUNTIME] = runtime
     receiver = CallbackReceiver(runtime)
-    app.router.add_post(CALLBACK_PATH, receiver.handle)
+    _post_only(app, CALLBACK_PATH, receiver.handle)
     own_path = configured_callback_path(runtime)
     if own_path not in (CALLBACK_PATH, HEALTH_PATH, "/") and "{" not in own_path:
-        app.router.add_post(own_path, receiver.handle)
+        _post_only(app, own_path, receiver.handle)
     app.router.add_get(HEALTH_PATH, healthz)
     if runtime.settings.provider.enabled:
         from procurd.http.provider import add_provider_routes

@@ -1,7 +1,8 @@
 """The console's guard for every request under ``/ui``: security headers, the session, sign-in, CSRF, and
 error pages instead of JSON.
 
-Order of checks: a session cookie is read (a new one is issued when there is none or it is no good); without
+Order of checks: a session cookie is read (a new one is issued when there is none or it is no good); a
+method the address does not take is answered 405 with ``Allow``, signed in or not; without
 a signed-in session (when a token is configured) every page but the login page leads to the login page; a
 POST must not come from another site and must carry the CSRF token of its session; only then does the
 handler run. Whatever fails becomes an HTML error page with a status, a code and a message; nothing changed.
@@ -107,6 +108,11 @@ async def _answer(
     request: web.Request, handler: Handler, console: Console, session: Session
 ) -> web.StreamResponse:
     try:
+        unmatched = request.match_info.http_exception
+        if isinstance(unmatched, web.HTTPMethodNotAllowed):
+            # A method no page takes (TRACE, PATCH ...) is refused as such, signed in or not: the login
+            # page would not take it either.
+            raise unmatched
         if console.login_required and not session.authenticated and request.path != LOGIN_PATH:
             return redirect(_login_url(request))
         if request.method == "POST":
