@@ -53,16 +53,30 @@ class Clock:
         return self.now
 
 
-def plan_history(now: datetime, *, orders: int = 120, days: int = 30, seed: int = 25) -> list[Planned]:
-    """``orders`` orders over the last ``days`` days (a third of them in the last 24 h), each fate present,
-    delivery times from a second to a day."""
+DIURNAL = (2, 1, 1, 1, 1, 2, 3, 5, 7, 8, 9, 9, 10, 10, 9, 9, 10, 11, 12, 12, 11, 8, 5, 3)  # orders by hour
+
+
+def plan_history(
+    now: datetime, *, orders: int = 120, days: int = 30, recent: float = 1 / 3, seed: int = 25
+) -> list[Planned]:
+    """``orders`` orders over the last ``days`` days (the share ``recent`` of them in the last 24 h, the
+    others on earlier days at the hours a shop is busy), each fate present, delivery times from a second to
+    a day."""
     rng = random.Random(seed)
     planned = []
+    every = max(1, round(1 / recent)) if recent else orders + 1
     for index in range(orders):
-        back = rng.uniform(60, 86_000) if index % 3 == 0 else rng.uniform(86_400, days * 86_400 - 3600)
-        fate = FATES[index % len(FATES)] if index % 2 else "delivered"
+        if index % every == 0:
+            at = now - timedelta(seconds=rng.uniform(60, 86_000))
+        else:
+            day = now.replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(
+                days=rng.randrange(1, days)
+            )
+            hour = rng.choices(range(24), weights=DIURNAL)[0]
+            at = day + timedelta(hours=hour, seconds=rng.uniform(0, 3599))
+        old = at < now - timedelta(days=2)  # an old order is rarely still open
+        fate = rng.choices(FATES, weights=(80, 8, 10, 1, 1) if old else (60, 10, 10, 10, 10))[0]
         after = rng.choice((0.5, 3, 40, 200, 1500, 5000, 30_000, 80_000)) if fate == "delivered" else 0.0
-        at = now - timedelta(seconds=back)
         if fate == "delivered" and at + timedelta(seconds=after + 3) >= now:
             after = 1.0
         planned.append(Planned(f"H{index:04d}", at, fate, after))
