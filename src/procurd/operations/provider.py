@@ -293,10 +293,17 @@ class ProviderOperations:
         return order, result.created
 
     def _check_callback_url(self, url: str) -> None:
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
+        try:
+            parts = urlsplit(url)
+        except ValueError:  # a bracketed host that is not one ("http://[::1"): no URL at all
+            parts = urlsplit("")
+        # urlsplit drops surrounding spaces and any tab or newline: a URL holding them is refused, not mended.
+        unclean = any(char.isspace() or char < " " or char == "\x7f" for char in url)
+        if unclean or parts.scheme not in ("http", "https") or not parts.hostname:
             raise Refused(
-                400, "invalid_callback_url", "callback_url must be an http or https URL with a host"
+                400,
+                "invalid_callback_url",
+                "callback_url must be an http or https URL with a host, without spaces or control characters",
             )
         if not self.settings.allow_private_callback_url:
             problem = private_url_reason(url)

@@ -1,6 +1,7 @@
 """The signed API under ``/api/v1/upstream`` as an aiohttp handler, over a site's :class:`Backend`.
 
-A request goes through, in this order: routing (404 ``not_found``, 405 ``method_not_allowed``), the
+A request goes through, in this order: routing (404 ``not_found``, 405 ``method_not_allowed`` with
+``Allow``), the
 backend's gate before authentication (a site that limits raw keys, as Dujiao-Next does), authentication
 in the real sites' order (headers, timestamp, credential, body size, signature: 401/403 with seed 000's
 codes), the backend's gate after it (a site that limits verified callers only), then the endpoint: queries
@@ -81,6 +82,11 @@ def match_route(subpath: str, method: str) -> tuple[Route | None, dict[str, str]
         if route.method == method:
             return route, found.groupdict(), True
     return None, {}, path_known
+
+
+def allowed_methods(subpath: str) -> list[str]:
+    """The methods the API takes at ``subpath`` (a 405's ``Allow``)."""
+    return [route.method for route in ROUTES if route.pattern.fullmatch(subpath)]
 
 
 def dump_json(value: Any) -> bytes:
@@ -225,6 +231,8 @@ class SignedApi:
             response = json_response(error.body(), error.status)
             if error.status == 408:
                 response.force_close()  # what is left of the body would be read as the next request
+            if error.status == 405:
+                response.headers[hdrs.ALLOW] = ", ".join(allowed_methods(request.path[len(API_PREFIX) :]))
             outcome = error.code
         except ClientGone:  # nobody is left to read an answer: one line, no traceback
             log.info("protocol.client_disconnected", path=request.path, endpoint=endpoint)
