@@ -1,6 +1,10 @@
 """Reading what the JSON admin API and the web console are sent: query parameters and path ids, checked
 alike by both. The operations themselves are :mod:`procurd.operations`; a bad input is answered 400 (or
 404 for an id no record can have) with the same codes on both doors.
+
+The JSON API reads a query parameter exactly as ``openapi.yaml`` describes it (``strict``): a parameter
+given empty, or a text with surrounding spaces, is refused rather than read as left out. The console reads
+its forms' fields leniently: an empty field is one left out, and a filter's surrounding spaces are dropped.
 """
 
 from __future__ import annotations
@@ -21,20 +25,37 @@ MAX_PAGE = 1_000_000
 MAX_FILTER_CHARS = 64
 
 
-def query_int(query: Mapping[str, str], name: str, default: int, low: int, high: int) -> int:
-    """An integer query parameter from ``low`` to ``high``; 400 ``invalid_query`` otherwise."""
-    raw = query.get(name, "").strip()
-    if not raw:
+def query_int(
+    query: Mapping[str, str], name: str, default: int, low: int, high: int, *, strict: bool = False
+) -> int:
+    """An integer query parameter from ``low`` to ``high`` (``default`` when left out, or, unless
+    ``strict``, given empty); 400 ``invalid_query`` otherwise."""
+    raw = query.get(name)
+    if raw is None:
         return default
+    if not strict:
+        raw = raw.strip()
+        if not raw:
+            return default
     if not (raw.isascii() and raw.isdigit()) or not low <= int(raw) <= high:
         raise ApiError(400, "invalid_query", f"{name} must be an integer from {low} to {high}")
     return int(raw)
 
 
-def query_text(query: Mapping[str, str], name: str, max_chars: int = MAX_FILTER_CHARS) -> str | None:
-    """A text query parameter (a filter), stripped; ``None`` when empty; 400 ``invalid_query`` when too
-    long or not storable text."""
-    value = query.get(name, "").strip()
+def query_text(
+    query: Mapping[str, str], name: str, max_chars: int = MAX_FILTER_CHARS, *, strict: bool = False
+) -> str | None:
+    """A text query parameter (a filter); ``None`` when left out. Unless ``strict`` it is stripped and an
+    empty one is left out; ``strict``, an empty value or one with surrounding spaces is refused. 400
+    ``invalid_query`` when too long or not storable text."""
+    raw = query.get(name)
+    if raw is None:
+        return None
+    value = raw if strict else raw.strip()
+    if strict and (not value or value != value.strip()):
+        raise ApiError(
+            400, "invalid_query", f"{name} must not be empty or start or end with a space: leave it out"
+        )
     if len(value) > max_chars:
         raise ApiError(400, "invalid_query", f"{name} is longer than {max_chars} characters")
     problem = text_problem(value)
@@ -67,10 +88,11 @@ def parse_provider_order_id(raw: str) -> int:
 async def json_object(
     request: web.Request, *, allowed: set[str] | None = None, optional: bool = False
 ) -> dict[str, Any]:
-    """The JSON object sent (``{}`` for an empty body when ``optional``); 400 ``invalid_json`` /
-    ``invalid_request`` for anything else or, with ``allowed``, a field not in it."""
+    """The JSON object sent (``{}`` for no body at all when ``optional``); 400 ``invalid_json`` /
+    ``invalid_request`` for anything else (a body of only spaces is not JSON) or, with ``allowed``, a field
+    not in it."""
     raw = await read_body(request)
-    if optional and not raw.strip():
+    if optional and not raw:
         return {}
     body = decode_json(raw)
     if not isinstance(body, dict):

@@ -57,8 +57,8 @@ def _order_id(request: web.Request) -> int:
 
 
 def _pages(request: web.Request) -> tuple[int, int]:
-    page = query_int(request.query, "page", 1, 1, MAX_PAGE)
-    page_size = query_int(request.query, "page_size", DEFAULT_PAGE_SIZE, 1, MAX_PAGE_SIZE)
+    page = query_int(request.query, "page", 1, 1, MAX_PAGE, strict=True)
+    page_size = query_int(request.query, "page_size", DEFAULT_PAGE_SIZE, 1, MAX_PAGE_SIZE, strict=True)
     return page, page_size
 
 
@@ -162,8 +162,8 @@ async def set_level(request: web.Request) -> web.Response:
 async def list_orders(request: web.Request) -> web.Response:
     """Orders received from downstream sites, the newest first: ``account``, ``status``, ``page``,
     ``page_size``."""
-    account = query_text(request.query, "account")
-    status = query_text(request.query, "status")
+    account = query_text(request.query, "account", strict=True)
+    status = query_text(request.query, "status", strict=True)
     if account is not None and not ACCOUNT_NAME.fullmatch(account):
         raise _no_such_name()
     page, page_size = _pages(request)
