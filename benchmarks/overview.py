@@ -71,7 +71,7 @@ def seed_statements(dialect: str) -> list[str]:
         source, json_array = "generate_series(1, :count) AS seq(n)", "jsonb_build_array('B' || n)"
     created = moment.format(0)
     submitted = moment.format(2)
-    delivered = moment.format("3 + (n * 7919) % 900")
+    delivered = moment.format("3 + ((n % 900) * 7919) % 900")
     orders = " ".join(
         [
             f"{numbers}INSERT INTO orders (order_no, fingerprint, request, status, exception, created_at,",

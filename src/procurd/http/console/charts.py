@@ -187,6 +187,7 @@ def stacked_bars(
     """Bars of ``points``, each stacked from its series' values (the first series at the bottom)."""
     totals = [sum((v for v in p.values if v is not None), Decimal(0)) for p in points]
     high = nice_ceiling(max(totals, default=Decimal(0)))
+    top_value = float(high)
     parts = _open(title, desc, ident, "bars")
     _y_axis(parts, Decimal(0), high)
     slot = PLOT_W / max(len(points), 1)
@@ -194,12 +195,15 @@ def stacked_bars(
     for index, point in enumerate(points):
         x = LEFT + slot * index + (slot - width) / 2
         parts.append("<g>" + _tooltip(point, series))
-        base = Decimal(0)
+        base = 0.0
         for kind, value in zip((s.kind for s in series), point.values, strict=True):
             if value:
-                top, bottom = _y(base + value, 0, high), _y(base, 0, high)
+                top, bottom = (
+                    TOP + PLOT_H * (1 - (base + float(value)) / top_value),
+                    TOP + PLOT_H * (1 - base / top_value),
+                )
                 parts.append(_rect(kind, x, top, width, max(bottom - top, 0.5)))
-                base += value
+                base += float(value)
         if not base:  # an empty slot still answers a hover
             parts.append(_rect("empty", x, TOP, width, PLOT_H))
         parts.append("</g>")

@@ -39,6 +39,7 @@ from procurd.http.console.charts import (
 )
 
 DAY = timedelta(days=1)
+_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
 HOURS_SHOWN = 24
 DAYS_SHOWN = 30
 BALANCE_DAYS = 7
@@ -273,14 +274,15 @@ def balance(facts: PulseFacts) -> Chart:
     now_at = (facts.now - start) / HOUR
     currency = facts.currency
     points = []
-    days: dict[datetime, list[Decimal]] = {}
+    days: dict[int, list[Decimal]] = {}  # by days after the first hour's
     for index, value in enumerate(facts.balances[-past:]):
         hour = start + HOUR * index
-        points.append(Point(f"{hour:%d %b %H:00} UTC", (value,)))
+        points.append(Point(f"{hour.day:02d} {_MONTHS[hour.month - 1]} {hour.hour:02d}:00 UTC", (value,)))
         if value is not None:
-            days.setdefault(day_of(hour), []).append(value)
+            days.setdefault((start.hour + index) // 24, []).append(value)
+    first_day = day_of(start)
     rows = [
-        (f"{day:%Y-%m-%d}", _money(min(values), currency), _money(values[-1], currency))
+        (f"{first_day + DAY * day:%Y-%m-%d}", _money(min(values), currency), _money(values[-1], currency))
         for day, values in days.items()
     ]
     runway = facts.runway_hours
