@@ -102,6 +102,8 @@ class AuditRow:
     old_state: str | None
     new_state: str | None
     detail: Mapping[str, Any] | None
+    count: int = 1  # identical ignored reports counted on one entry
+    last_at: datetime | None = None  # when the latest of them came (None while there is one)
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,6 +247,11 @@ _RETIRE_NUMBER = (
     .values(upstream_order_id=bindparam("upstream_order_id"))
 )
 _INSERT_AUDIT = insert(audit_log)
+_COUNT_AUDIT_REPEAT = (
+    update(audit_log)
+    .where(audit_log.c.id == bindparam("b_id"))
+    .values(count=audit_log.c.count + bindparam("b_added"), last_at=bindparam("last_at"))
+)
 _UPDATE_ORDER = (
     update(orders)
     .where(orders.c.order_no == bindparam("b_order_no"))
@@ -435,6 +442,8 @@ class ProcurementStore:
                         "old_state": row.old_state,
                         "new_state": row.new_state,
                         "detail": dict(row.detail) if row.detail else None,
+                        "count": row.count,
+                        "last_at": row.last_at,
                     }
                     for row in rows
                 ],
@@ -511,19 +520,36 @@ class ProcurementStore:
 
     def audit_trail(self, order_no: str) -> list[AuditRow]:
         statement = select(audit_log).where(audit_log.c.order_no == order_no).order_by(audit_log.c.id)
-        return [
-            AuditRow(
-                row["order_no"],
-                row["procurement_id"],
-                row["at"],
-                row["source"],
-                row["event"],
-                row["old_state"],
-                row["new_state"],
-                row["detail"],
+        return [_audit_row(row) for row in self.connection.execute(statement).mappings()]
+
+    def last_audit_entries(self, wanted: Iterable[tuple[str, int | None]]) -> dict[int, tuple[int, AuditRow]]:
+        """The last audit entry (its id and the entry) of each ``(order_no, procurement_id)`` that has one
+        (read through the order's index)."""
+        pairs = [(order_no, procurement_id) for order_no, procurement_id in wanted if procurement_id]
+        if not pairs:
+            return {}
+        latest = (
+            select(func.max(audit_log.c.id))
+            .where(
+                audit_log.c.order_no.in_({order_no for order_no, _ in pairs}),
+                audit_log.c.procurement_id.in_({procurement_id for _, procurement_id in pairs}),
             )
-            for row in self.connection.execute(statement).mappings()
-        ]
+            .group_by(audit_log.c.procurement_id)
+        )
+        statement = select(audit_log).where(audit_log.c.id.in_(latest.scalar_subquery()))
+        found: dict[int, tuple[int, AuditRow]] = {}
+        for row in self.connection.execute(statement).mappings():
+            if (row["order_no"], row["procurement_id"]) in pairs:
+                found[row["procurement_id"]] = (row["id"], _audit_row(row))
+        return found
+
+    def count_audit_repeats(self, added: Mapping[int, int], now: datetime) -> None:
+        """Add ``added[id]`` identical repeats to each audit entry's count."""
+        if added:
+            self.connection.execute(
+                _COUNT_AUDIT_REPEAT,
+                [{"b_id": entry_id, "b_added": count, "last_at": now} for entry_id, count in added.items()],
+            )
 
     def queue_counts(self) -> dict[tuple[str, str], int]:
         statement = select(procurements.c.upstream, procurements.c.state, func.count()).group_by(
@@ -685,3 +711,18 @@ def _exceptions_matching(upstream: str | None, reason: str | None) -> list[Any]:
     if reason:
         conditions.append(procurements.c.exception_reason == reason)
     return conditions
+
+
+def _audit_row(row: RowMapping) -> AuditRow:
+    return AuditRow(
+        row["order_no"],
+        row["procurement_id"],
+        row["at"],
+        row["source"],
+        row["event"],
+        row["old_state"],
+        row["new_state"],
+        row["detail"],
+        row["count"],
+        row["last_at"],
+    )

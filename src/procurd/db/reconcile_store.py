@@ -41,6 +41,10 @@ class Finding:
     run_id: int = 0
 
 
+# The triggers of a reconciliation pass; a callback or a poll records its findings under its own source.
+PASS_TRIGGERS = ("scheduled", "daily", "manual")
+
+
 class ReconcileStore:
     def __init__(self, connection: Connection) -> None:
         self.connection = connection
@@ -99,9 +103,10 @@ class ReconcileStore:
         return [ReconcileRun(**row) for row in self.connection.execute(statement).mappings()]
 
     def last_finished(self) -> ReconcileRun | None:
+        """The last finished pass (not the finding a callback or poll recorded: goods after a resolution)."""
         statement = (
             select(reconcile_runs)
-            .where(reconcile_runs.c.status != "running")
+            .where(reconcile_runs.c.status != "running", reconcile_runs.c.trigger.in_(PASS_TRIGGERS))
             .order_by(reconcile_runs.c.id.desc())
             .limit(1)
         )

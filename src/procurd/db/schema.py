@@ -360,6 +360,10 @@ audit_log = Table(
     Column("old_state", String(16), nullable=True),
     Column("new_state", String(16), nullable=True),
     Column("detail", JsonDocument, nullable=True),
+    # An ignored report identical to the row before it on the procurement counts here instead of adding a row;
+    # last_at is when the latest of them came (null while there is one).
+    Column("count", Integer, nullable=False, default=1, server_default=text("1")),
+    Column("last_at", UtcDateTime(), nullable=True),
     Index("ix_audit_log_order", "order_no", "id"),
 )
 
@@ -424,7 +428,7 @@ reconcile_runs = Table(
     metadata,
     Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
     Column("upstream", String(64), nullable=True),  # null: every upstream
-    Column("trigger", String(16), nullable=False),  # scheduled | manual
+    Column("trigger", String(16), nullable=False),  # scheduled | daily | manual (callback | poll: late goods)
     Column("started_at", UtcDateTime(), nullable=False),
     Column("finished_at", UtcDateTime(), nullable=True),
     Column("status", String(16), nullable=False),  # running | ok | failed
@@ -588,6 +592,32 @@ provider_state = Table(
     metadata,
     Column("name", String(32), primary_key=True),
     Column("value", BigInteger, nullable=False),
+)
+
+
+# --- signing in to the admin listener -------------------------------------------------------------------
+
+# Wrong admin tokens (console sign-in and bearer) by client address, shared by every instance: after a few,
+# each further try waits longer (procurd.core.throttle). Forgotten once quiet for a while.
+auth_failures = Table(
+    "auth_failures",
+    metadata,
+    Column("address", String(64), primary_key=True),
+    Column("failures", Integer, nullable=False),
+    Column("first_at", UtcDateTime(), nullable=False),
+    Column("last_at", UtcDateTime(), nullable=False),
+    Column("blocked_until_ms", BigInteger, nullable=True),  # Unix milliseconds (read by a glance)
+    Column("alerted", Boolean, nullable=False),  # this burst raised its admin_auth_failures alert
+)
+
+# Signed-in console sessions: a cookie is good only while its row is here (signing out deletes it).
+console_sessions = Table(
+    "console_sessions",
+    metadata,
+    Column("id", String(64), primary_key=True),  # SHA-256 of the cookie's session id, in hex
+    Column("created_at", UtcDateTime(), nullable=False),
+    Column("expires_epoch", BigInteger, nullable=False),  # Unix seconds, the cookie's own (read by a glance)
+    Column("address", String(64), nullable=True),  # the client address it was signed in from
 )
 
 

@@ -8,6 +8,7 @@ from functools import cached_property
 from sqlalchemy import Connection
 
 from procurd.db.alert_store import AlertStore
+from procurd.db.auth_store import AuthStore
 from procurd.db.chart_store import ChartStore
 from procurd.db.console_store import ConsoleStore
 from procurd.db.health_store import HealthStore
@@ -37,6 +38,10 @@ class Tx:
     @cached_property
     def procurements(self) -> ProcurementStore:
         return ProcurementStore(self.connection)
+
+    @cached_property
+    def auth(self) -> AuthStore:
+        return AuthStore(self.connection)
 
     @cached_property
     def mirror(self) -> MirrorStore:
