@@ -740,7 +740,9 @@ async def test_unsigned_or_missigned_callbacks_change_nothing(target: Target, da
 @hostile_settings()
 @given(data=st.data())
 async def test_signed_callbacks_change_only_the_order_they_match(target: Target, data: st.DataObject) -> None:
-    """A signed callback is accepted only for its upstream's order, changes only it; a replay changes none."""
+    """A signed callback is accepted only for its upstream's order, changes only it (one naming an upstream
+    order procurd has not recorded only once the upstream confirms it: otherwise refused, and noted in that
+    order's audit trail); a replay changes none."""
     before = await target.rows()
     who = data.draw(st.sampled_from([MAIN, SECOND]), label="upstream")
     body = data.draw(callback_bodies(before), label="body")
@@ -751,7 +753,11 @@ async def test_signed_callbacks_change_only_the_order_they_match(target: Target,
     assert_receiver_answer(reply, (413,) if len(body) > MAX_BODY_BYTES else (200, 400, 404))
     order_no = matching_order(who.upstream, body, before)
     after = await target.rows()
-    if reply.status != 200:
+    if reply.status != 200 and reply.body["error_code"] == "callback_unverified":
+        # A claim the upstream did not confirm: only its order's audit trail notes it.
+        assert order_no is not None, "an unverified callback that matches no order"
+        assert_only_unverified_noted(before, after, order_no)
+    elif reply.status != 200:
         assert after == before
     else:
         assert order_no is not None, "a callback that matches no order was accepted"
@@ -760,6 +766,23 @@ async def test_signed_callbacks_change_only_the_order_they_match(target: Target,
         assert_receiver_answer(replay, (200,))
         assert_replay_changed_no_state(after, await target.rows())
     target.assert_quiet(reply)
+
+
+def assert_only_unverified_noted(before: Rows, after: Rows, order_no: str) -> None:
+    """Nothing changed but ``order_no``'s audit trail, which gained a ``callback_unverified`` entry or one
+    more repeat on its last one."""
+    assert without_order(after, order_no) == without_order(before, order_no)
+    for table in (orders, procurements, procurement_numbers, outbox):
+        assert after[table.name] == before[table.name], table.name
+    old = [row for row in named_rows(before, audit_log) if row.order_no == order_no]
+    new = [row for row in named_rows(after, audit_log) if row.order_no == order_no]
+    if len(new) == len(old) + 1:
+        assert new[:-1] == old
+        assert (new[-1].event, new[-1].count) == ("callback_unverified", 1)
+    else:
+        assert len(new) == len(old)
+        assert new[:-1] == old[:-1]
+        assert (new[-1].event, new[-1].count) == ("callback_unverified", old[-1].count + 1)
 
 
 def assert_replay_changed_no_state(first: Rows, replayed: Rows) -> None:

@@ -100,7 +100,8 @@ def accepted(status: str = "paid", worker: str = "w1") -> SubmitAccepted:
 
 
 def report(status: str, fulfillment: Mapping[str, object] | None = None) -> UpstreamReport:
-    return UpstreamReport(order_id=101, status=status, order_no="DJ1", fulfillment=fulfillment)
+    """The upstream's word on order 101 (confirmed by the upstream when procurd had not recorded it)."""
+    return UpstreamReport(order_id=101, status=status, order_no="DJ1", fulfillment=fulfillment, verified=True)
 
 
 def changes(before: Procurement, decision: Decision) -> dict[str, object]:

@@ -29,7 +29,7 @@ from procurd.core.reconcile import Mismatch, mismatches
 from procurd.db.reconcile_store import Finding
 from procurd.db.stores import Tx
 from procurd.db.types import utcnow
-from procurd.procurement.poller import report_of
+from procurd.procurement.answers import answer_problem, report_of
 from procurd.procurement.service import ProcurementService
 from procurd.upstream.client import UpstreamClient
 from procurd.upstream.errors import BusinessError, UpstreamError
@@ -141,6 +141,11 @@ async def _check(
         log.info("reconcile.check_failed", procurement_id=p.id, code=exc.code, upstream=p.upstream)
         return
     report.checked += 1
+    if answer_problem(p, order) is not None:
+        # An answer about another order is never applied: a finding for a person.
+        answered = str(order.order_id) if order.order_id != p.upstream_order_id else "another number"
+        report.findings.append(_finding(p, Mismatch("order", str(p.upstream_order_id), answered), None))
+        return
     amount = None if order.amount is None else str(order.amount)
     found = mismatches(p, order.status, amount, order.currency)
     if not found:

@@ -6,7 +6,12 @@ and 3):
 
 * nothing cancels or refunds by itself: failures become exceptions for a person;
 * a state never moves backwards: a late ``paid`` after ``delivered`` is recorded, not applied;
-* an upstream report may heal an exception that was only procurd not knowing the order existed;
+* an upstream report may heal an exception that was only procurd not knowing the order existed, but a
+  report naming an upstream order procurd has not recorded for the procurement changes nothing unless the
+  upstream confirmed that order when asked (``verified``), and one naming another order than the recorded
+  one never does;
+* a procurement a person resolved stays resolved: goods that arrive for it later are recorded with it and
+  are a finding for the person;
 * the same downstream order number is reused while an upstream order under it may be live; once the
   upstream canceled the order under it, a retry takes a new number.
 """
@@ -33,11 +38,13 @@ from procurd.core.procurement import (
     Cancel,
     Claim,
     ClaimAbandoned,
+    ClaimRefused,
     Decision,
     Effect,
     Event,
     ExceptionOpened,
     GiveUp,
+    GoodsAfterResolution,
     MirroredSku,
     NotAllowed,
     NumberAdded,
@@ -116,9 +123,14 @@ def _decide(
                     "order_id": event.order_id,
                 }
                 return Decision(p, "status_for_previous_number", detail)
+            _check_claim(p, event)
             return _after_amount_fetch(p, event, _upstream_report(p, event, now, policy))
         case Reconciled():
+            _check_claim(p, event.report)
             return _reconciled(p, event, now, policy)
+        case ClaimRefused():
+            detail = {"order_id": event.order_id, "status": event.status, "reason": event.reason}
+            return Decision(p, "callback_unverified", detail)
         case PollClaim():
             return _poll_claim(p, event, now)
         case PollFailed():
@@ -533,9 +545,26 @@ def _submit_unavailable(
 # --- what the upstream says (callback or poll) ------------------------------------------------------------
 
 
+def _check_claim(p: Procurement, event: UpstreamReport) -> None:
+    """Refuse (:class:`NotAllowed`) a report about the current number that names another upstream order than
+    the one recorded, or one that nothing recorded and the upstream did not confirm."""
+    if p.upstream_order_id is None:
+        if not event.verified:
+            raise NotAllowed(
+                "unverified_claim",
+                f"upstream order {event.order_id} is not recorded for this procurement and was not confirmed",
+            )
+    elif event.order_id != p.upstream_order_id:
+        raise NotAllowed(
+            "order_mismatch", f"the report names upstream order {event.order_id}, not {p.upstream_order_id}"
+        )
+
+
 def _upstream_report(p: Procurement, event: UpstreamReport, now: datetime, policy: Policy) -> Decision:
     status = event.status
     detail: dict[str, Any] = {"status": status, "order_id": event.order_id}
+    if event.verified:
+        detail["verified"] = True
     known = replace(
         p,
         upstream_order_id=event.order_id,
@@ -570,9 +599,12 @@ def _upstream_report(p: Procurement, event: UpstreamReport, now: datetime, polic
         return Decision(p, "late_status_ignored", detail)
 
     if p.state is State.RESOLVED:
+        # Never reopened: a person closed it (and may have refunded the buyer). Goods that come anyway are
+        # kept with it, and the person hears of them.
         if status in DELIVERED_STATUSES and event.fulfillment and p.fulfillment is None:
             delivered = replace(known, fulfillment=event.fulfillment, delivered_at=now)
-            return Decision(delivered, "delivered_after_resolution", detail)
+            effects = (GoodsAfterResolution(status),)
+            return Decision(delivered, "delivered_after_resolution", detail, effects=effects)
         if same_status:
             return _ignored(p, "duplicate")
         return Decision(replace(p, upstream_status=status), "status_after_resolution", detail)
@@ -702,7 +734,10 @@ def _reconciled(p: Procurement, event: Reconciled, now: datetime, policy: Policy
     if p.state is State.DELIVERED and after_delivery:
         known = replace(p, upstream_status=report.status)
         return _refunded(known, report, detail)
-    return _after_amount_fetch(p, report, _upstream_report(p, replace(report, polled=True), now, policy))
+    decision = _upstream_report(p, replace(report, polled=True), now, policy)
+    # Reconciliation records its own findings: goods after a resolution are one of them already.
+    effects = tuple(effect for effect in decision.effects if not isinstance(effect, GoodsAfterResolution))
+    return _after_amount_fetch(p, report, replace(decision, effects=effects))
 
 
 def amount_differs(p: Procurement, amount: str | None, currency: str | None) -> bool:

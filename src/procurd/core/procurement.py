@@ -327,6 +327,9 @@ class UpstreamReport:
     refunded_amount: str | None = None
     polled: bool = False  # from a fallback poll: an unchanged answer backs the next poll off
     number: str | None = None
+    # The upstream's own answer to ``GET /orders/{order_id}`` confirmed this order under this number: only
+    # such a report may name an upstream order that procurd has not recorded for the procurement.
+    verified: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -339,6 +342,16 @@ class Reconciled:
     """
 
     report: UpstreamReport
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRefused:
+    """An upstream's report named an upstream order procurd had not recorded for the procurement, and the
+    upstream, asked, did not confirm it: nothing changes but the audit trail (``callback_unverified``)."""
+
+    order_id: int
+    status: str
+    reason: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -396,6 +409,7 @@ Event = (
     | SubmitUnavailable
     | UpstreamReport
     | Reconciled
+    | ClaimRefused
     | PollClaim
     | PollFailed
     | GiveUp
@@ -437,7 +451,15 @@ class ExceptionOpened:
     message: str | None
 
 
-Effect = NumberAdded | NumberRetired | ExceptionOpened
+@dataclass(frozen=True, slots=True)
+class GoodsAfterResolution:
+    """Goods the upstream delivered for a procurement a person had resolved: recorded with it (it stays
+    resolved) and a finding for the person (``reconcile_mismatch``)."""
+
+    status: str
+
+
+Effect = NumberAdded | NumberRetired | ExceptionOpened | GoodsAfterResolution
 
 
 @dataclass(frozen=True, slots=True)

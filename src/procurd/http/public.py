@@ -6,11 +6,19 @@ body size (413), signature headers of a configured header prefix (401), timestam
 ``/api/v1/upstream/callback`` or else the path of ``server.callback_url`` (401), body (400), a procurement of
 that upstream under that number and order id (404). ``{"ok": true, "message": "received"}`` is answered only
 once the service has committed the report; a duplicate is answered the same way.
+
+A callback naming an upstream order that procurd has not recorded for that procurement is taken only once
+the upstream confirms it: after the submission in flight, if any, has its answer; otherwise procurd asks
+the upstream (a signed ``GET /orders/{order_id}`` at callback priority in the request budget). Not
+confirmed: 404 ``callback_unverified`` with an audit entry, counted in the ``callbacks_rejected`` alert at
+once; the upstream could not be asked: 503 ``verification_unavailable`` (it sends the callback again later).
+A callback for an order procurd knows costs what it always did.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -18,7 +26,9 @@ import structlog
 from aiohttp import web
 
 from procurd.config import CALLBACK_PATH, UpstreamSettings
+from procurd.core.alerts import Kind, Occurrence
 from procurd.core.procurement import Source
+from procurd.db.errors import DatabaseError
 from procurd.http.callback import Callback, CallbackBodyError, parse_callback
 from procurd.http.errors import (
     HEALTH_PATH,
@@ -35,6 +45,8 @@ from procurd.operations import Operations
 from procurd.procurement.service import ReportOutcome, ReportRejected
 from procurd.runtime import Runtime
 from procurd.signing import HeaderNames, parse_timestamp, signature_matches, timestamp_fresh
+from procurd.upstream.models import UpstreamOrder
+from procurd.upstream.ratelimit import Priority
 
 log = structlog.get_logger("procurd.callback")
 
@@ -59,6 +71,10 @@ class CallbackReceiver:
         prefixes = dict.fromkeys(upstream.header_prefix for upstream in settings.upstreams)
         self.header_names = [(prefix, HeaderNames.for_prefix(prefix)) for prefix in prefixes]
         self.signed_paths = tuple(dict.fromkeys((CALLBACK_PATH, configured_callback_path(runtime))))
+        # Per upstream: ask it for an order a callback names that procurd has not recorded.
+        self.confirmers = {
+            upstream.name: _confirmer(runtime, upstream.name) for upstream in settings.upstreams
+        }
 
     async def handle(self, request: web.Request) -> web.Response:
         claimed: UpstreamSettings | None = None
@@ -106,10 +122,29 @@ class CallbackReceiver:
     async def _apply(self, upstream: UpstreamSettings, callback: Callback) -> ReportOutcome:
         try:
             return await self.runtime.service.report(
-                upstream.name, callback.downstream_order_no, callback.report, Source.CALLBACK
+                upstream.name,
+                callback.downstream_order_no,
+                callback.report,
+                Source.CALLBACK,
+                confirm=self.confirmers[upstream.name],
             )
         except ReportRejected as exc:
-            raise ApiError(404, "order_not_found", exc.reason) from None
+            if exc.code == "callback_unverified":
+                await self._alert_unverified(upstream, callback, exc.reason)
+            raise ApiError(exc.status, exc.code, exc.reason) from None
+
+    async def _alert_unverified(self, upstream: UpstreamSettings, callback: Callback, reason: str) -> None:
+        """A correctly signed claim the upstream did not confirm: a buggy or compromised upstream, or a
+        replayed callback of another chain. Counted in the upstream's ``callbacks_rejected`` alert at once."""
+        message = (
+            f"a callback signed with {upstream.name}'s key claimed {reason}; nothing was changed. A buggy or "
+            "compromised upstream, or a callback replayed from another chain of sites."
+        )
+        occurrence = Occurrence(Kind.CALLBACKS_REJECTED, upstream.name, message, upstream.name)
+        try:
+            await self.runtime.alerts.raise_(occurrence)
+        except DatabaseError as exc:
+            log.warning("callback.alert_not_stored", upstream=upstream.name, reason=exc.reason)
 
     def _accepted(self, upstream: UpstreamSettings, callback: Callback, outcome: ReportOutcome) -> None:
         log.info(
@@ -121,6 +156,7 @@ class CallbackReceiver:
             callback_event=callback.event,
             outcome=outcome.outcome,
             changed=outcome.changed,
+            verified=outcome.verified,
         )
         self.runtime.metrics.observe_callback(upstream.name, True)
         self.runtime.callbacks.count(upstream.name, True)
@@ -139,6 +175,13 @@ class CallbackReceiver:
         self.runtime.rejections.rejected(name, error.code)
         if name is not None:
             self.runtime.callbacks.count(name, False)
+
+
+def _confirmer(runtime: Runtime, upstream: str) -> Callable[[int], Awaitable[UpstreamOrder]]:
+    async def confirm(order_id: int) -> UpstreamOrder:
+        return await runtime.client(upstream).get_order(order_id, priority=Priority.CALLBACK)
+
+    return confirm
 
 
 def _check_timestamp(raw: str) -> None:

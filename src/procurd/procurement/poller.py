@@ -12,28 +12,15 @@ import asyncio
 import structlog
 
 from procurd.background import Worker
-from procurd.core.procurement import Event, GiveUp, PollFailed, Procurement, Source, UpstreamReport
+from procurd.core.procurement import Event, GiveUp, PollFailed, Procurement, Source
+from procurd.procurement.answers import answer_problem, report_of
 from procurd.procurement.service import ProcurementService
 from procurd.upstream.client import UpstreamClient
 from procurd.upstream.errors import BusinessError, UpstreamError
-from procurd.upstream.models import UpstreamOrder
 
 log = structlog.get_logger("procurd.poller")
 
 POLL_BATCH = 20
-
-
-def report_of(order: UpstreamOrder) -> UpstreamReport:
-    return UpstreamReport(
-        order_id=order.order_id,
-        status=order.status,
-        order_no=order.order_no,
-        fulfillment=order.fulfillment.to_json() if order.fulfillment is not None else None,
-        amount=None if order.amount is None else str(order.amount),
-        currency=order.currency,
-        refunded_amount=None if order.refunded_amount is None else str(order.refunded_amount),
-        polled=True,
-    )
 
 
 class Poller(Worker):
@@ -83,4 +70,10 @@ class Poller(Worker):
         except UpstreamError as exc:
             log.info("poll.failed", procurement_id=procurement.id, code=exc.code, upstream=self.upstream)
             return PollFailed(exc.code, exc.message)
+        problem = answer_problem(procurement, order)
+        if problem is not None:
+            # Never adopted: an order procurd did not ask for is no news of its own.
+            log.warning("poll.answer_mismatch", procurement_id=procurement.id, upstream=self.upstream,
+                        problem=problem)  # fmt: skip
+            return PollFailed("order_mismatch", problem)
         return report_of(order)

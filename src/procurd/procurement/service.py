@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
@@ -20,10 +21,12 @@ from typing import Any
 import structlog
 
 from procurd.config import Settings
+from procurd.core.claims import claim_problem
 from procurd.core.intake import OrderRequest
 from procurd.core.machine import Policy
 from procurd.core.orders import exception_view, iso, order_view
 from procurd.core.procurement import (
+    ClaimRefused,
     Event,
     NotAllowed,
     Procurement,
@@ -39,6 +42,7 @@ from procurd.db.database import Database
 from procurd.db.stores import Tx
 from procurd.db.types import utcnow
 from procurd.instance import instance_id
+from procurd.procurement.answers import report_of
 from procurd.procurement.transitions import (
     Applied,
     Change,
@@ -51,16 +55,20 @@ from procurd.procurement.transitions import (
     ReleaseClaims,
     Report,
     ReportRejected,
+    ReportUnverified,
     Result,
     Rules,
     apply_batch,
 )
-from procurd.upstream.errors import AUTH_ERROR_CODES, BUSINESS_ERROR_CODES
+from procurd.upstream.errors import AUTH_ERROR_CODES, BUSINESS_ERROR_CODES, BusinessError, UpstreamError
+from procurd.upstream.models import UpstreamOrder
 
 log = structlog.get_logger("procurd.procurement")
 
 Clock = Callable[[], datetime]
 Observer = Callable[[Applied], None]
+# Asks the upstream for its order (a signed GET /orders/{id}) to confirm a report's claim.
+Confirm = Callable[[int], Awaitable[UpstreamOrder]]
 
 # Exception reasons: procurd's own, and the upstream's refusal codes it records as they come.
 ASSIGNED_REASONS = frozenset(
@@ -72,6 +80,13 @@ ASSIGNED_REASONS = frozenset(
 DEFAULT_BULK_RETRY = 100  # exceptions one bulk retry sends again unless told otherwise
 MAX_BULK_RETRY = 1000
 SETTLED_CACHE_SIZE = 10_000
+# A claim about a procurement whose submission is in flight waits this long at most for the submission's
+# answer (which records the order) before the upstream is asked.
+SUBMISSION_WAIT_SECONDS = 10.0
+SUBMISSION_RECHECK_SECONDS = 0.1
+# A claim the upstream did not confirm is refused again without asking, for this long.
+REFUSED_CLAIM_SECONDS = 60.0
+REFUSED_CLAIMS_SIZE = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +104,7 @@ class ReportOutcome:
 
     outcome: str
     changed: bool
+    verified: bool = False  # it named an order not recorded yet, which the upstream confirmed
 
 
 @dataclass
@@ -154,10 +170,19 @@ class ProcurementService:
         # Numbers whose procurement is delivered and agrees with the upstream: a repeated callback about them
         # (upstreams retry until answered) is answered without touching the database.
         self._settled: OrderedDict[tuple[str, str], tuple[int, str]] = OrderedDict()
+        # Who waits for the next change of a procurement (a claim waiting for a submission's answer).
+        self._watchers: dict[int, list[asyncio.Future[None]]] = {}
+        # Claims the upstream did not confirm: (upstream, number, order id, status) -> (until, why).
+        self._refused: OrderedDict[tuple[str, str, int, str], tuple[float, str]] = OrderedDict()
 
     async def close(self) -> None:
         """Commit what was submitted and stop the writer."""
         await self._writer.close()
+
+    @property
+    def awaiting_submissions(self) -> frozenset[int]:
+        """The procurements whose submission's answer a report waits for here now."""
+        return frozenset(self._watchers)
 
     @property
     def transactions(self) -> tuple[int, int]:
@@ -209,19 +234,32 @@ class ProcurementService:
         return applied_all
 
     async def report(
-        self, upstream: str, number: str, report: UpstreamReport, source: Source
+        self,
+        upstream: str,
+        number: str,
+        report: UpstreamReport,
+        source: Source,
+        *,
+        confirm: Confirm | None = None,
     ) -> ReportOutcome:
         """Apply what the upstream says about the order under ``number`` of ``upstream``.
 
         The number is matched within the upstream that sent it, and the order id must agree with the one
         known for that number: matching on the number alone would let one upstream settle another's order.
-        Raises :class:`ReportRejected` when nothing matches.
+        A report naming an upstream order that nothing recorded for the procurement is taken only once the
+        upstream confirms it (``confirm``, see :meth:`_confirmed`). Raises :class:`ReportRejected` when
+        nothing matches or the claim is not confirmed.
         """
         key = (upstream, number)
         if self._settled.get(key) == (report.order_id, report.status):
             self._settled.move_to_end(key)
             return ReportOutcome("duplicate", False)
-        result = await self._submit(Report(upstream, number, report, source))
+        verified = False
+        try:
+            result = await self._submit(Report(upstream, number, report, source))
+        except ReportUnverified as unverified:
+            result = await self._confirmed(upstream, number, report, source, unverified, confirm)
+            verified = isinstance(result, Applied) and result.decision.detail.get("verified") is True
         assert isinstance(result, Applied)
         self._after(result)
         settled = result.procurement
@@ -234,7 +272,109 @@ class ProcurementService:
             self._settled[key] = (report.order_id, report.status)
             if len(self._settled) > SETTLED_CACHE_SIZE:
                 self._settled.popitem(last=False)
-        return ReportOutcome(result.decision.event, result.changed)
+        return ReportOutcome(result.decision.event, result.changed, verified)
+
+    async def _confirmed(
+        self,
+        upstream: str,
+        number: str,
+        report: UpstreamReport,
+        source: Source,
+        unverified: ReportUnverified,
+        confirm: Confirm | None,
+    ) -> Result:
+        """The report about an order procurd has not recorded, applied once it is confirmed; otherwise an
+        audit entry ``callback_unverified`` and :class:`ReportRejected` (``callback_unverified``, or
+        ``verification_unavailable`` when the upstream could not be asked now).
+
+        A submission in flight is waited for first (its answer records the order, and the report is then
+        taken like any other: the usual case of a callback that overtakes the answer to the submission).
+        Otherwise the upstream is asked for the order: the report is applied, as the upstream's answer
+        says it, only when that answer is the order named, under ``number``, in a status that supports the
+        claim (:func:`procurd.core.claims.claim_problem`)."""
+        if unverified.submission_in_flight:
+            await self._submission_settled(unverified.procurement)
+            try:
+                return await self._submit(Report(upstream, number, report, source))
+            except ReportUnverified as still:
+                unverified = still
+        p = unverified.procurement
+        claim = (upstream, number, report.order_id, report.status)
+        now = time.monotonic()
+        known = self._refused.get(claim)
+        code, status = "callback_unverified", 404
+        if known is not None and known[0] > now:
+            reason = known[1]  # refused a moment ago: not asked again
+        elif confirm is None:
+            reason = "the upstream was not asked"
+        else:
+            try:
+                order = await confirm(report.order_id)
+            except BusinessError as exc:
+                reason = f"asked for the order, it answered {exc.code}"
+            except UpstreamError as exc:
+                reason = f"asking failed: {exc.code}"
+                code, status = "verification_unavailable", 503
+            else:
+                problem = claim_problem(
+                    number=number,
+                    claimed_order_id=report.order_id,
+                    claimed_status=report.status,
+                    answered_order_id=order.order_id,
+                    answered_number=order.downstream_order_no,
+                    answered_status=order.status,
+                )
+                if problem is None:
+                    confirmed = report_of(order, polled=False, verified=True)
+                    return await self._submit(Report(upstream, number, confirmed, source))
+                reason = problem
+            if status == 404:
+                self._refused[claim] = (now + REFUSED_CLAIM_SECONDS, reason)
+                self._refused.move_to_end(claim)
+                while len(self._refused) > REFUSED_CLAIMS_SIZE:
+                    self._refused.popitem(last=False)
+        event = ClaimRefused(report.order_id, report.status, reason)
+        await self.apply(p.id, event, source, order_no=p.order_no)
+        log.warning(
+            "report.unverified",
+            upstream=upstream,
+            downstream_order_no=number,
+            order_id=report.order_id,
+            status=report.status,
+            source=source.value,
+            reason=reason,
+        )
+        claimed = f"upstream order {report.order_id} ({report.status}) for {number!r}"
+        if status == 503:
+            message = f"{claimed} cannot be confirmed with {upstream} now ({reason}): send it again later"
+        else:
+            message = f"{claimed} is not confirmed by {upstream}: {reason}"
+        raise ReportRejected(message, code=code, status=status)
+
+    async def _submission_settled(self, p: Procurement) -> None:
+        """Wait (a while at most) until ``p``'s submission in flight has its answer recorded: told at once
+        when this process records it, seen by a read otherwise (a submitter of another instance)."""
+        loop = asyncio.get_running_loop()
+        lease_left = (p.lease_expires_at - self.clock()).total_seconds() if p.lease_expires_at else 0.0
+        deadline = loop.time() + min(SUBMISSION_WAIT_SECONDS, max(0.0, lease_left))
+        while loop.time() < deadline:
+            waiter: asyncio.Future[None] = loop.create_future()
+            watchers = self._watchers.setdefault(p.id, [])
+            watchers.append(waiter)
+            try:
+                current = await self.database.read(lambda tx: tx.procurements.procurement(p.id))
+                if current is None or current.lease_owner != p.lease_owner or current.state is not p.state:
+                    return
+                left = deadline - loop.time()
+                if left > 0:
+                    await asyncio.wait((waiter,), timeout=min(left, SUBMISSION_RECHECK_SECONDS))
+                if waiter.done():
+                    return  # it changed here (its submission's answer, most likely)
+            finally:
+                if waiter in watchers:
+                    watchers.remove(waiter)
+                if not watchers:
+                    self._watchers.pop(p.id, None)
 
     async def claim_submissions(self, upstream: str, owner: str, limit: int) -> list[Procurement]:
         """Claim due procurements; the claim (and the attempt) is committed before any upstream call."""
@@ -315,6 +455,10 @@ class ProcurementService:
         if not applied.changed:
             return
         p = applied.procurement
+        if self._watchers:
+            for waiter in self._watchers.pop(p.id, ()):
+                if not waiter.done():
+                    waiter.set_result(None)
         for number in p.downstream_order_nos:
             self._settled.pop((p.upstream, number), None)
         if p.state is State.QUEUED and p.lease_owner is None:
@@ -359,6 +503,8 @@ class ProcurementService:
                 "old_state": row.old_state,
                 "new_state": row.new_state,
                 "detail": row.detail,
+                "count": row.count,
+                "last_at": iso(row.last_at) if row.last_at is not None else None,
             }
             for row in rows
         ]
@@ -444,5 +590,6 @@ __all__ = [
     "ProcurementService",
     "ReportOutcome",
     "ReportRejected",
+    "ReportUnverified",
     "Wakeups",
 ]

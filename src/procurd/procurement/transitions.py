@@ -9,7 +9,12 @@ A batch of them runs inside one transaction (:class:`procurd.db.batching.BatchWr
    before it in the batch left them; a command that is refused (:class:`NotAllowed`, an intake error, a
    report about no known order) changes nothing and fails alone;
 3. every change is written with one ``executemany`` per kind: procurements, numbers, audit entries, the
-   orders' derived status and their storefront events.
+   orders' derived status and their storefront events. An ignored report identical to the last audit entry
+   of its procurement adds to that entry's ``count`` instead of adding an entry.
+
+Nothing is taken on trust: a report naming an upstream order that procurd has not recorded for the
+procurement is refused (:class:`ReportUnverified`) until the upstream confirms it when asked (the service
+does that, then sends the report again marked ``verified``).
 
 This module is synchronous: it runs on the database's writer (a thread on SQLite, a greenlet on
 PostgreSQL) and speaks to the database only through :class:`procurd.db.stores.Tx`.
@@ -37,6 +42,7 @@ from procurd.core.procurement import (
     Decision,
     Event,
     ExceptionOpened,
+    GoodsAfterResolution,
     MirroredSku,
     NotAllowed,
     NumberAdded,
@@ -52,6 +58,7 @@ from procurd.core.rollup import Deltas, difference
 from procurd.core.sources import default_limit, first_available, offer_limits, selling_terms
 from procurd.db.offer_store import Offer
 from procurd.db.procurement_store import AuditRow
+from procurd.db.reconcile_store import Finding
 from procurd.db.stores import Tx
 from procurd.procurement.provider_orders import ProviderBatch
 
@@ -59,11 +66,33 @@ ACCEPTED: OrderStatus = ("paid", False)  # an order as intake first records it
 
 
 class ReportRejected(Exception):
-    """A report that matches no procurement of the upstream (unknown number, or another order id)."""
+    """A report that matches no procurement of the upstream (unknown number, or another order id), or whose
+    claim the upstream did not confirm (``code`` ``callback_unverified``)."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, code: str = "order_not_found", status: int = 404) -> None:
         super().__init__(reason)
         self.reason = reason
+        self.code = code
+        self.status = status
+
+
+class ReportUnverified(ReportRejected):
+    """A report names an upstream order that procurd has not recorded for the procurement: it changes
+    nothing until the upstream confirms the order. Carries what the service needs to ask, or to wait for a
+    submission in flight whose answer will record the order."""
+
+    def __init__(self, reason: str, procurement: Procurement, now: datetime) -> None:
+        super().__init__(reason)
+        self.procurement = procurement
+        self.checked_at = now
+
+    @property
+    def submission_in_flight(self) -> bool:
+        """A claim on the procurement is live: its submission's answer may be the one that names the order."""
+        p = self.procurement
+        return (
+            p.submission_in_flight and p.lease_expires_at is not None and p.lease_expires_at > self.checked_at
+        )
 
 
 # --- commands -----------------------------------------------------------------------------------------------
@@ -221,7 +250,8 @@ class _Batch:
     order_changes: dict[str, Order] = field(default_factory=dict)
     numbers_added: list[tuple[str, str, Key, bool]] = field(default_factory=list)
     numbers_retired: list[tuple[str, str, int | None]] = field(default_factory=list)
-    audit: list[tuple[Key, AuditRow]] = field(default_factory=list)
+    audit: list[tuple[Key, AuditRow, bool]] = field(default_factory=list)  # True: a repeat may merge
+    late_goods: list[tuple[Key, Source, GoodsAfterResolution]] = field(default_factory=list)
     events: list[_Event] = field(default_factory=list)
     requests: dict[str, Mapping[str, Any]] = field(default_factory=dict)
     exceptions_opened: list[tuple[Key, ExceptionOpened]] = field(default_factory=list)
@@ -395,13 +425,17 @@ def _report(
     if command.upstream != current.upstream and command.number == current.downstream_order_no:
         # An offer left this upstream after it refused the order: it holds none under the number.
         raise ReportRejected(f"order {command.number!r} is bought from another upstream now")
-    expected = (
-        current.upstream_order_id
-        if command.number == current.downstream_order_no
-        else found.upstream_order_id
-    )
+    is_current = command.number == current.downstream_order_no
+    expected = current.upstream_order_id if is_current else found.upstream_order_id
     if expected is not None and expected != command.report.order_id:
         raise ReportRejected(f"order {command.number!r} has another upstream order id")
+    if expected is None and is_current and not command.report.verified:
+        # Nothing recorded names this upstream order: the upstream has to confirm it first.
+        raise ReportUnverified(
+            f"upstream order {command.report.order_id} is not recorded for order {command.number!r}",
+            current,
+            batch.now,
+        )
     event = replace(command.report, number=command.number)
     applied = _apply(batch, [(current, event)], command.source)[0]
     return lambda ids: applied
@@ -588,12 +622,15 @@ def _apply(batch: _Batch, steps: Sequence[tuple[Procurement | None, Event]], sou
                 after.order_no, after.id or None, batch.now, source.value, decision.event, old_state,
                 after.state.value, decision.detail,
             )  # fmt: skip
-            batch.audit.append((key, row))
+            # A report recorded without changing anything (a late status ...) may repeat the entry before it.
+            batch.audit.append((key, row, after is current))
         for effect in decision.effects:
             if isinstance(effect, NumberAdded):
                 batch.numbers_added.append((after.upstream, effect.number, key, effect.again))
             elif isinstance(effect, NumberRetired):
                 batch.numbers_retired.append((before.upstream, effect.number, effect.upstream_order_id))
+            elif isinstance(effect, GoodsAfterResolution):
+                batch.late_goods.append((key, source, effect))
             else:
                 batch.exceptions_opened.append((key, effect))
     for order_no in touched:
@@ -661,7 +698,7 @@ def _flush(batch: _Batch) -> dict[Key, int]:
         ]
         store.insert_numbers(rows, again=again)
     store.retire_numbers(batch.numbers_retired)
-    store.insert_audit([replace(row, procurement_id=ids[key]) for key, row in batch.audit])
+    _write_audit(batch, ids)
     store.update_orders(
         [
             (order.order_no, order.status, order.exception, order.updated_at)
@@ -671,6 +708,7 @@ def _flush(batch: _Batch) -> dict[Key, int]:
     store.insert_events([_event_row(event, ids, batch.now) for event in batch.events])
     rules = batch.rules
     opened = [_exception_alert(batch, key, effect) for key, effect in batch.exceptions_opened]
+    opened += _late_goods(batch, ids)
     batch.tx.alerts.occur(opened, batch.now, rules.alert_repeat_after, rules.alert_delivery)
     batch.tx.charts.add(_rollup(batch), rules.writer)
     return ids
@@ -689,6 +727,93 @@ def _rollup(batch: _Batch) -> Deltas:
     changes = [(None, p, accounts(p)) for p in batch.inserted.values()]
     changes += [(batch.originals[key], p, accounts(p)) for key, p in batch.updated.items()]
     return difference(changes)
+
+
+def _write_audit(batch: _Batch, ids: Mapping[Key, int]) -> None:
+    """The batch's audit entries; an ignored report identical to the entry before it on its procurement (in
+    the database, or earlier in the batch) adds to that entry's count instead."""
+    store = batch.tx.procurements
+    rows = [(replace(row, procurement_id=ids[key]), repeat) for key, row, repeat in batch.audit]
+    if not any(repeat for _, repeat in rows):
+        store.insert_audit([row for row, _ in rows])
+        return
+    wanted = {(row.order_no, row.procurement_id) for row, repeat in rows if repeat}
+    last: dict[int, tuple[int | None, AuditRow]] = {
+        procurement_id: (entry_id, entry)
+        for procurement_id, (entry_id, entry) in store.last_audit_entries(wanted).items()
+    }
+    inserted: list[AuditRow] = []
+    added: dict[int, int] = {}  # audit entry id -> repeats to add
+    for row, repeat in rows:
+        assert row.procurement_id is not None
+        before = last.get(row.procurement_id)
+        if repeat and before is not None and _same_entry(before[1], row):
+            entry_id, entry = before
+            if entry_id is None:  # an entry of this batch: count it there
+                index = next(i for i in range(len(inserted) - 1, -1, -1) if inserted[i] is entry)
+                merged = replace(entry, count=entry.count + 1, last_at=row.at)
+                inserted[index] = merged
+                last[row.procurement_id] = (None, merged)
+            else:
+                added[entry_id] = added.get(entry_id, 0) + 1
+            continue
+        inserted.append(row)
+        last[row.procurement_id] = (None, row)
+    store.insert_audit(inserted)
+    store.count_audit_repeats(added, batch.now)
+
+
+def _same_entry(entry: AuditRow, row: AuditRow) -> bool:
+    return (entry.source, entry.event, entry.old_state, entry.new_state, dict(entry.detail or {})) == (
+        row.source,
+        row.event,
+        row.old_state,
+        row.new_state,
+        dict(row.detail or {}),
+    )
+
+
+def _late_goods(batch: _Batch, ids: Mapping[Key, int]) -> list[Occurrence]:
+    """Goods delivered for procurements a person had resolved: a finding each (in a run of the source that
+    brought them), and a ``reconcile_mismatch`` alert for the person."""
+    if not batch.late_goods:
+        return []
+    findings: list[Finding] = []
+    occurrences: list[Occurrence] = []
+    for key, _, effect in batch.late_goods:
+        order_no, position = key
+        p = next(item for item in batch.items[order_no] if item.position == position)
+        findings.append(
+            Finding(
+                procurement_id=ids[key],
+                order_no=order_no,
+                upstream=p.upstream,
+                downstream_order_no=p.downstream_order_no,
+                upstream_order_id=p.upstream_order_id,
+                field="goods",
+                local_value=p.state.value,
+                upstream_value=effect.status,
+                repair="goods_recorded",
+                found_at=batch.now,
+                run_id=0,
+            )
+        )
+        message = (
+            f"order {order_no}: the upstream delivered item {position + 1} ({p.downstream_order_no}, "
+            f"upstream order {p.upstream_order_id}) after a person resolved it. The goods are recorded with "
+            "it (it stays resolved; reveal them on the order's page): deliver them to the buyer, or settle "
+            "them with the upstream if the buyer was refunded."
+        )
+        occurrences.append(Occurrence(Kind.RECONCILE_MISMATCH, order_no, message, p.upstream))
+    reconcile = batch.tx.reconcile
+    for trigger in sorted({source.value for _, source, _ in batch.late_goods}):
+        found = [f for f, (_, source, _) in zip(findings, batch.late_goods, strict=True) if source == trigger]
+        run_id = reconcile.start(None, trigger, batch.now)
+        reconcile.add_findings(run_id, found)
+        reconcile.finish(
+            run_id, status="ok", checked=len(found), repaired=0, errors=0, error=None, now=batch.now
+        )
+    return occurrences
 
 
 def _exception_alert(batch: _Batch, key: Key, effect: ExceptionOpened) -> Occurrence:

@@ -217,6 +217,9 @@ class UpstreamOrder(UpstreamModel):
     fulfillment: Fulfillment | None = None
     refunded_amount: Decimal | None = Field(default=None, allow_inf_nan=False)
     refund_records: list[Any] | None = None
+    # The number procurd bought it under (real sites and procurd's provider answer it): what makes an answer
+    # confirm a callback's claim (procurd.core.claims).
+    downstream_order_no: str | None = None
 
 
 class CancelResult(UpstreamModel):

@@ -51,10 +51,11 @@ class Priority(IntEnum):
     """Who goes first when several callers wait: a lower value is served first."""
 
     ORDER = 0
-    PING = 1
-    POLL = 2
-    CATALOG = 3
-    RECONCILE = 4  # the lowest: reconciliation looks for what everything else missed
+    CALLBACK = 1  # confirming a callback's claim while the upstream waits for the answer to it
+    PING = 2
+    POLL = 3
+    CATALOG = 4
+    RECONCILE = 5  # the lowest: reconciliation looks for what everything else missed
 
 
 def sending_rate(rate_per_second: float) -> float:
