@@ -55,10 +55,12 @@ class ConsoleClient:
     """A person at the console: cookies kept, redirects followed only when asked, forms posted with the
     CSRF token of the last page seen."""
 
-    def __init__(self, admin_url: str) -> None:
+    def __init__(self, admin_url: str, *, local_address: str | None = None) -> None:
         self.base = admin_url
+        # From another loopback address (127.0.0.2 ...) when given: a client of its own to the listener.
+        connector = aiohttp.TCPConnector(local_addr=(local_address, 0)) if local_address else None
         # aiohttp keeps no cookies of IP-address hosts unless told to.
-        self.session = aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True))
+        self.session = aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True), connector=connector)
         self.last: Page | None = None
 
     async def close(self) -> None:
@@ -76,12 +78,13 @@ class ConsoleClient:
         follow: bool = False,
         headers: Mapping[str, str] | None = None,
     ) -> Page:
-        """POST a form; ``csrf`` defaults to the token of the last page seen ("" sends none)."""
+        """POST a form as a browser does, with the console's own ``Origin`` (``headers`` may replace it);
+        ``csrf`` defaults to the token of the last page seen ("" sends none)."""
         data = dict(fields or {})
         token = self.last.csrf_token if csrf is None and self.last is not None else csrf
         if token:
             data["csrf_token"] = token
-        return await self._send("POST", path, data, follow, headers)
+        return await self._send("POST", path, data, follow, {"Origin": self.base, **(headers or {})})
 
     async def _send(
         self,

@@ -89,7 +89,7 @@ def assert_console_answer(page: Page) -> None:
     """An HTML answer with the console's security headers and never a traceback."""
     assert page.headers["Content-Security-Policy"] == CSP
     assert page.headers["X-Content-Type-Options"] == "nosniff"
-    assert page.headers["Referrer-Policy"] == "no-referrer"
+    assert page.headers["Referrer-Policy"] == "same-origin"
     assert page.status < 500, page.text[:500]
     assert "Traceback" not in page.text
 
@@ -156,7 +156,8 @@ async def test_login_issues_a_new_hardened_session_cookie(shop: Shop) -> None:
 
 async def test_a_wrong_token_a_forged_or_expired_cookie_do_not_sign_in(shop: Shop) -> None:
     """A wrong token answers 401 with the login page again; a cookie with a bad signature, one signed for
-    another token and one past its expiry all lead to the login page."""
+    another token, one past its expiry and a well-signed one of a session that never signed in all lead to
+    the login page; the cookie of a signed-in session opens the console."""
     await shop.client.get("/ui/login")
     wrong = await shop.client.post("/ui/login", {"token": ADMIN_TOKEN + "x"})
     assert wrong.status == 401
@@ -166,11 +167,13 @@ async def test_a_wrong_token_a_forged_or_expired_cookie_do_not_sign_in(shop: Sho
     session = Session("forged", True, int(time.time()) + 3600)
     other_token = SessionCodec("another-token", 3600).encode(session)
     expired = SessionCodec(ADMIN_TOKEN, 3600).encode(Session("forged", True, int(time.time()) - 1))
-    genuine = SessionCodec(ADMIN_TOKEN, 3600).encode(session)
+    never_signed_in = SessionCodec(ADMIN_TOKEN, 3600).encode(session)
+    await shop.client.login()
+    genuine = shop.client.cookie(SESSION_COOKIE) or ""
     tampered = genuine[:-2] + ("AA" if not genuine.endswith("AA") else "BB")
     url = shop.stack.admin_url + "/ui/"
     async with aiohttp.ClientSession() as browser:
-        for value in (other_token, expired, tampered, "garbage", ""):
+        for value in (other_token, expired, never_signed_in, tampered, "garbage", ""):
             async with browser.get(
                 url, headers={"Cookie": f"{SESSION_COOKIE}={value}"}, allow_redirects=False
             ) as response:
@@ -243,8 +246,8 @@ async def test_a_post_without_its_sessions_csrf_token_changes_nothing(shop: Shop
 
 
 async def test_every_console_answer_carries_the_security_headers(shop: Shop) -> None:
-    """Pages, error pages, redirects and static files all carry the CSP, nosniff and no-referrer; pages are
-    not cached, the stylesheet is."""
+    """Pages, error pages, redirects and static files all carry the CSP, nosniff and a same-origin referrer
+    policy; pages are not cached, the stylesheet is."""
     await shop.client.login()
     pages = {
         path: await shop.client.get(path)

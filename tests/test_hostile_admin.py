@@ -13,6 +13,7 @@ applies (``PROCURD_HOSTILE_EXAMPLES`` for a longer hunt, ``--hypothesis-show-sta
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import AsyncIterator
 from decimal import Decimal
@@ -66,6 +67,17 @@ async def target(database_url: str) -> AsyncIterator[Target]:
     """procurd in front of two sandboxes, orders in every state, the log captured at debug level."""
     async with hostile_target(database_url) as target:
         yield target
+
+
+@pytest.fixture
+async def proxied_target(database_url: str) -> AsyncIterator[Target]:
+    """The target behind a trusted proxy on loopback: X-Forwarded-For names each request's client."""
+    async with hostile_target(database_url, trusted_proxies=["127.0.0.1"]) as target:
+        yield target
+
+
+# Each example of wrong tokens comes from an address of its own (wrong tokens are throttled per address).
+GUESSERS = itertools.count(1)
 
 
 # --- what an answer and an accepted order must look like ---------------------------------------------------
@@ -298,13 +310,18 @@ BAD_AUTHORIZATIONS = st.one_of(
 
 @hostile_settings()
 @given(data=st.data())
-async def test_requests_without_the_token_change_nothing(target: Target, data: st.DataObject) -> None:
+async def test_requests_without_the_token_change_nothing(proxied_target: Target, data: st.DataObject) -> None:
     """Without the valid bearer token every path but /healthz answers 401 and nothing changes."""
+    target = proxied_target
     before = await target.rows()
     method = data.draw(st.sampled_from(["GET", "POST", "PUT", "DELETE"]), label="method")
     path = data.draw(st.sampled_from(ADMIN_PATHS), label="path")
     authorization = data.draw(BAD_AUTHORIZATIONS, label="authorization")
-    headers = [("Content-Type", "application/json")]
+    guesser = next(GUESSERS)
+    headers = [
+        ("Content-Type", "application/json"),
+        ("X-Forwarded-For", f"10.{guesser // 250}.{guesser % 250}.1"),
+    ]
     if authorization is not None:
         headers.append(("Authorization", authorization))
     body = json.dumps({"order_no": "HT-1", "items": [{"upstream": "main", "sku_id": target.skus["main"],

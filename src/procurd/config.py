@@ -75,6 +75,18 @@ def _http_url(value: str) -> str:
 
 
 HttpUrl = Annotated[str, AfterValidator(_http_url)]
+
+
+def _network(value: str) -> str:
+    """An IP address or network (``10.0.0.0/8``), in its canonical form."""
+    try:
+        network = ipaddress.ip_network(value.strip(), strict=False)
+    except ValueError:
+        raise ValueError("must be an IP address or a network such as 10.0.0.0/8") from None
+    return str(network) if network.num_addresses > 1 else str(network.network_address)
+
+
+Network = Annotated[str, AfterValidator(_network)]
 PositiveSeconds = Annotated[float, Field(gt=0)]
 
 
@@ -125,6 +137,9 @@ class ServerSettings(_Section):
     header_timeout_seconds: PositiveSeconds = 15
     body_timeout_seconds: PositiveSeconds = 30
     console_session_seconds: PositiveSeconds = 8 * 3600  # a web console sign-in lasts this long
+    # Reverse proxies (addresses or networks) whose X-Forwarded-For names the client: wrong admin tokens are
+    # counted by client address.
+    trusted_proxies: list[Network] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _consistent(self) -> ServerSettings:

@@ -29,6 +29,7 @@ class Kind(StrEnum):
     MASS_REMOVAL_BLOCKED = "mass_removal_blocked"
     PRICE_HELD = "price_held"
     CALLBACKS_REJECTED = "callbacks_rejected"
+    ADMIN_AUTH_FAILURES = "admin_auth_failures"
     RECONCILE_MISMATCH = "reconcile_mismatch"
     INSTANCE_DOWN = "instance_down"
     DAEMON_FAILED = "daemon_failed"
@@ -46,6 +47,7 @@ ERRORS = frozenset(
         Kind.DAEMON_FAILED,
         Kind.RECONCILE_MISMATCH,
         Kind.CALLBACKS_REJECTED,
+        Kind.ADMIN_AUTH_FAILURES,
     }
 )
 # Good news: sent like the others, logged at info.

@@ -44,6 +44,7 @@ from procurd.http.inputs import (
 )
 from procurd.http.openapi import DOCUMENT_PATH, serve_document
 from procurd.http.provider_admin import add_provider_admin_routes
+from procurd.http.throttle import THROTTLE, SignInThrottle, Throttled, throttled_error_text
 from procurd.operations import Operations
 from procurd.operations.orders import DEFAULT_BULK_RETRY, check_order_no
 from procurd.reconcile import runs_with_findings
@@ -268,41 +269,66 @@ def metrics_handler(runtime: Runtime) -> Handler:
 # --- the application --------------------------------------------------------------------------------------
 
 
-def bearer_auth(token: str) -> Middleware:
+def bearer_auth(token: str, throttle: SignInThrottle) -> Middleware:
     """Require ``Authorization: Bearer <token>`` on every path but ``/healthz`` and the web console (which
-    signs people in with the same token) when a token is set."""
+    signs people in with the same token) when a token is set.
+
+    Wrong tokens are counted per client address (:mod:`procurd.http.throttle`): an address that must wait is
+    answered 429 with ``Retry-After`` before its token is looked at. A request with no token at all is
+    answered 401 without counting (a probe without credentials guesses nothing)."""
     expected = token.encode()
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         if expected and request.path != HEALTH_PATH and not is_console_path(request.path):
-            scheme, _, given = request.headers.get("Authorization", "").partition(" ")
-            valid = scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), expected)
-            if not valid:
+            address = throttle.address(request)
+            try:
+                throttle.check_waiting(address, "api")
+                authorization = request.headers.get("Authorization", "")
+                scheme, _, given = authorization.partition(" ")
+                valid = scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), expected)
+                if not valid:
+                    if authorization.strip():
+                        await throttle.wrong_token(address, "api")
+                    raise ApiError(
+                        401,
+                        "unauthorized",
+                        "a valid Authorization: Bearer token is required",
+                        headers={"WWW-Authenticate": 'Bearer realm="procurd"'},
+                    )
+                await throttle.check_right_token(address, "api")
+            except Throttled as waiting:
                 raise ApiError(
-                    401,
-                    "unauthorized",
-                    "a valid Authorization: Bearer token is required",
-                    headers={"WWW-Authenticate": 'Bearer realm="procurd"'},
-                )
+                    429,
+                    "too_many_attempts",
+                    throttled_error_text(waiting.seconds),
+                    headers={"Retry-After": str(waiting.retry_after)},
+                ) from None
         return await handler(request)
 
     return middleware
+
+
+async def _closed(throttle: SignInThrottle) -> None:
+    throttle.close()
 
 
 def make_admin_app(operations: Operations) -> web.Application:
     """The admin API (see ``procurd/http/openapi.yaml``) acting through ``operations``."""
     runtime = operations.runtime
     token = runtime.settings.server.admin_token.get_secret_value()
+    throttle = SignInThrottle(runtime)
     app = listener_app(
         "admin",
         admin_error_body,
         runtime.metrics,
         runtime.settings.server,
         database_unavailable_status=503,
-        middlewares=(bearer_auth(token), console_middleware()),
+        middlewares=(bearer_auth(token, throttle), console_middleware()),
     )
     app[RUNTIME] = runtime
+    app[THROTTLE] = throttle
+    app.on_cleanup.append(lambda _app: _closed(throttle))
     app[OPERATIONS] = operations
     setup_console(app, operations)
     router = app.router

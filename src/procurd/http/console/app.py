@@ -9,7 +9,7 @@ from aiohttp import web
 
 from procurd.http.console.context import CONSOLE, STATIC_PREFIX, Console
 from procurd.http.console.render import setup_templates
-from procurd.http.console.session import SessionCodec
+from procurd.http.console.session import SessionBook, SessionCodec
 from procurd.http.console.views import add_routes
 from procurd.operations import Operations
 
@@ -20,7 +20,10 @@ def setup_console(app: web.Application, operations: Operations) -> None:
     settings = operations.settings
     token = settings.server.admin_token.get_secret_value()
     codec = SessionCodec(token, settings.server.console_session_seconds)
-    app[CONSOLE] = Console(operations, codec, login_required=bool(token), admin_token=token)
+    sessions = SessionBook(operations.runtime.database)
+    app[CONSOLE] = Console(
+        operations, codec, login_required=bool(token), admin_token=token, sessions=sessions
+    )
     setup_templates(app)
     add_routes(app.router)
     static = Path(str(files("procurd.http.console").joinpath("static")))

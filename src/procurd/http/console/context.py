@@ -16,6 +16,7 @@ from procurd.http.console.session import (
     SESSION_COOKIE,
     Flash,
     Session,
+    SessionBook,
     SessionCodec,
 )
 from procurd.http.errors import ApiError
@@ -37,6 +38,7 @@ class Console:
     codec: SessionCodec
     login_required: bool
     admin_token: str
+    sessions: SessionBook  # the signed-in ones, in the database
 
     @property
     def runtime(self) -> Runtime:

@@ -1,17 +1,19 @@
 """The console's guard for every request under ``/ui``: security headers, the session, sign-in, CSRF, and
 error pages instead of JSON.
 
-Order of checks: a session cookie is read (a new one is issued when there is none or it is no good); a
+Order of checks: a session cookie is read (a new one is issued when there is none or it is no good, or when
+its signed-in session was signed out: its row is gone from the database); a
 method the address does not take is answered 405 with ``Allow``, signed in or not; without
 a signed-in session (when a token is configured) every page but the login page leads to the login page; a
-POST must not come from another site and must carry the CSRF token of its session; only then does the
+POST must not come from another site (``Sec-Fetch-Site``, and its ``Origin``, or failing that its
+``Referer``, must be the console's own) and must carry the CSRF token of its session; only then does the
 handler run. Whatever fails becomes an HTML error page with a status, a code and a message; nothing changed.
 """
 
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import parse_qsl, urlencode
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import structlog
 from aiohttp import web
@@ -32,6 +34,7 @@ from procurd.http.console.context import (
     SESSION,
     STATIC_PREFIX,
     Console,
+    behind_https,
     is_console_path,
     redirect,
     set_session,
@@ -49,7 +52,9 @@ CONTENT_SECURITY_POLICY = (
 SECURITY_HEADERS = {
     "Content-Security-Policy": CONTENT_SECURITY_POLICY,
     "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
+    # Within the console a form's request carries its Origin (no-referrer would make it "null"); nothing
+    # of a console address goes to another site.
+    "Referrer-Policy": "same-origin",
     "X-Frame-Options": "DENY",
     "Cross-Origin-Opener-Policy": "same-origin",
 }
@@ -89,6 +94,14 @@ async def _static(request: web.Request, handler: Handler) -> web.StreamResponse:
 async def _page(request: web.Request, handler: Handler, console: Console) -> web.StreamResponse:
     codec = console.codec
     session = codec.decode(request.cookies.get(SESSION_COOKIE))
+    if session is not None and session.authenticated and console.login_required:
+        try:
+            if not await console.sessions.alive(session):
+                session = None  # signed out (here, on another instance, or everywhere)
+        except DatabaseUnavailable as unavailable:
+            log.error("console.database_unavailable", route=route_name(request), reason=unavailable.reason)
+            reason = f"the database cannot be reached: {unavailable.reason}"
+            return error_page(request, ApiError(503, "database_unavailable", reason))
     fresh = session is None
     if session is None:
         session = codec.issue(authenticated=not console.login_required)
@@ -143,6 +156,14 @@ async def _checked_form(request: web.Request, console: Console, session: Session
         raise ApiError(403, "cross_site", "a form posted from another site is refused")
     if request.content_type != FORM_TYPE:
         raise ApiError(415, "form_expected", "this address takes a form posted from the console's pages")
+    problem = _foreign_origin(request)
+    if problem is not None:
+        log.warning("console.cross_site_post", route=route_name(request), origin=problem)
+        raise ApiError(
+            403,
+            "cross_site",
+            "a form posted from another site is refused: its Origin (or Referer) is not this console's",
+        )
     body = await read_body(request)
     try:
         posted = parse_qsl(body.decode("utf-8"), keep_blank_values=True, errors="strict", max_num_fields=100)
@@ -164,6 +185,54 @@ async def _checked_form(request: web.Request, console: Console, session: Session
             "reload the page and send the form again",
         )
     return fields
+
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def _authority(host: str) -> tuple[str, int | None] | None:
+    """``(host, port)`` of a ``Host`` header value (port ``None`` when it names none)."""
+    try:
+        parts = urlsplit("//" + host.strip())
+        return (parts.hostname or "").lower(), parts.port
+    except ValueError:
+        return None
+
+
+def _foreign_origin(request: web.Request) -> str | None:
+    """What is wrong with the post's origin (its ``Origin``, or failing that its ``Referer``): ``None`` when
+    it is this console's own, that is the scheme, host and port the browser addressed (the ``Host`` header,
+    or ``X-Forwarded-Host`` from a reverse proxy). A browser sends one of them with every form post; a
+    cross-site form cannot set either, nor the headers they are compared with."""
+    given = request.headers.get("Origin")
+    source = "origin"
+    if given is None or not given.strip():
+        given, source = request.headers.get("Referer"), "referer"
+    if given is None or not given.strip():
+        return "none"
+    if given.strip().lower() == "null":
+        return "null"
+    try:
+        parts = urlsplit(given.strip())
+        scheme, host, port = parts.scheme.lower(), (parts.hostname or "").lower(), parts.port
+    except ValueError:
+        return f"malformed {source}"
+    if scheme not in _DEFAULT_PORTS or not host:
+        return f"malformed {source}"
+    effective = port if port is not None else _DEFAULT_PORTS[scheme]
+    own_scheme = "https" if behind_https(request) else "http"
+    for value in (request.headers.get("X-Forwarded-Host", "").split(",")[0], request.host):
+        authority = _authority(value) if value else None
+        if authority is None or authority[0] != host:
+            continue
+        own_port = authority[1]
+        if own_port is None and port is None:
+            return None  # each side on its scheme's default port (a proxy may end TLS before procurd)
+        if own_port is not None and own_port == effective:
+            return None
+        if own_port is None and effective == _DEFAULT_PORTS[own_scheme]:
+            return None
+    return f"another {source}"
 
 
 def _login_url(request: web.Request) -> str:

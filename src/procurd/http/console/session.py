@@ -1,10 +1,12 @@
-"""Console sessions: a signed, expiring cookie, and the CSRF token bound to it.
+"""Console sessions: a signed, expiring cookie, its row in the database, and the CSRF token bound to it.
 
 The cookie holds ``{"sid", "auth", "exp"}`` as base64url JSON and an HMAC-SHA256 of it. Its key is derived
-(HKDF-SHA256) from the admin token, so every instance that shares the token accepts the same sessions (no
-session store, nothing to share behind a load balancer), and changing the token ends every session. Without
-an admin token the console needs no login; the key is then random per process and the cookie carries only
-the CSRF binding.
+(HKDF-SHA256) from the admin token, so changing the token ends every session. A signed-in session is also a
+row of ``console_sessions`` (keyed by a digest of its id, so the table holds nothing a cookie could be made
+from), which every instance on the database reads: signing out deletes the row and the cookie is no good
+anywhere from then on, even a copy taken before; *Sign out everywhere* deletes them all. Without an admin
+token the console needs no login; the key is then random per process, the cookie carries only the CSRF
+binding, and nothing is stored.
 
 The CSRF token of a form is an HMAC of the session id under a key of its own: a form is only good with the
 session it was rendered for, and a new session (each login) gets new tokens.
@@ -22,6 +24,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from procurd.db.auth_store import SESSION_QUERY
+from procurd.db.database import Database
+from procurd.db.types import utcnow
 
 SESSION_COOKIE = "procurd_console"
 FLASH_COOKIE = "procurd_console_flash"
@@ -62,6 +68,35 @@ class Flash:
 
     level: str  # ok | error
     text: str
+
+
+def session_key(session: Session) -> str:
+    """The session's key in ``console_sessions``: a digest of its id (the row alone opens nothing)."""
+    return hashlib.sha256(session.sid.encode()).hexdigest()
+
+
+class SessionBook:
+    """The signed-in sessions, in the database every instance shares."""
+
+    def __init__(self, database: Database, clock: Callable[[], float] = time.time) -> None:
+        self.database = database
+        self.clock = clock
+
+    async def alive(self, session: Session) -> bool:
+        """Whether the signed-in session was not signed out (one glance at its row)."""
+        expires = await self.database.glance(SESSION_QUERY, {"id": session_key(session)})
+        return expires is not None and int(expires) > self.clock()
+
+    async def start(self, session: Session, address: str | None) -> None:
+        key, expires, now = session_key(session), session.expires_at, utcnow()
+        await self.database.write(lambda tx: tx.auth.start_session(key, expires, address, now))
+
+    async def end(self, session: Session) -> bool:
+        key = session_key(session)
+        return await self.database.write(lambda tx: tx.auth.end_session(key))
+
+    async def end_all(self) -> int:
+        return await self.database.write(lambda tx: tx.auth.end_all_sessions())
 
 
 class SessionCodec:

@@ -45,6 +45,7 @@ from procurd.http.inputs import (
     query_int,
     query_text,
 )
+from procurd.http.throttle import THROTTLE, Throttled
 from procurd.operations import Operations
 from procurd.operations.orders import DEFAULT_BULK_RETRY, MAX_NOTE_CHARS, check_order_no, order_not_found
 from procurd.operations.provider import ProviderOperations
@@ -97,27 +98,70 @@ async def login_page(request: web.Request) -> web.Response:
 
 
 async def login(request: web.Request) -> web.Response:
-    """Exchange the admin token for a new signed-in session (a new session id: no fixation)."""
+    """Exchange the admin token for a new signed-in session (a new session id: no fixation), recorded in the
+    database so that signing out ends it everywhere. Wrong tokens are counted per client address: one that
+    must wait is answered 429 before its token is looked at (:mod:`procurd.http.throttle`)."""
     console = request.app[CONSOLE]
     target = _back(request, HOME)
     if not console.login_required:
         return redirect(target)
-    given = form_text(request, "token", max_chars=MAX_TOKEN_CHARS).strip()
-    if not hmac.compare_digest(given.encode(), console.admin_token.encode()):
-        log.warning("console.login_failed", remote=request.remote)
-        context = {"next": target, "error": "That is not the admin token."}
-        return render(request, "login.html", context, status=401)
+    throttle = request.app[THROTTLE]
+    address = throttle.address(request)
+    try:
+        throttle.check_waiting(address, "console")
+        given = form_text(request, "token", max_chars=MAX_TOKEN_CHARS).strip()
+        if not hmac.compare_digest(given.encode(), console.admin_token.encode()):
+            if given:  # an empty form guesses nothing
+                await throttle.wrong_token(address, "console")
+            context = {"next": target, "error": "That is not the admin token."}
+            return render(request, "login.html", context, status=401)
+        await throttle.check_right_token(address, "console")
+    except Throttled as waiting:
+        return _throttled(request, target, waiting)
+    await throttle.signed_in(address)
+    session = console.codec.issue(authenticated=True)
+    await console.sessions.start(session, address)
     response = redirect(target)
-    set_session(request, response, console.codec.issue(authenticated=True))
-    log.info("console.signed_in", remote=request.remote)
+    set_session(request, response, session)
+    log.info("console.signed_in", remote=address)
+    return response
+
+
+def _throttled(request: web.Request, target: str, waiting: Throttled) -> web.Response:
+    seconds = waiting.retry_after
+    context = {
+        "next": target,
+        "error": f"Too many wrong tokens from your address: try again in {plural(seconds, 'second')}.",
+    }
+    response = render(request, "login.html", context, status=429)
+    response.headers["Retry-After"] = str(seconds)
     return response
 
 
 async def logout(request: web.Request) -> web.Response:
+    """End this session, on every instance (its row goes), and clear the cookie."""
     console = request.app[CONSOLE]
+    session = request[SESSION]
+    if console.login_required and session.authenticated:
+        await console.sessions.end(session)
     response = redirect(LOGIN_PATH if console.login_required else HOME)
     end_session(response)
     log.info("console.signed_out", remote=request.remote)
+    return response
+
+
+async def logout_everywhere(request: web.Request) -> web.Response:
+    """End every console session, this one included, on every instance: for a browser left signed in
+    somewhere, or a cookie that may have been copied (changing the admin token does the same and more)."""
+    console = request.app[CONSOLE]
+    if not console.login_required:
+        return redirect(HOME)
+    ended = await console.sessions.end_all()
+    response = redirect_with(
+        request, LOGIN_PATH, Flash("ok", f"Signed out everywhere: {plural(ended, 'session')} ended.")
+    )
+    end_session(response)
+    log.warning("console.signed_out_everywhere", remote=request.remote, sessions=ended)
     return response
 
 
@@ -500,6 +544,7 @@ def add_routes(router: web.UrlDispatcher) -> None:
     router.add_get(LOGIN_PATH, login_page)
     router.add_post(LOGIN_PATH, login)
     router.add_post("/ui/logout", logout)
+    router.add_post("/ui/logout/everywhere", logout_everywhere)
     router.add_get("/ui/exceptions", exceptions)
     router.add_post("/ui/exceptions/retry", retry_exceptions)
     router.add_post("/ui/exceptions/{id}/retry", retry_exception)
