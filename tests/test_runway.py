@@ -12,8 +12,9 @@ from typing import Any
 
 import aiohttp
 import pytest
+from pydantic import ValidationError
 
-from procurd.config import Settings
+from procurd.config import Settings, UpstreamSettings
 from procurd.daemon import Daemon
 from procurd.sandbox import Sandbox, SandboxConfig
 from support import AdminClient, mirror, run_cli, running_daemon, settings_for, wait_until
@@ -174,3 +175,16 @@ async def test_a_large_balance_does_not_raise_balance_runway(rich: Shop) -> None
         f"runway {found['runway_hours']:,.1f} h at the last 24 h's spend of 79.20 CNY (alert below 24 h)"
         in words
     )
+
+
+@pytest.mark.parametrize("value", [0, -5, "soon", True, "nan"])
+def test_a_runway_alert_hours_that_is_no_number_of_hours_is_refused(value: object) -> None:
+    """runway_alert_hours takes a number of hours above 0, or "" for off; anything else is a configuration
+    error naming the key."""
+    data = {"name": "main", "base_url": "https://up.example.com", "api_key": "k", "api_secret": "s"}
+    assert UpstreamSettings(**data, runway_alert_hours="").runway_alert_hours == ""
+    assert UpstreamSettings(**data, runway_alert_hours=1.5).runway_alert_hours == 1.5
+    with pytest.raises(ValidationError) as refused:
+        UpstreamSettings(**data, runway_alert_hours=value)
+    assert "runway_alert_hours" in str(refused.value)
+    assert 'must be a number of hours above 0, or "" for off' in str(refused.value)

@@ -111,6 +111,25 @@ def _days_since(dialect: str) -> Select[Any]:
     )
 
 
+_WALLET_AT: dict[int, Select[Any]] = {}
+
+
+def _wallet_at(count: int) -> Select[Any]:
+    """``count`` seeks in one select: each the balance after an account's last ledger row up to a moment."""
+    ledger = provider_ledger.c
+    return select(
+        *(
+            select(ledger.balance_after_cents)
+            .where(ledger.account_id == bindparam("account"), ledger.created_at <= bindparam(f"t{index}"))
+            .order_by(ledger.created_at.desc(), ledger.id.desc())
+            .limit(1)
+            .scalar_subquery()
+            .label(f"b{index}")
+            for index in range(count)
+        )
+    )
+
+
 class ChartStore:
     def __init__(self, connection: Connection) -> None:
         self.connection = connection
@@ -228,18 +247,11 @@ class ChartStore:
         ``None`` before the first): one index seek per moment, in one statement."""
         if not moments:
             return []
-        ledger = provider_ledger.c
-        seeks = [
-            select(ledger.balance_after_cents)
-            .where(ledger.account_id == bindparam("account"), ledger.created_at <= bindparam(f"t{index}"))
-            .order_by(ledger.created_at.desc(), ledger.id.desc())
-            .limit(1)
-            .scalar_subquery()
-            .label(f"b{index}")
-            for index in range(len(moments))
-        ]
+        statement = _WALLET_AT.get(len(moments))
+        if statement is None:
+            statement = _WALLET_AT[len(moments)] = _wallet_at(len(moments))
         values: dict[str, Any] = {f"t{index}": moment for index, moment in enumerate(moments)}
-        row = self.connection.execute(select(*seeks), {"account": account_id, **values}).one()
+        row = self.connection.execute(statement, {"account": account_id, **values}).one()
         return [None if value is None else int(value) for value in row]
 
     def wallet_spend(self, account_id: int, since: datetime) -> int:
