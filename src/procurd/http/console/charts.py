@@ -76,6 +76,24 @@ class Chart:
     columns: tuple[str, ...] = ()  # the table of every value: its header ...
     rows: tuple[tuple[str, ...], ...] = field(default=())  # ... and its rows
 
+    @property
+    def table(self) -> Svg:
+        """The table of every value as markup (each cell labelled with its column, for a phone's layout)."""
+        labels = [escape(column) for column in self.columns]
+        head = "".join(f'<th scope="col">{label}</th>' for label in labels)
+        body = "".join(
+            "<tr>"
+            + "".join(
+                f'<td data-label="{label}">{escape(cell)}</td>'
+                for label, cell in zip(labels, row, strict=True)
+            )
+            + "</tr>"
+            for row in self.rows
+        )
+        return Svg(
+            f'<table class="list figures-table"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+        )
+
 
 def element_id(*parts: str) -> str:
     """An id for a chart's ``<title>`` and ``<desc>``, unique per upstream (or account) and chart."""
