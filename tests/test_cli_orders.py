@@ -18,6 +18,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from procurd.cli import main
+from procurd.config import CALLBACK_PATH
 from procurd.db.instance_store import Instance
 from procurd.db.types import utcnow
 from procurd.http.testing import Stack, procurd_stack
@@ -453,3 +454,21 @@ async def test_output_json_is_a_synonym_of_json(shell: Shell) -> None:
         as_output = parsed(await shell.run(*args, "--output", "json"))
         assert as_output == as_json
     assert parsed(await shell.run("status", "--output", "json"))["ok"] is True
+
+
+async def test_show_counts_identical_late_reports_on_one_line(shell: Shell) -> None:
+    """An upstream repeating a late status after the delivery is one line of order show's audit trail, with
+    how many times it came."""
+    assert (await shell.run("order", "submit", "--order-no", "L1", "--sku", str(shell.sku))).exit_code == 0
+    assert await shell.stack.submit_due()
+    await shell.stack.sandbox.wait_callbacks_idle()
+    order_id = (await shell.stack.order("L1"))["procurements"][0]["upstream_order_id"]
+    late = json.dumps({"order_id": order_id, "downstream_order_no": "L1", "status": "paid"}).encode()
+    async with shell.stack.signer() as signer:
+        for _ in range(3):
+            answer = await signer.request("POST", CALLBACK_PATH, body=late)
+            assert answer.status == 200
+    table = await shell.run("order", "show", "L1")
+    assert table.exit_code == 0, table.stderr
+    assert table.stdout.count("late_status_ignored") == 1
+    assert "late_status_ignored x3" in table.stdout

@@ -262,13 +262,19 @@ async def _show(settings: Settings, order_no: str, show_payload: bool, as_json: 
     print_order(shown, show_payload=show_payload)
     echo()
     rows = [
-        [utc(entry["at"]), entry["procurement_id"], entry["source"], entry["event"],
+        [utc(entry["at"]), entry["procurement_id"], entry["source"], _event(entry),
          f"{entry['old_state'] or '-'} -> {entry['new_state'] or '-'}"]
         for entry in audit
     ]  # fmt: skip
     columns = [Column("time (UTC)"), Column("procurement", right=True), Column("source"), Column("event"),
                Column("state")]  # fmt: skip
     print_table(columns, rows, notes=[entry["detail"] for entry in audit], title="audit trail")
+
+
+def _event(entry: dict[str, Any]) -> str:
+    """The entry's event, with how many identical ones it stands for (``late_status_ignored x300``)."""
+    count = entry.get("count") or 1
+    return entry["event"] if count == 1 else f"{entry['event']} x{count}"
 
 
 @order_group.command("cancel")
