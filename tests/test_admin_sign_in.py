@@ -110,8 +110,8 @@ async def test_wrong_bearer_tokens_are_throttled_on_every_instance(database_url:
     """Wrong bearer tokens from one client address, sent to two instances in turn: the first five are
     answered 401, the sixth too and makes the address wait; every further try, the right token included, is
     answered 429 with Retry-After on either instance. The right token from other addresses is answered at
-    once. The burst is one admin_auth_failures alert, and the log has a summary line per instance, not a
-    line per try."""
+    once. The burst is one admin_auth_failures alert, the metrics count the wrong and the refused tries, and
+    the log has a summary line per instance, not a line per try."""
     with captured_log("info") as log:
         async with (
             instances(database_url) as (first, second),
@@ -136,6 +136,13 @@ async def test_wrong_bearer_tokens_are_throttled_on_every_instance(database_url:
                 assert (await bearer(local, instance, TOKEN))[0] == 200
             [(subject, count)] = await alerts_of(first, "admin_auth_failures")
             assert (subject, count) == ("admin", 1)
+            async with local.get(
+                first.admin_url + "/metrics", headers={"Authorization": f"Bearer {TOKEN}"}
+            ) as response:
+                metrics = await response.text()
+            counted = 'procurd_admin_auth_failures_total{door="api",instance="instance-0",outcome="%s"} %s'
+            assert counted % ("wrong_token", "3.0") in metrics
+            assert counted % ("throttled", "4.0") in metrics
     events = log_events(log)
     assert not [event for event in events if TOKEN in json.dumps(event)]
     summaries = [event for event in events if event["event"] == "admin.auth_failures"]

@@ -103,6 +103,11 @@ class Metrics:
             ["upstream", "reason"], registry=r,
         )  # fmt: skip
         self.alerts = Counter("procurd_alerts", "Alerts raised, by kind.", ["kind"], registry=r)
+        self.admin_auth_failures = Counter(
+            "procurd_admin_auth_failures", "Wrong admin tokens at this instance, by door (console, api) and "
+            "outcome (wrong_token: checked and refused 401; throttled: refused 429 unchecked).",
+            ["door", "outcome"], registry=r,
+        )  # fmt: skip
         self.provider_requests = Counter(
             "procurd_provider_requests", "Requests of downstream sites to the provider's API, by account "
             "(\"-\" before one is known), endpoint and outcome (ok, or the error code).",

@@ -208,6 +208,7 @@ class SignInThrottle:
 
     def _saw(self, address: str, door: str, *, refused: bool) -> None:
         """Note a try for the window's summary line (one line a window, never one a try)."""
+        self.runtime.metrics.admin_auth_failures.labels(door, "throttled" if refused else "wrong_token").inc()
         window = self._window
         if window is None:
             window = self._window = _Window(time.monotonic())
