@@ -216,8 +216,8 @@ def test_request_limits_are_documented() -> None:
 
 
 def test_enumerations_are_the_codes_own() -> None:
-    """Values the server takes from a closed list are documented as that list: alert kinds, exception
-    reasons, provider order statuses."""
+    """Values the server takes or gives from a closed list are documented as that list: alert kinds (the
+    filter and the alert itself), exception reasons, provider order statuses."""
     from procurd.core.alerts import KINDS
     from procurd.core.provider import ORDER_STATUSES
     from procurd.procurement.service import ASSIGNED_REASONS
@@ -229,6 +229,7 @@ def test_enumerations_are_the_codes_own() -> None:
         for parameter in item.get("get", {}).get("parameters", [])
     }
     assert set(parameters[("/api/v1/alerts", "kind")]["enum"]) == set(KINDS)
+    assert set(document["components"]["schemas"]["Alert"]["properties"]["kind"]["enum"]) == set(KINDS)
     assert parameters[("/api/v1/exceptions", "reason")]["enum"] == sorted(ASSIGNED_REASONS)
     assert parameters[("/api/v1/provider/orders", "status")]["enum"] == list(ORDER_STATUSES)
     bulk = document["components"]["schemas"]["BulkRetryRequest"]["properties"]
