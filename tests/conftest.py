@@ -110,3 +110,26 @@ async def database(database_url: str) -> AsyncIterator[Database]:
         yield database
     finally:
         await database.close()
+
+
+# Fixtures that give a test a database of the pass's kind (SQLite, or PostgreSQL in its pass): every
+# migrated one is cloned from the template (database_url and the modules' own), the empty one is not.
+DATABASE_FIXTURES = frozenset({"postgres_template", "empty_database_url"})
+
+
+def uses_the_pass_database(item: pytest.Item) -> bool:
+    """Whether ``item`` runs differently on PostgreSQL: it takes a database from a fixture of
+    :data:`DATABASE_FIXTURES` (directly or through another fixture), or is marked ``postgres``."""
+    fixtures = set(getattr(item, "fixturenames", ()))
+    return bool(fixtures & DATABASE_FIXTURES) or item.get_closest_marker("postgres") is not None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The PostgreSQL pass runs only the tests that use its database: the others (the pure core, the
+    sandbox, the command line on its own SQLite file) would run exactly as in the SQLite pass."""
+    if not POSTGRES_URL:
+        return
+    kept = [item for item in items if uses_the_pass_database(item)]
+    if len(kept) < len(items):
+        config.hook.pytest_deselected(items=[item for item in items if not uses_the_pass_database(item)])
+        items[:] = kept
