@@ -24,7 +24,9 @@ configure_logging("warning", "json")
 # PROCURD_TEST_POSTGRES_URL=postgresql+asyncpg://user@127.0.0.1:5432/postgres switches the whole suite
 # onto PostgreSQL: every test gets a fresh database cloned from a migrated template.
 POSTGRES_URL = os.environ.get("PROCURD_TEST_POSTGRES_URL", "")
-TEMPLATE_DB = "procurd_test_template"
+# One template per test session, so that sessions on one server (two terminals, a loop) never drop
+# each other's.
+TEMPLATE_DB = f"procurd_test_template_{uuid.uuid4().hex[:12]}"
 
 
 def database_kind() -> str:
