@@ -193,6 +193,41 @@ async def test_failed_authentications_are_limited_per_address_and_never_spend_th
             assert requests_counted(text, "victim", "ping", "rate_limited") == 1
 
 
+async def test_behind_a_trusted_proxy_failed_authentications_are_limited_per_forwarded_client(
+    database_url: str, sandbox: Sandbox
+) -> None:
+    """With ``[server] trusted_proxies`` naming a reverse proxy (127.0.0.5 here), the provider limits failed
+    authentications per client the proxy forwards (``X-Forwarded-For``), not per proxy: a forger behind it is
+    blocked after ten, while the account's valid requests through the same proxy from another client are
+    answered. From a peer that is no trusted proxy (127.0.0.6), ``X-Forwarded-For`` is not believed: a
+    forger cannot escape its block by naming ever new clients."""
+    settings = provider_settings(
+        database_url,
+        ("main", sandbox),
+        provider={"rate_limit_per_minute": LIMIT, "rate_limit_block_seconds": 60.0},
+        server={"trusted_proxies": ["127.0.0.5"]},
+    )
+    async with running_daemon(settings) as daemon:
+        site = await add_account(daemon.operations, "behind")
+        async with ClientFrom(site, "127.0.0.5") as proxy, ClientFrom(site, "127.0.0.6") as direct:
+            forger = {"X-Forwarded-For": "203.0.113.7"}
+            forged = [await proxy.post("/ping", signature="0" * 64, headers=forger) for _ in range(LIMIT + 3)]
+            assert [r.status for r in forged[: LIMIT + 1]] == [401] * (LIMIT + 1)
+            assert all(limited(response) for response in forged[LIMIT + 1 :]), [r.status for r in forged]
+            still_blocked = await proxy.post("/ping", headers=forger)
+            assert limited(still_blocked), still_blocked.body
+
+            mine = await proxy.post("/ping", headers={"X-Forwarded-For": "203.0.113.8"})
+            assert answered(mine), mine.body
+
+            named = [
+                await direct.post("/ping", signature="0" * 64, headers={"X-Forwarded-For": f"198.51.100.{n}"})
+                for n in range(LIMIT + 3)
+            ]
+            assert [r.status for r in named[: LIMIT + 1]] == [401] * (LIMIT + 1)
+            assert all(limited(response) for response in named[LIMIT + 1 :]), [r.status for r in named]
+
+
 async def test_bodies_too_large_to_be_verified_are_limited_like_failed_authentications(
     database_url: str, sandbox: Sandbox
 ) -> None:

@@ -5,8 +5,9 @@ The rate limit is the real sites' (``[provider] rate_limit_per_minute`` requests
 the account refused for ``rate_limit_block_seconds``, answered HTTP 200 ``{"ok": false, "status_code": 429,
 ...}`` with ``Retry-After``), but it is counted only for requests whose signature verified: a stranger who
 knows a key cannot spend its budget. Requests that fail authentication (or whose body is too large for
-their signature to be checked) are limited per client address, in a bucket of their own. Each instance keeps
-its own counts.
+their signature to be checked) are limited per client address, in a bucket of their own: the peer's, or the
+one ``X-Forwarded-For`` names when the peer is one of ``[server] trusted_proxies`` (as for the admin
+listener's wrong tokens). Each instance keeps its own counts.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from procurd.core.intake import plain_json
 from procurd.core.json_limits import json_problem
 from procurd.core.provider import Account, cents_text
 from procurd.core.refusals import Refused
+from procurd.http.throttle import client_address, trusted_networks
 from procurd.operations import Operations
 from procurd.protocol import (
     API_PREFIX,
@@ -75,6 +77,7 @@ class ProviderBackend(Backend):
         self.metrics = operations.runtime.metrics
         self.accounts = RateLimiter(time.monotonic)
         self.strangers = RateLimiter(time.monotonic)
+        self.trusted_proxies = trusted_networks(operations.settings.server.trusted_proxies)
 
     @property
     def header_prefix(self) -> str:
@@ -118,7 +121,7 @@ class ProviderBackend(Backend):
         self, request: web.Request, endpoint: str, api_key: str
     ) -> web.Response | None:
         """An address whose requests keep failing authentication is refused before being checked again."""
-        blocked = self.strangers.blocked_for(_address(request))
+        blocked = self.strangers.blocked_for(self._address(request))
         return rate_limited(blocked) if blocked > 0 else None
 
     def authentication_failed(
@@ -128,9 +131,12 @@ class ProviderBackend(Backend):
 
     def _unverified(self, request: web.Request, code: str) -> None:
         """A request refused before its signature verified counts against its client address."""
-        address = _address(request)
+        address = self._address(request)
         if self._limit(self.strangers, address) is not None:
             log.warning("provider.authentication_throttled", remote=address, code=code)
+
+    def _address(self, request: web.Request) -> str:
+        return client_address(request, self.trusted_proxies)
 
     async def after_authentication(
         self, request: web.Request, endpoint: str, caller: Caller
@@ -232,10 +238,6 @@ class ProviderBackend(Backend):
         except Refused as refused:
             raise protocol_error(refused) from None
         return {"ok": True, "order_id": order.id, "order_no": order.order_no, "status": order.status}
-
-
-def _address(request: web.Request) -> str:
-    return request.remote or "unknown"
 
 
 def add_provider_routes(app: web.Application, operations: Operations) -> None:
