@@ -27,6 +27,7 @@ from procurd.core.procurement import Cancel, Source, SubmitAccepted, UpstreamRep
 from procurd.core.rollup import DELIVERY_BOUNDS, OUTCOME_OF, hour_of, micros, percentile
 from procurd.db.database import Database
 from procurd.db.schema import procurements, provider_orders
+from procurd.http.console.pulse import duration_text
 from procurd.procurement.service import ProcurementService
 
 FATES = ("delivered", "exception", "canceled", "submitted", "queued")
@@ -194,18 +195,7 @@ def bucket_bound(seconds: Sequence[float], fraction: float) -> str:
         name = next((n for n, bound in DELIVERY_BOUNDS if value <= bound), "dt_more")
         histogram[name] += 1
     found = percentile(histogram, fraction)
-    return _duration(found)
-
-
-def _duration(seconds: int | None) -> str:
-    if seconds is None:
-        return "—"
-    if seconds < 0:
-        return "over 3 d"
-    for size, unit in ((86400, "d"), (3600, "h"), (60, "min")):
-        if seconds >= size and seconds % size == 0:
-            return f"{seconds // size} {unit}"
-    return f"{seconds} s"
+    return duration_text(found)
 
 
 def hour_start(label: str) -> datetime:
