@@ -447,7 +447,7 @@ async def test_one_shot_commands_print_no_info_lines(shell: Shell) -> None:
 
 
 async def test_output_json_is_a_synonym_of_json(shell: Shell) -> None:
-    """``--output json`` prints exactly what ``--json`` prints (the README's and the scripts' spelling)."""
+    """``--output json`` prints exactly what ``--json`` prints (the docs' and the scripts' spelling)."""
     await exceptions_and_a_delivery(shell)
     for args in (["exceptions", "list"], ["order", "show", "D1"]):
         as_json = parsed(await shell.run(*args, "--json"))

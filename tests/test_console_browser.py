@@ -6,7 +6,7 @@ serves the whole module; each test gets its own browser context (cookies) and pr
 SQLite pass only (the PostgreSQL pass covers the same pages in ``test_console.py``). Every page must load
 without a console error, which is where Chromium reports anything the Content-Security-Policy blocked.
 
-``PROCURD_CONSOLE_SCREENSHOTS=docs`` writes the README's screenshots (``docs/console-overview.png``,
+``PROCURD_CONSOLE_SCREENSHOTS=docs`` writes docs/console.md's screenshots (``docs/console-overview.png``,
 ``docs/console-order.png``); otherwise they go to the test's temporary directory.
 """
 

@@ -3,7 +3,7 @@ on a laptop (1280 px) and on a phone (390 px): every chart is drawn and named fo
 scrolls sideways, and the console logs no error (which is where Chromium reports anything the
 Content-Security-Policy blocked: the charts use no script and no inline style).
 
-``PROCURD_CONSOLE_SCREENSHOTS=docs`` writes the README's screenshots (``docs/console-pulse.png``,
+``PROCURD_CONSOLE_SCREENSHOTS=docs`` writes docs/console.md's screenshots (``docs/console-pulse.png``,
 ``docs/console-pulse-phone.png``, ``docs/console-account-pulse.png``); otherwise they go to the test's
 temporary directory.
 """

@@ -77,8 +77,8 @@ async def test_every_queried_metric_is_exported(exported: dict[str, str], source
 
 
 def test_rules_hold_the_suggested_alerts_and_the_runway() -> None:
-    """The rules file holds the README's suggested alerts (health, exceptions, a stalled queue, a stale
-    catalogue, rejected callbacks, a dead instance, no daemon at all) and the wallet's runway."""
+    """The rules file holds the suggested alerts of docs/operating.md (health, exceptions, a stalled queue, a
+    stale catalogue, rejected callbacks, a dead instance, no daemon at all) and the wallet's runway."""
     names = {
         rule["alert"]
         for group in yaml.safe_load(RULES.read_text(encoding="utf-8"))["groups"]

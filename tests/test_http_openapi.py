@@ -53,7 +53,7 @@ def with_provider(settings: Settings) -> Settings:
 def served(app: web.Application) -> set[tuple[str, str]]:
     """(path template, method) of every route, without the HEAD aiohttp adds to each GET and the routes
     that only refuse other methods (405), of the web console only its entry page (its pages are HTML for a
-    person, described in the README), and the signed API's endpoints as its server routes them."""
+    person, described in docs/console.md), and the signed API's endpoints as its server routes them."""
     routes: set[tuple[str, str]] = set()
     for route in app.router.routes():
         assert route.resource is not None

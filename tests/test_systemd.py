@@ -83,7 +83,7 @@ def test_the_unit_leaves_the_database_to_the_configuration_file() -> None:
     assert "main:/etc/procurd/credentials/main" in unit["LoadCredential"]
 
 
-# --- installed as the README says ---------------------------------------------------------------------------
+# --- installed as docs/operating.md says --------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -147,7 +147,7 @@ def installation(tmp_path_factory: pytest.TempPathFactory) -> Installation:
                            capture_output=True, text=True, check=True, timeout=60)  # fmt: skip
     assert where.stdout.startswith(str(site_packages)), where.stdout
 
-    # /etc/procurd as the README's "Running as a service" writes it, under this test's directory.
+    # /etc/procurd as "Running as a service" in docs/operating.md writes it, under this test's directory.
     etc = work / "etc" / "procurd"
     credentials = etc / "credentials"
     credentials.mkdir(parents=True)
@@ -166,9 +166,9 @@ def installation(tmp_path_factory: pytest.TempPathFactory) -> Installation:
 
 @pytest.mark.slow
 def test_an_installed_procurd_serves_its_operator(installation: Installation, tmp_path: Path) -> None:
-    """Installed from the wheel and configured as the README says: the unit's `db upgrade` (with systemd's
-    credentials directory), then an operator's `status` and `exceptions list` from a shell, which need no
-    secret, on the service's database."""
+    """Installed from the wheel and configured as docs/operating.md says: the unit's `db upgrade` (with
+    systemd's credentials directory), then an operator's `status` and `exceptions list` from a shell, which
+    need no secret, on the service's database."""
     systemd_credentials = tmp_path / "credentials" / "procurd.service"
     shutil.copytree(installation.credentials, systemd_credentials)
     upgrade = installation.run("db", "upgrade", CREDENTIALS_DIRECTORY=str(systemd_credentials))

@@ -3,7 +3,7 @@
 :func:`setup_console` adds its routes, templates, static files and guard to the admin application. The
 console signs operators in with the admin token (a signed session cookie), checks a CSRF token on every form
 post, sends a strict Content-Security-Policy with every answer, and acts through the same code as the JSON
-API. See the README's "Web console" section.
+API. See docs/console.md.
 """
 
 from procurd.http.console.app import setup_console
