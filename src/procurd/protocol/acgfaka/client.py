@@ -40,10 +40,15 @@ from procurd.protocol.acgfaka.envelope import (
     read_stock,
 )
 from procurd.protocol.acgfaka.goods import (
+    MAX_CHOICES,
     Commodity,
+    Goods,
     GoodsError,
     Listing,
     PriceSource,
+    Problem,
+    fallback_unit_cost,
+    goods_of,
     read_commodity,
     read_listing,
 )
@@ -315,6 +320,67 @@ class AcgFakaClient:
         if item is not None:
             shape = "sharedCode" if isinstance(item, Success) and isinstance(item.data, list) else "code"
         return Features(valuation is not None, stock is not None, shape, query is not None)
+
+    async def goods(
+        self,
+        commodity: Commodity,
+        features: Features,
+        *,
+        priority: Priority = Priority.CATALOG,
+        max_choices: int = MAX_CHOICES,
+    ) -> Goods:
+        """``commodity`` as a product with one SKU per choice, priced and stocked as the supplier's version
+        allows: per choice one ``valuation`` (3.4.6 on, else the cost fields: ``inventory`` once for
+        3.1.3 - 3.4.5, the listing before) and one ``stock`` (3.1.3 on; before, ``inventory``'s count per
+        variant for card goods and the listing's counter for manual goods). A choice the supplier refuses
+        is a problem of that choice; a transport or protocol failure raises."""
+        source = features.price_source
+        try:
+            choices = commodity.choices(max_choices, add_ons=source is not PriceSource.ITEMS)
+        except GoodsError:
+            return goods_of(commodity, prices={}, source=source, max_choices=max_choices)
+        inventory = (
+            await self.inventory(commodity.code, priority=priority)
+            if source is PriceSource.INVENTORY
+            else None
+        )
+        prices: dict[str, Decimal] = {}
+        stocks: dict[str, StockReading] = {}
+        counts: dict[str | None, StockReading] = {}
+        problems: list[Problem] = []
+        for choice in choices:
+            if commodity.choice_problem(choice) is not None:
+                continue  # goods_of names it
+            try:
+                if source is PriceSource.VALUATION:
+                    prices[choice.key] = await self.valuation(
+                        commodity.code, 1, choice.race, choice.sku, priority=priority
+                    )
+                else:
+                    prices[choice.key] = fallback_unit_cost(commodity, choice, source, inventory)
+                if features.stock:
+                    stocks[choice.key] = await self.stock(
+                        commodity.code, choice.race, choice.sku, priority=priority
+                    )
+                elif not commodity.manual:
+                    if choice.race not in counts:
+                        answer = await self.inventory(commodity.code, choice.race, priority=priority)
+                        counts[choice.race] = read_stock(answer.get("count"))
+                    stocks[choice.key] = counts[choice.race]
+            except (BusinessError, GoodsError, ValueError) as exc:
+                reason = f"{exc.code}: {exc.message}" if isinstance(exc, BusinessError) else str(exc)
+                problems.append(Problem("choice_unavailable", commodity.id, reason, choice.key))
+        built = goods_of(
+            commodity,
+            prices=prices,
+            stocks=stocks,
+            source=source,
+            base_url=self._root,
+            max_choices=max_choices,
+        )
+        refused = {problem.choice_key for problem in problems}
+        rest = [problem for problem in built.problems if problem.choice_key not in refused]
+        return Goods(built.product, (*problems, *rest))
 
     async def _probe(self, endpoint: str, fields: dict[str, FieldValue], priority: Priority) -> Answer | None:
         def present(reply: _Reply) -> Answer | None:

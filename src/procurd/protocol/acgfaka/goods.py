@@ -212,10 +212,12 @@ class Commodity:
     def input_errors(self) -> frozenset[str]:
         return input_errors(self.widgets)
 
-    def choices(self, max_choices: int = MAX_CHOICES) -> list[Choice]:
-        """Every orderable choice, in config order; :class:`GoodsError` beyond ``max_choices``."""
+    def choices(self, max_choices: int = MAX_CHOICES, *, add_ons: bool = True) -> list[Choice]:
+        """Every orderable choice, in config order; :class:`GoodsError` beyond ``max_choices``. Without
+        ``add_ons`` (versions before 3.1.3 have none) the variants alone."""
         races: list[str | None] = list(self.config.races) or [None]
-        groups = [[(group, option) for option in options] for group, options in self.config.groups.items()]
+        configured = self.config.groups.items() if add_ons else ()
+        groups = [[(group, option) for option in options] for group, options in configured]
         count = len(races)
         for options in groups:
             count *= len(options)
@@ -456,10 +458,11 @@ def goods_of(
 ) -> Goods:
     """The product of ``commodity`` with one SKU per choice that has a price in ``prices`` (by choice key,
     for one unit). A choice's stock is ``stocks[key]``, else the commodity's own figure (exact only when it
-    has one choice). Choices left out are problems."""
+    has one choice). Choices left out are problems. A version that prices from ``items`` (before 3.1.3)
+    has no add-ons: its choices are the variants alone."""
     problems: list[Problem] = []
     try:
-        choices = commodity.choices(max_choices)
+        choices = commodity.choices(max_choices, add_ons=source is not PriceSource.ITEMS)
     except GoodsError as exc:
         return Goods(None, (Problem("too_many_choices", commodity.id, f"{commodity.code}: {exc}"),))
     skus = []

@@ -93,8 +93,8 @@ def _factory_config(shop: Shop, commodity: Commodity) -> str:
 
 def commodity_row(shop: Shop, commodity: Commodity) -> dict[str, Any]:
     """A commodity as ``items`` lists it: every column but the two messages, per the version."""
-    old_costs = not shop.has(STOCK_FROM)
-    has_races = bool(shop.races(commodity))
+    old_costs = not shop.has(STOCK_FROM)  # before 3.1.3 the listing priced every commodity for the caller
+    has_races = old_costs and bool(shop.races(commodity))
     factory = commodity.factory_price
     if old_costs:
         factory = shop.unit_cost(commodity) if not has_races else Decimal(0)
