@@ -25,6 +25,8 @@ REDACTED = "[redacted]"
 SENSITIVE_KEYS = frozenset(
     {
         "api_secret",
+        "app_key",
+        "sign",
         "secret",
         "webhook_secret",
         "admin_token",

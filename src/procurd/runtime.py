@@ -67,7 +67,7 @@ def rate_limiters(settings: Settings, database: Database, instance: str) -> dict
     by_key: dict[str, RateLimiter] = {}
     limiters: dict[str, RateLimiter] = {}
     for upstream in settings.upstreams:
-        key = budget_key(upstream.api_root, upstream.api_key)
+        key = budget_key(*upstream.budget_identity())
         if key not in by_key:
             rate = sending_rate(upstream.max_requests_per_second)
             budget = SharedBudget(database, key, upstream.name, instance, rate)

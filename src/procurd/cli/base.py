@@ -86,6 +86,7 @@ def known_secrets(settings: Settings) -> list[str]:
     """Every secret value the settings hold (those read so far)."""
     return [
         *(u.api_secret.get_secret_value() for u in settings.upstreams if u.api_secret is not None),
+        *(u.app_key.get_secret_value() for u in settings.upstreams if u.app_key is not None),
         settings.server.admin_token.get_secret_value(),
         settings.storefront.webhook_secret.get_secret_value(),
     ]

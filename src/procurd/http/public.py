@@ -67,8 +67,10 @@ class CallbackReceiver:
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
         settings = runtime.settings
-        self.upstreams = {upstream.api_key: upstream for upstream in settings.upstreams}
-        prefixes = dict.fromkeys(upstream.header_prefix for upstream in settings.upstreams)
+        # Only Dujiao-Next upstreams push callbacks (an acg-faka shop has none).
+        pushing = [upstream for upstream in settings.upstreams if upstream.protocol == "dujiao"]
+        self.upstreams = {upstream.api_key: upstream for upstream in pushing}
+        prefixes = dict.fromkeys(upstream.header_prefix for upstream in pushing)
         self.header_names = [(prefix, HeaderNames.for_prefix(prefix)) for prefix in prefixes]
         self.signed_paths = tuple(dict.fromkeys((CALLBACK_PATH, configured_callback_path(runtime))))
         # Per upstream: ask it for an order a callback names that procurd has not recorded.

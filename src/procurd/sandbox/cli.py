@@ -9,13 +9,33 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 
 from procurd.logs import configure_logging
+from procurd.sandbox.acgfaka import DEFAULT_APP_KEY, AcgFakaSandbox, ShopConfig
+from procurd.sandbox.acgfaka.shop import parse_version
 from procurd.sandbox.config import DEFAULT_API_SECRET, SandboxConfig
 from procurd.sandbox.server import Sandbox
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 LOG_FORMATS = ("json", "console", "auto")
+PROTOCOLS = ("dujiao", "acg-faka")
+# Options of one protocol's sandbox only (the others apply to both).
+DUJIAO_OPTIONS = (
+    "skus_per_product",
+    "api_key",
+    "api_secret",
+    "api_secret_file",
+    "header_prefix",
+    "allow_private_callbacks",
+    "rate_limit",
+    "manual_ratio",
+    "callback_retry_delays",
+    "currency",
+    "balance_failure",
+    "ignore_updated_after",
+)
+ACG_FAKA_OPTIONS = ("app_id", "app_key", "app_key_file", "acg_version")
 
 
 def parse_delays(text: str) -> tuple[float, ...]:
@@ -53,6 +73,20 @@ def _read_secret(api_secret: str | None, api_secret_file: Path | None) -> str:
     return api_secret if api_secret is not None else DEFAULT_API_SECRET
 
 
+def _read_key(app_key: str | None, app_key_file: Path | None) -> str:
+    if app_key is not None and app_key_file is not None:
+        raise click.UsageError("give --app-key or --app-key-file, not both")
+    if app_key_file is None:
+        return app_key if app_key is not None else DEFAULT_APP_KEY
+    try:
+        key = app_key_file.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise click.BadParameter(f"cannot read {app_key_file}: {type(exc).__name__}") from None
+    if not key:
+        raise click.BadParameter(f"{app_key_file} is empty")
+    return key
+
+
 def describe_listener(config: SandboxConfig, base_url: str) -> str:
     """The one line printed at start: where to connect and with which key (the secret only when it is the
     well-known default)."""
@@ -64,14 +98,25 @@ def describe_listener(config: SandboxConfig, base_url: str) -> str:
     )
 
 
-async def serve(config: SandboxConfig, host: str, port: int, on_ready: Callable[[str], None]) -> None:
+def describe_shop(config: ShopConfig, base_url: str) -> str:
+    """The acg-faka shop's line at start: where, as which member, with which key (only the default)."""
+    key = config.app_key if config.app_key == DEFAULT_APP_KEY else "(as given)"
+    return (
+        f"procurd sandbox (acg-faka {config.version}) listening on {base_url} (shared API {base_url}/shared, "
+        f"control API {base_url}/_sandbox): app_id {config.app_id}, app_key {key}"
+    )
+
+
+async def serve(
+    config: SandboxConfig | ShopConfig, host: str, port: int, on_ready: Callable[[str], None]
+) -> None:
     """Run the sandbox until SIGINT or SIGTERM, then shut it down cleanly."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     signals = (signal.SIGINT, signal.SIGTERM)
     for signum in signals:
         loop.add_signal_handler(signum, stop.set)
-    sandbox = Sandbox(config)
+    sandbox = Sandbox(config) if isinstance(config, SandboxConfig) else AcgFakaSandbox(config)
     try:
         await sandbox.start(host, port)
         on_ready(sandbox.base_url)
@@ -83,11 +128,24 @@ async def serve(config: SandboxConfig, host: str, port: int, on_ready: Callable[
 
 
 @click.command("sandbox")
+@click.option(
+    "--protocol",
+    type=click.Choice(PROTOCOLS),
+    default="dujiao",
+    show_default=True,
+    help="dujiao: a Dujiao-Next site (signed procurement API); acg-faka: an acg-faka shop (/shared API).",
+)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option(
     "--port", default=9000, show_default=True, type=click.IntRange(0, 65535), help="0 = any free port."
 )
-@click.option("--products", default=40, show_default=True, type=click.IntRange(0), help="Active products.")
+@click.option(
+    "--products",
+    default=40,
+    show_default=True,
+    type=click.IntRange(0),
+    help="Active products (acg-faka: commodities).",
+)
 @click.option("--skus-per-product", default=3, show_default=True, type=click.IntRange(1))
 @click.option("--seed", default=1, show_default=True, type=int, help="Same seed, same catalogue.")
 @click.option("--balance", default="1000.00", show_default=True, help="Starting wallet balance.")
@@ -118,7 +176,22 @@ async def serve(config: SandboxConfig, host: str, port: int, on_ready: Callable[
     show_default=True,
     help="Seconds between callback tries.",
 )
-@click.option("--site-name", default="procurd sandbox", show_default=True)
+@click.option("--site-name", default="procurd sandbox", show_default=True, help="The site's (shop's) name.")
+@click.option(
+    "--app-id", default=1000, show_default=True, type=click.IntRange(1), help="acg-faka: the member id."
+)
+@click.option(
+    "--app-key", default=None, help=f"acg-faka: the member's docking key. Default: {DEFAULT_APP_KEY}."
+)
+@click.option(
+    "--app-key-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="acg-faka: read the docking key from this file.",
+)
+@click.option(
+    "--acg-version", default="3.6.0", show_default=True, help="acg-faka: the version the shop behaves as."
+)
 @click.option("--currency", default="CNY", show_default=True)
 @click.option(
     "--balance-failure",
@@ -146,7 +219,10 @@ async def serve(config: SandboxConfig, host: str, port: int, on_ready: Callable[
     show_default=True,
     help="json, console, or auto (readable lines on a terminal, JSON elsewhere), as procurd's own.",
 )
+@click.pass_context
 def sandbox_command(
+    ctx: click.Context,
+    protocol: str,
     host: str,
     port: int,
     products: int,
@@ -162,13 +238,40 @@ def sandbox_command(
     manual_ratio: float,
     callback_retry_delays: str,
     site_name: str,
+    app_id: int,
+    app_key: str | None,
+    app_key_file: Path | None,
+    acg_version: str,
     currency: str,
     balance_failure: str,
     ignore_updated_after: bool,
     log_level: str,
     log_format: str,
 ) -> None:
-    """Run a faithful upstream site (signed procurement API) on loopback for trying procurd out."""
+    """Run a faithful upstream site on loopback for trying procurd out: a Dujiao-Next site (signed
+    procurement API), or with --protocol acg-faka an acg-faka shop (its shared-shop API)."""
+    foreign = ACG_FAKA_OPTIONS if protocol == "dujiao" else DUJIAO_OPTIONS
+    given = [name for name in foreign if ctx.get_parameter_source(name) is ParameterSource.COMMANDLINE]
+    if given:
+        option = "--" + given[0].replace("_", "-")
+        raise click.UsageError(f"{option} does not apply to --protocol {protocol}")
+    if protocol == "acg-faka":
+        try:
+            parse_version(acg_version)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--acg-version") from None
+        shop = ShopConfig(
+            version=acg_version,
+            app_id=app_id,
+            app_key=_read_key(app_key, app_key_file),
+            balance=_decimal(balance),
+            commodities=products,
+            seed=seed,
+        )
+        if ctx.get_parameter_source("site_name") is ParameterSource.COMMANDLINE:
+            shop.shop_name = site_name
+        _run(shop, host, port, log_level, log_format, lambda url: describe_shop(shop, url))
+        return
     config = SandboxConfig(
         api_key=api_key,
         api_secret=_read_secret(api_secret, api_secret_file),
@@ -188,8 +291,19 @@ def sandbox_command(
         else "payment_failed",
         honour_updated_after=not ignore_updated_after,
     )
+    _run(config, host, port, log_level, log_format, lambda url: describe_listener(config, url))
+
+
+def _run(
+    config: SandboxConfig | ShopConfig,
+    host: str,
+    port: int,
+    log_level: str,
+    log_format: str,
+    describe: Callable[[str], str],
+) -> None:
     configure_logging(log_level, log_format)
     try:
-        asyncio.run(serve(config, host, port, lambda url: click.echo(describe_listener(config, url))))
+        asyncio.run(serve(config, host, port, lambda url: click.echo(describe(url))))
     except OSError as exc:
         raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None

@@ -286,6 +286,14 @@ class UpstreamClient:
     async def _send(self, call: _Call) -> _Answer:
         if self._closed:
             raise RuntimeError(f"upstream client {self.name} is closed")
+        if self._settings.protocol != "dujiao":
+            # Nothing is sent: this client speaks seed 000 only (acg-faka: procurd.protocol.acgfaka).
+            raise UpstreamError(
+                f"this upstream speaks {self._settings.protocol}, not the Dujiao-Next API this call needs",
+                code="wrong_protocol",
+                upstream=self.name,
+                endpoint=call.endpoint,
+            )
         await self._limiter.acquire(call.priority)
         started = time.perf_counter()
         outcome = "error"

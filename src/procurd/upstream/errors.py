@@ -44,6 +44,17 @@ BUSINESS_ERROR_CODES = frozenset(
     }
 )
 SERVER_ERROR_CODES = frozenset({"internal_error"})
+# What a person fixes when an acg-faka supplier refuses the account (its codes are procurd's own names for the
+# supplier's texts).
+ACG_FAKA_AUTH_HINTS = {
+    "app_id_unknown": "check app_id of {name}: the supplier has no member with that id (商户ID不存在)",
+    "app_key_wrong": (
+        "check app_key of {name}: the supplier refused the signature (密钥错误); the member's docking key "
+        "changes when it is reset in the member centre"
+    ),
+    "account_banned": "the supplier has banned the member account of {name} (You have been banned)",
+    "account_missing": "the supplier no longer has the member account of {name} (用户不存在)",
+}
 
 
 class UpstreamError(Exception):
@@ -183,6 +194,8 @@ class AuthError(UpstreamError):
             return f"check api_key of {name}: it must exist, be approved and be active on the upstream"
         if self.code == "user_disabled":
             return f"the upstream account that owns the api_key of {name} is disabled: contact the upstream"
+        if self.code in ACG_FAKA_AUTH_HINTS:
+            return ACG_FAKA_AUTH_HINTS[self.code].format(name=name)
         return f"check api_key, api_secret and header_prefix of {name}"
 
     def _offset_text(self) -> str:
@@ -201,6 +214,49 @@ class BusinessError(UpstreamError):
     """The upstream understood the request and refused it; sending it again will not help."""
 
     default_code = "business_error"
+
+
+class PriceChanged(UpstreamError):
+    """The upstream refused a purchase because the goods' price or settings changed while it was being made;
+    nothing was bought. Sending it again may succeed, but only after asking the price again and checking it
+    against the order's limit (acg-faka's text: see ``procurd.protocol.acgfaka.refusals.PRICE_CHANGED``)."""
+
+    retryable = True
+    default_code = "price_changed"
+
+
+class OutcomeUnknown(UpstreamError):
+    """A purchase was sent and nobody can tell whether the upstream made it: the answer was lost, was not the
+    protocol's, or said something that proves neither. Money may have moved. It is never sent again by itself:
+    a person settles it with what ``details`` names (the upstream's purchase records, the balance before and
+    after, the request number).
+
+    ``cause`` says why the outcome is unknown: ``lost_answer`` (no complete answer), ``not_json`` (an HTML
+    page or another body), ``http_status`` (an answer other than HTTP 200), ``malformed`` (JSON that is not
+    the protocol's), ``unrecognised_refusal`` (a refusal text that proves nothing), ``inconclusive_retry`` (a
+    repeated request refused by a check that runs before the duplicate check), ``duplicate_request`` (the
+    upstream holds an order under this request number already: bought, by this or an earlier try)."""
+
+    retryable = False
+    default_code = "outcome_unknown"
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        cause: str,
+        details: Mapping[str, str] | None = None,
+        code: str | None = None,
+        http_status: int | None = None,
+        upstream: str = "",
+        endpoint: str = "",
+    ) -> None:
+        self.cause = cause
+        self.details = dict(details or {})
+        super().__init__(message, code=code, http_status=http_status, upstream=upstream, endpoint=endpoint)
+
+    def _describe(self) -> str:
+        return f"{super()._describe()} ({self.cause})"
 
 
 class PaymentFailed(BusinessError):
