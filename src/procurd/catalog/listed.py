@@ -3,17 +3,26 @@
 A :class:`ListedProduct` is a listed product digested as a whole (only one that differs from the mirror keeps
 its decoded payload); a :class:`FetchedPage` is a page of them as the pass's writer takes it; a
 :class:`PackedPage` is a page kept between passes in one block of bytes, by the SHA-256 of its body, in the
-:class:`PageMemory` of one upstream.
+:class:`PageMemory` of one upstream. :class:`HeldBack` keeps what a pass takes off sale until its end.
 """
 
 from __future__ import annotations
 
 import struct
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
-from procurd.core.catalog import DIGEST_BYTES, Entity, Snapshot, product_digest, sku_digest
+from procurd.core.catalog import (
+    DIGEST_BYTES,
+    Entity,
+    Plan,
+    Record,
+    Snapshot,
+    diff_listed,
+    product_digest,
+    sku_digest,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +93,7 @@ class PackedPage:
     page_size: int
     body_digest: bytes
     packed: bytes
+    includes_inactive: bool | None = None
 
     def unpack(self) -> FetchedPage:
         products = []
@@ -96,7 +106,15 @@ class PackedPage:
             sku_ids = struct.unpack_from(f"<{sku_count}q", self.packed, offset)
             offset += 8 * sku_count
             products.append(ListedProduct(identity, category if has_category else None, sku_ids, digest))
-        return FetchedPage(self.page, tuple(products), self.total, self.page_size, self.body_digest, self)
+        return FetchedPage(
+            self.page,
+            tuple(products),
+            self.total,
+            self.page_size,
+            self.body_digest,
+            self,
+            self.includes_inactive,
+        )
 
 
 class PageMemory:
@@ -144,6 +162,7 @@ class FetchedPage:
     page_size: int
     body_digest: bytes  # empty when the client was not asked for it
     packed: PackedPage | None = None  # the remembered page it was unpacked from
+    includes_inactive: bool | None = None  # the answer's echo (its body, and so its echo, is remembered)
 
     @property
     def rows(self) -> int:
@@ -169,4 +188,24 @@ class FetchedPage:
                 parts.append(struct.pack(f"<{len(listed.sku_ids)}q", *listed.sku_ids))
         except struct.error:
             return None
-        return PackedPage(self.total, self.page, self.page_size, self.body_digest, b"".join(parts))
+        return PackedPage(
+            self.total, self.page, self.page_size, self.body_digest, b"".join(parts), self.includes_inactive
+        )
+
+
+@dataclass(slots=True)
+class HeldBack:
+    """The records of products a listing that says ``includes_inactive: true`` lists inactive while the
+    mirror holds them live, with those of their SKUs: a pass writes them only at its end, once it knows how
+    many products they take off sale (the mass-removal guard counts them with the removals)."""
+
+    products: list[Record] = field(default_factory=list)
+    skus: list[Record] = field(default_factory=list)
+
+    def plans(self, snapshot: Mapping[Entity, Snapshot]) -> list[Plan]:
+        if not self.products:
+            return []
+        return [
+            diff_listed("product", self.products, snapshot["product"]),
+            diff_listed("sku", self.skus, snapshot["sku"]),
+        ]

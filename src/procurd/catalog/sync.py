@@ -29,7 +29,7 @@ from typing import Any, Final, Literal, Protocol, TypeVar
 import structlog
 
 from procurd.aio import undone_if_cancelled
-from procurd.catalog.listed import Changes, FetchedPage, ListedProduct, PackedPage
+from procurd.catalog.listed import Changes, FetchedPage, HeldBack, ListedProduct, PackedPage
 from procurd.catalog.listed import PageMemory as PageMemory  # re-exported: callers import it from here
 from procurd.catalog.pricing import CurrencySource, reprice_upstream
 from procurd.config import PricingSettings, Settings
@@ -47,6 +47,7 @@ from procurd.core.catalog import (
     apply_plan,
     category_record,
     choose_pass,
+    deactivated,
     diff_listed,
     diff_unlisted,
     digest_of,
@@ -121,8 +122,9 @@ class CatalogAlert:
 class SyncReport:
     """The outcome of one sync pass (also what ``sync_runs`` records of it).
 
-    ``removals_blocked`` (products a suspicious pass would have removed) and ``new_holds`` are known to the
-    pass itself only; :meth:`alerts` turns them into the alerts they call for.
+    ``removals_blocked`` and ``deactivations_blocked`` (products a suspicious pass would have removed, and
+    taken off sale), ``new_holds`` and what the listing said of the upstream (``includes_inactive``, the page
+    sizes) are known to the pass itself only; :meth:`alerts` turns them into the alerts they call for.
     """
 
     run_id: int | None
@@ -147,6 +149,13 @@ class SyncReport:
     new_holds: tuple[NewHold, ...] = ()
     unchanged_pages: int = 0
     """Pages answered byte for byte as in this process's previous pass, and so not decoded (not stored)."""
+    deactivations_blocked: int = 0
+    # What the listing said of the upstream (``sync_runs`` keeps none of it; see procurd.db.dialect_store).
+    includes_inactive: bool | None = field(default=None, compare=False)
+    """The listing's ``includes_inactive``: True when the upstream listed what it took off sale too (asked
+    with ``include_inactive=true``), False or None (not said) when it did not (or nothing was listed)."""
+    page_size_asked: int | None = field(default=None, compare=False)
+    page_size_answered: int | None = field(default=None, compare=False)
 
     @property
     def ok(self) -> bool:
@@ -368,6 +377,7 @@ class _Listing:
     totals: set[int] = field(default_factory=set)
     page_size: int = 0
     pages_total: int = 0
+    includes_inactive: bool | None = None  # what the first page answered
 
 
 @dataclass(slots=True)
@@ -448,7 +458,9 @@ class _SyncPass:
         self._live_products = 0
         self._written = _Written()
         self._removals_blocked = 0
+        self._deactivations_blocked = 0
         self._blocked_reason: str | None = None
+        self._held = HeldBack()
         self._new_holds: tuple[NewHold, ...] = ()
         self._memory = pages
         self._seen: Mapping[bytes, PackedPage] = {}
@@ -508,22 +520,22 @@ class _SyncPass:
             if self._plan.updated_after is not None:
                 await self._record_kind()
             await self._collect()
-            removals = self._removal_plans() if self._plan.kind == "full" else []
-            status: SyncStatus = "suspicious" if self._removals_blocked else "ok"
+            closing = await self._closing_plans()
+            status: SyncStatus = "suspicious" if self._blocked_reason is not None else "ok"
             error = self._blocked_reason
         except asyncio.CancelledError:
             await self._finish("failed", CANCELLED, (), reprice=False)
             raise
         except Exception as exc:  # noqa: BLE001 - every failure is recorded on the run, never raised
             return await self._finish("failed", describe_error(exc), ())
-        return await self._finish(status, error, removals)
+        return await self._finish(status, error, closing)
 
     async def _finish(
-        self, status: SyncStatus, error: str | None, removals: Sequence[Plan], *, reprice: bool = True
+        self, status: SyncStatus, error: str | None, closing: Sequence[Plan], *, reprice: bool = True
     ) -> SyncReport:
-        if removals:
+        if closing:
             try:
-                await self._write(removals)
+                await self._write(closing)
             except Exception as exc:  # noqa: BLE001 - recorded on the run
                 status, error = "failed", describe_error(exc)
         if reprice:
@@ -610,6 +622,10 @@ class _SyncPass:
             removals_blocked=self._removals_blocked,
             new_holds=self._new_holds,
             unchanged_pages=self._unchanged_pages,
+            deactivations_blocked=self._deactivations_blocked,
+            includes_inactive=self._listing.includes_inactive,
+            page_size_asked=self._page_size if self._listing.page_size else None,
+            page_size_answered=self._listing.page_size or None,
         )
 
     # --- the lease ---------------------------------------------------------------------------------------
@@ -749,6 +765,7 @@ class _SyncPass:
         listed = len(first.items) if isinstance(first, CatalogPage) else len(first.products)
         answered = first.page_size if first.page_size > 0 else listed or self._page_size
         self._listing.page_size = min(answered, MAX_PAGE_SIZE)
+        self._listing.includes_inactive = first.includes_inactive
         self._listing.totals.add(first.total)
         self._listing.pages_total = max(1, math.ceil(max(first.total, 0) / self._listing.page_size))
         if self._listing.page_size != self._page_size:
@@ -767,7 +784,9 @@ class _SyncPass:
         if isinstance(page, FetchedPage):
             return page
         products = [ListedProduct.of(item, self._snapshot) for item in page.items]
-        return FetchedPage(page.page, products, page.total, page.page_size, page.body_digest)
+        return FetchedPage(
+            page.page, products, page.total, page.page_size, page.body_digest, None, page.includes_inactive
+        )
 
     async def _fetch_pages(self, queue: asyncio.Queue[FetchedPage | _Done], first: FetchedPage) -> None:
         queue.put_nowait(first)
@@ -829,6 +848,10 @@ class _SyncPass:
             for listed in page.products:
                 if listed.changes is None and listed.problem is None:
                     as_listed &= self._unchanged(listed)
+                elif page.includes_inactive and self._taken_off_sale(listed):
+                    self._changed(listed, new_ids, self._held.products, self._held.skus)
+                    self._not_mirrored("sku", listed.sku_ids, new_ids)
+                    as_listed = False  # not stored until the pass ends: not remembered as stored
                 else:
                     as_listed &= self._changed(listed, new_ids, products, skus)
             if as_listed and page.body_digest:
@@ -889,6 +912,16 @@ class _SyncPass:
         skus.extend(records)
         changed_skus = sum(digest is not None for digest in changes.sku_digests)
         return len(fresh_skus) == len(listed.sku_ids) and len(records) == changed_skus
+
+    def _taken_off_sale(self, listed: ListedProduct) -> bool:
+        """A changed product listed inactive that the mirror holds live (on sale, or inactive already: the
+        pass's end tells which from the mirror's rows)."""
+        changes = listed.changes
+        return (
+            changes is not None
+            and changes.payload.get("is_active") is False
+            and self._snapshot["product"].live(listed.id)
+        )
 
     def _remember(self, page: FetchedPage) -> None:
         """Remember a page stored as listed, for the next pass."""
@@ -981,14 +1014,26 @@ class _SyncPass:
                 f"saw {seen} distinct products but the upstream reported a total of {total}"
             )
 
-    def _removal_plans(self) -> list[Plan]:
-        plans = [diff_unlisted(entity, self._snapshot[entity]) for entity in ENTITIES]
-        products_removed = next(plan.removed for plan in plans if plan.entity == "product")
-        (total,) = self._listing.totals
+    async def _closing_plans(self) -> list[Plan]:
+        """What the pass writes once its listing is done: a full pass's removals (what it did not see
+        listed) and the products held back as listed inactive, unless together they would take more than
+        ``max_removed_fraction`` of the live products off sale (then nothing of them: the pass is
+        suspicious)."""
+        full = self._plan.kind == "full"
+        removals = [diff_unlisted(entity, self._snapshot[entity]) for entity in ENTITIES] if full else []
+        products_removed = sum(plan.removed for plan in removals if plan.entity == "product")
+        held = [record.id for record in self._held.products]
+        taken_off_sale = 0
+        if held:
+            previous = await self._database.read(
+                lambda tx: tx.mirror.known_rows(self._upstream, "product", held)
+            )
+            taken_off_sale = len(deactivated(previous.tracked))
         guard = removal_guard(
             products_removed=products_removed,
+            products_deactivated=taken_off_sale,
             live_products=self._live_products,
-            total_listed=total,
+            total_listed=next(iter(self._listing.totals)) if full else None,
             max_fraction=self._options.max_removed_fraction,
             allowed=self._allow_mass_removal,
         )
@@ -996,9 +1041,10 @@ class _SyncPass:
             log.warning("catalog.sync_mass_removal_blocked", upstream=self._upstream, reason=guard.reason)
         if guard.blocked:
             self._removals_blocked = products_removed
+            self._deactivations_blocked = taken_off_sale
             self._blocked_reason = guard.reason
             return []
-        return plans
+        return [*self._held.plans(self._snapshot), *removals]
 
     def _violation(self, text: str) -> None:
         if len(self._totals.violations) >= MAX_VIOLATIONS:
