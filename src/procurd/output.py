@@ -350,6 +350,9 @@ def _upstream_fields(upstream: dict[str, Any]) -> list[tuple[str, Any]]:
     mirror = upstream.get("mirror")
     if mirror is not None:
         fields.append(("mirror", mirror_text(mirror)))
+    dialect = upstream.get("dialect")
+    if dialect is not None:
+        fields.append(("dialect", dialect["summary"]))
     if sync["at"] is None:
         fields.append(("last sync", "never"))
     else:

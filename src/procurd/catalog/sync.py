@@ -549,7 +549,14 @@ class _SyncPass:
         outcome = RunOutcome(
             status, self._plan.kind, finished_at, self._totals, error, self._ignored_updated_after
         )
-        await self._database.write(lambda tx: tx.mirror.finish_run(self._run_id, outcome))
+        learned = self._learned(finished_at)
+
+        def record(tx: Tx) -> None:
+            tx.mirror.finish_run(self._run_id, outcome)
+            if learned:
+                tx.dialects.learn(self._upstream, learned, finished_at)
+
+        await self._database.write(record)
         if status in COMPLETE_STATUSES:
             self._memory.passed(self._run_id, self._remembered if self._plan.kind == "full" else None)
         else:
@@ -577,6 +584,17 @@ class _SyncPass:
             error=error,
         )
         return report
+
+    def _learned(self, now: datetime) -> dict[str, Any]:
+        """What the listing showed of the upstream's dialect, once its first page was answered."""
+        if not self._listing.page_size:
+            return {}
+        return {
+            "includes_inactive": self._listing.includes_inactive is True,
+            "page_size_asked": self._page_size,
+            "page_size": self._listing.page_size,
+            "listing_at": now,
+        }
 
     async def _reprice(self) -> None:
         """Reprice the products this pass wrote (a failure is a violation: the listing stays stored)."""
