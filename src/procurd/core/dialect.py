@@ -93,14 +93,6 @@ def detail_answer(
     return None
 
 
-def reads_inactive(status: int, error_code: str | None, product: Mapping[str, Any] | None) -> bool:
-    """Whether a product detail says the product is off sale: 200 with ``is_active: false`` reads as inactive
-    exactly as 404 ``product_unavailable`` does (and a deleted product, 404 ``product_not_found``)."""
-    if status == 200:
-        return product is None or product.get("is_active") is False
-    return status == 404 and error_code in ("product_unavailable", "product_not_found")
-
-
 @dataclass(frozen=True, slots=True)
 class Point:
     """One point of an upstream's dialect: what it is, what was found, and what procurd does about it."""
