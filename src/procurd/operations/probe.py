@@ -1,6 +1,6 @@
 """``procurd probe``: a read-only conversation with an upstream that finds out which dialect it speaks.
 
-Three to five signed requests, each through the request budget every process shares (at ping priority): the
+At most four signed requests, each through the request budget every process shares (at ping priority): the
 installation's own ping (protocol version, clock offset, currency, member level; recorded as every ping
 is), one listing asked ``include_inactive=true`` and the largest page seed 000 allows (whether the answer
 says ``includes_inactive: true``, the page size it answers), and the detail of at most two products known to
