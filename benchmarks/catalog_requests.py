@@ -6,7 +6,10 @@ twice: change the price of one SKU of every hundredth product, and run a pass (i
 Prints the requests of each pass (as the sandbox counted them), the rows each wrote, and the ratio; it does
 not pass or fail.
 
-    python benchmarks/catalog_requests.py [--products 10000] [--changed-percent 1]
+    python benchmarks/catalog_requests.py [--products 10000] [--changed-percent 1] [--dialect seed|2026]
+
+Every page is asked with ``include_inactive=true``; ``--dialect 2026`` makes the sandbox serve it, as
+Dujiao-Next does since 2026.
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ UPSTREAM = "bench"
 AIM_PERCENT = 5.0
 
 
-async def measure(products: int, skus_per_product: int, changed_percent: float) -> None:
+async def measure(
+    products: int, skus_per_product: int, changed_percent: float, dialect: str = "seed"
+) -> None:
     from procurd.catalog.sync import SyncOptions, SyncReport, run_sync
     from procurd.config import UpstreamSettings
     from procurd.db import migrate
@@ -32,7 +37,13 @@ async def measure(products: int, skus_per_product: int, changed_percent: float) 
     from procurd.upstream import UpstreamClient
 
     configure_logging("warning")
-    config = SandboxConfig(products=products, skus_per_product=skus_per_product, seed=7, rate_limit=False)
+    config = SandboxConfig(
+        products=products,
+        skus_per_product=skus_per_product,
+        seed=7,
+        rate_limit=False,
+        dialect="2026" if dialect == "2026" else "seed",
+    )
     step = max(1, round(100 / changed_percent))
     with tempfile.TemporaryDirectory() as directory:
         database = open_database(f"sqlite+aiosqlite:///{Path(directory) / 'requests.db'}")
@@ -87,8 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--products", type=int, default=10_000)
     parser.add_argument("--skus-per-product", type=int, default=3)
     parser.add_argument("--changed-percent", type=float, default=1.0)
+    parser.add_argument("--dialect", choices=("seed", "2026"), default="seed")
     args = parser.parse_args(argv)
-    asyncio.run(measure(args.products, args.skus_per_product, args.changed_percent))
+    asyncio.run(measure(args.products, args.skus_per_product, args.changed_percent, args.dialect))
     return 0
 
 

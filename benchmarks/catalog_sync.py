@@ -10,7 +10,10 @@ it compares anything), nothing stored; the ratios use the faster of its two runs
 ratios and the aims beside them; it does not pass or fail.
 
     python benchmarks/catalog_sync.py [--products 10000] [--database-url postgresql+asyncpg://...]
-                                      [--upstream-latency-ms 0] [--with-pricing]
+                                      [--upstream-latency-ms 0] [--with-pricing] [--dialect seed|2026]
+
+Every page is asked with ``include_inactive=true``; ``--dialect 2026`` makes the sandbox serve it (and say
+so in each answer), as Dujiao-Next does since 2026.
 
 Peak RSS is ``ru_maxrss`` of this process only: the sandbox and the schema migration (what
 ``procurd db upgrade`` does before the daemon starts) run in child processes and are not counted.
@@ -50,6 +53,7 @@ def _serve_sandbox(
     latency_seconds: float,
     ready: multiprocessing.connection.Connection,
     stop: Any,
+    dialect: str = "seed",
 ) -> None:
     """Child process: run the sandbox until ``stop`` is set; send its base URL through ``ready``."""
     from procurd.logs import configure_logging
@@ -65,6 +69,7 @@ def _serve_sandbox(
             skus_per_product=skus_per_product,
             seed=7,
             rate_limit=False,
+            dialect="2026" if dialect == "2026" else "seed",
         )
         async with Sandbox(config) as sandbox:
             if latency_seconds > 0:
@@ -299,6 +304,9 @@ def main(argv: list[str] | None = None) -> int:
         default=0.0,
         help="delay the sandbox adds to every product page, like a remote site (default 0: loopback speed)",
     )
+    parser.add_argument(
+        "--dialect", choices=("seed", "2026"), default="seed", help="what the sandbox speaks (default seed)"
+    )
     args = parser.parse_args(argv)
 
     context = multiprocessing.get_context("spawn")
@@ -306,7 +314,14 @@ def main(argv: list[str] | None = None) -> int:
     stop = context.Event()
     child = context.Process(
         target=_serve_sandbox,
-        args=(args.products, args.skus_per_product, args.upstream_latency_ms / 1000, sender, stop),
+        args=(
+            args.products,
+            args.skus_per_product,
+            args.upstream_latency_ms / 1000,
+            sender,
+            stop,
+            args.dialect,
+        ),
         daemon=True,
     )
     child.start()

@@ -16,7 +16,10 @@ Then the benchmark changes the price of one SKU at the top, runs a catalogue pas
 process of its own, as an operator would), and reads that SKU's page as every account: each must show the
 new price (at its tier) at once, never the page kept from before.
 
-    python benchmarks/provider_catalog.py [--products 10000] [--accounts 50] [--quick]
+    python benchmarks/provider_catalog.py [--products 10000] [--accounts 50] [--quick] [--include-inactive]
+
+``--include-inactive`` asks every page as Dujiao-Next's own downstream does (``include_inactive=true``: the
+products offered before and no longer on sale are listed too, inactive).
 """
 
 from __future__ import annotations
@@ -72,14 +75,18 @@ def signed_headers(key: str, secret: str, path: str) -> dict[str, str]:
 
 
 def catalogue_load(
-    base_url: str, accounts: list[tuple[str, str]], pages: int, page_size: int
+    base_url: str,
+    accounts: list[tuple[str, str]],
+    pages: int,
+    page_size: int,
+    include_inactive: bool = False,
 ) -> dict[str, Any]:
     """Every account reads pages 1..``pages`` in order, all accounts at once (runs in a worker process)."""
-    return asyncio.run(_catalogue_load(base_url, accounts, pages, page_size))
+    return asyncio.run(_catalogue_load(base_url, accounts, pages, page_size, include_inactive))
 
 
 async def _catalogue_load(
-    base_url: str, accounts: list[tuple[str, str]], pages: int, page_size: int
+    base_url: str, accounts: list[tuple[str, str]], pages: int, page_size: int, include_inactive: bool
 ) -> dict[str, Any]:
     path = API + "/products"
     failures: dict[str, int] = {}
@@ -92,6 +99,8 @@ async def _catalogue_load(
         async with aiohttp.ClientSession(connector=connector) as session:
             for page in range(1, pages + 1):
                 query = {"page": str(page), "page_size": str(page_size)}
+                if include_inactive:
+                    query["include_inactive"] = "true"
                 async with session.get(
                     base_url + path, params=query, headers=signed_headers(key, secret, path)
                 ) as response:
@@ -171,6 +180,7 @@ async def serve_load(
     pages: int,
     page_size: int,
     pid: int | None,
+    include_inactive: bool = False,
 ) -> Served:
     loop = asyncio.get_running_loop()
     cpu_before = cpu_seconds(pid) if pid else 0.0
@@ -184,7 +194,9 @@ async def serve_load(
 
     sampler = asyncio.create_task(sample())
     try:
-        load = await loop.run_in_executor(pool, catalogue_load, base_url, accounts, pages, page_size)
+        load = await loop.run_in_executor(
+            pool, catalogue_load, base_url, accounts, pages, page_size, include_inactive
+        )
     finally:
         sampler.cancel()
     return Served(
@@ -236,7 +248,8 @@ async def _benchmark(
     at_rest = rss_kib(provider.pid) / 1024
 
     # A first read fills nothing in particular: each run starts from B's state after the start-up.
-    served = await serve_load(pool, provider.public_url, accounts, pages, args.page_size, provider.pid)
+    flag = args.include_inactive
+    served = await serve_load(pool, provider.public_url, accounts, pages, args.page_size, provider.pid, flag)
     floor_pages = await serialised_pages(session, provider, accounts, pages, args.page_size)
     receiver, sender = context.Pipe(duplex=False)
     stop = context.Event()
@@ -250,12 +263,12 @@ async def _benchmark(
             raise SystemExit("the bare handler did not start")
         port = int(receiver.recv())
         floor = await serve_load(
-            pool, f"http://127.0.0.1:{port}", accounts, pages, args.page_size, process.pid
+            pool, f"http://127.0.0.1:{port}", accounts, pages, args.page_size, process.pid, flag
         )
     finally:
         stop.set()
         process.join(30)
-    again = await serve_load(pool, provider.public_url, accounts, pages, args.page_size, provider.pid)
+    again = await serve_load(pool, provider.public_url, accounts, pages, args.page_size, provider.pid, flag)
     fresh = await price_change_is_seen(session, top, provider, accounts)
 
     best = max(served, again, key=lambda run: run.per_second)
@@ -370,6 +383,9 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--accounts", type=int, default=50)
     parser.add_argument("--page-size", type=int, default=100)
     parser.add_argument("--quick", action="store_true", help="a smoke run: 1,000 products, 10 accounts")
+    parser.add_argument(
+        "--include-inactive", action="store_true", help="ask every page include_inactive=true (Dujiao-Next's)"
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.products, args.accounts = 1000, 10

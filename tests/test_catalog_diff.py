@@ -17,6 +17,7 @@ from procurd.core.catalog import (
     PRODUCT_FIELDS,
     ROW_FIELDS,
     SKU_FIELDS,
+    TRACKED_FIELDS,
     CategoryRules,
     Change,
     IncompleteRecord,
@@ -26,6 +27,7 @@ from procurd.core.catalog import (
     apply_plan,
     category_record,
     choose_pass,
+    deactivated,
     diff_listed,
     diff_unlisted,
     digest_of,
@@ -483,3 +485,45 @@ def test_removal_guard(removed: int, live: int, total: int, allowed: bool, block
     if blocked:
         assert guard.reason is not None
         assert "--allow-mass-removal" in guard.reason
+
+
+@pytest.mark.parametrize(
+    ("removed", "deactivated", "total", "blocked", "said"),
+    [
+        (0, 20, None, False, None),
+        (0, 21, None, True, "take 21 of 100 live products off sale"),
+        (10, 11, 90, True, "remove 10 and take 11 more of 100 live products off sale"),
+        (10, 10, 90, False, None),
+        (0, 1, None, False, None),  # an incremental listing of one product is no empty listing
+    ],
+)
+def test_removal_guard_counts_what_a_pass_takes_off_sale(
+    removed: int, deactivated: int, total: int | None, blocked: bool, said: str | None
+) -> None:
+    """Products listed inactive that the mirror holds on sale count with the removals against the allowed
+    share; an incremental pass (no total of the whole catalogue) is never taken for an empty listing."""
+    guard = removal_guard(
+        products_removed=removed,
+        products_deactivated=deactivated,
+        live_products=100,
+        total_listed=total,
+        max_fraction=0.2,
+        allowed=False,
+    )
+    assert guard.blocked == blocked
+    if said is not None:
+        assert guard.reason is not None
+        assert said in guard.reason
+        assert "nothing was removed or taken off sale" in guard.reason
+
+
+def test_deactivated_are_the_products_the_mirror_holds_active() -> None:
+    """Of the products a pass lists inactive, those whose stored is_active is true are taken off sale."""
+    active = TRACKED_FIELDS["product"].index("is_active")
+
+    def stored(is_active: object) -> tuple[object, ...]:
+        values: list[object] = [None] * len(TRACKED_FIELDS["product"])
+        values[active] = is_active
+        return tuple(values)
+
+    assert deactivated({3: stored(True), 1: stored(1), 2: stored(False), 4: stored(0)}) == [1, 3]

@@ -62,7 +62,7 @@ def test_the_checks_are_a_list_to_extend() -> None:
 
 async def test_a_ready_installation_passes(tmp_path: Path, database_url: str) -> None:
     """Good credentials and a migrated database: every line is a ✔ (configuration, database, upstream,
-    balance, clock) and the exit code is 0."""
+    balance, clock, the dialect it speaks as far as its answers showed it) and the exit code is 0."""
     async with Sandbox(SandboxConfig(products=2, site_name="doctor site")) as sandbox:
         config = write_config(tmp_path, database_url, sandbox.base_url, f'api_secret = "{SECRET}"')
         code, lines, err = await doctor(config)
@@ -74,8 +74,11 @@ async def test_a_ready_installation_passes(tmp_path: Path, database_url: str) ->
     assert checks[2].startswith("✔ upstream main: authenticated at doctor site")
     assert checks[3] == "✔ upstream main balance: 1000.00 CNY"
     assert checks[4].startswith("✔ upstream main clock: this machine is ")
-    assert checks[5].startswith("✔ alerts: no [alerts] urls")
-    assert lines[-1] == "all 6 checks passed"
+    assert checks[5] == (
+        "✔ upstream main dialect: not learned yet (a catalogue pass or `procurd probe` learns it)"
+    )
+    assert checks[6].startswith("✔ alerts: no [alerts] urls")
+    assert lines[-1] == "all 7 checks passed"
     assert err == ""
 
 
@@ -88,7 +91,7 @@ async def test_a_wrong_secret_fails_with_what_to_check(tmp_path: Path, database_
     [failure] = [index for index, line in enumerate(lines) if line.startswith("✗")]
     assert lines[failure] == "✗ upstream main: authentication failed: invalid_signature"
     assert lines[failure + 1].startswith("    → check api_secret of main")
-    assert lines[-1] == "1 check of 4 failed"
+    assert lines[-1] == "1 check of 5 failed"
     assert "wrong-secret-value" not in "\n".join(lines) + err
 
 

@@ -176,12 +176,14 @@ def leaves(
         yield name, schema
 
 
-# The signed API (seed 000, the real sites' behaviour) reads any integer `page` and clamps `page_size`, and
-# reads `updated_after` as a timestamp (`format: date-time`).
+# The signed API (seed 000, the real sites' behaviour) reads any integer `page` and clamps `page_size`, reads
+# `updated_after` as a timestamp (`format: date-time`), and takes `include_inactive=true` as Dujiao-Next does
+# (any other value is no).
 READ_AS_THE_REAL_SITES_DO = {
     "get /api/v1/upstream/products page",
     "get /api/v1/upstream/products page_size",
     "get /api/v1/upstream/products updated_after",
+    "get /api/v1/upstream/products include_inactive",
 }
 
 

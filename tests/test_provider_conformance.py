@@ -19,6 +19,8 @@ Where the two sites legitimately differ, the :class:`Site` says so and the tests
 - a product the upstream stopped listing leaves the provider's mirror with its SKUs (a full pass removes
   both), so only a product the mirror holds inactive with a live SKU answers ``product_unavailable`` to an
   order there: the sandbox lists active products only, so the test writes that state into the mirror;
+- ``include_inactive=true``: the provider lists what it offered before and sells no longer, inactive, and
+  says so (as Dujiao-Next since 2026 does); the sandbox speaks seed 000 here and ignores the flag;
 - canceling an order that is canceled already: the sandbox refuses (409, only ``pending_payment`` orders
   cancel), the provider answers the canceled order again (a downstream retrying a lost answer);
 - rate limits: the provider's counts verified requests per account and is raised out of the way here; the
@@ -462,6 +464,28 @@ async def test_products_list_only_active_offered_products(site: Site) -> None:
     assert (scarce["stock_quantity"], scarce["stock_status"]) == (1, "low_stock")
 
 
+async def test_include_inactive_lists_what_was_offered_before(site: Site) -> None:
+    """Asked ``include_inactive=true``, as Dujiao-Next's own downstream asks: the provider also lists the
+    products it offered before and sells no longer (``dormant``, ``retired``) with ``is_active: false``, and
+    says ``includes_inactive: true`` (``unpriced``, never offered, stays out); the sandbox, speaking seed
+    000, ignores the flag. Without it neither says anything of inactive products."""
+    async with site.signed() as client:
+        plain = (await client.get("/products", {"page_size": 100})).json()
+        asked = (await client.get("/products", {"page_size": 100, "include_inactive": "true"})).json()
+    assert "includes_inactive" not in plain
+    shown = {p["id"]: p for p in asked["items"]}
+    on_sale = {p["id"] for p in plain["items"]}
+    if site.kind == "sandbox":
+        assert "includes_inactive" not in asked
+        assert set(shown) == on_sale
+        return
+    withdrawn = {site.products["dormant"], site.products["retired"]}
+    assert asked["includes_inactive"] is True
+    assert set(shown) == on_sale | withdrawn
+    assert [shown[identity]["is_active"] for identity in sorted(withdrawn)] == [False, False]
+    assert (asked["total"], site.products["unpriced"] in shown) == (plain["total"] + 2, False)
+
+
 async def test_member_prices_for_a_user_with_a_level(site: Site) -> None:
     """For the user with a member level, a SKU that carries a member price shows ``price_amount`` =
     ``member_price`` at most ``original_price`` (§2.2); some do (on the provider, every offered SKU whose
@@ -512,10 +536,14 @@ async def test_pagination_walks_every_product_once(site: Site) -> None:
     assert seen == [p["id"] for p in whole["items"]]
     assert len(seen) == len(set(seen)) == whole["total"]
     assert page == -(-whole["total"] // 3) + 1
+    async with site.signed() as client:  # what procurd's client asks: inactive products too (if served)
+        asked = (
+            await client.get("/products", {"page": 2, "page_size": 3, "include_inactive": "true"})
+        ).json()
     async with site.client() as client:
         parsed = await client.products(page=2, page_size=3)
-    assert [p.id for p in parsed.items] == seen[3:6]
-    assert (parsed.page, parsed.page_size, parsed.total) == (2, 3, whole["total"])
+    assert [p.id for p in parsed.items] == [p["id"] for p in asked["items"]]
+    assert (parsed.page, parsed.page_size, parsed.total) == (2, 3, asked["total"])
 
 
 async def test_page_and_page_size_out_of_range_are_clamped(site: Site) -> None:
@@ -582,7 +610,8 @@ async def test_updated_after_lists_products_updated_at_or_after_it(site: Site) -
     async with site.client() as procurd_client:  # it asks in whole seconds, rounded down
         page = await procurd_client.catalog_page(1, 50, updated_after=last)
     second = last.replace(microsecond=0)
-    assert [p["id"] for p in page.items] == [p["id"] for p in products if times[p["id"]] >= second]
+    on_sale = [p["id"] for p in page.items if p["is_active"]]  # it asks for inactive products too
+    assert on_sale == [p["id"] for p in products if times[p["id"]] >= second]
     assert site.products["touched"] in [p["id"] for p in page.items]
 
 

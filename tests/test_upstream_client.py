@@ -10,6 +10,7 @@ import struct
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, MutableMapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -174,7 +175,8 @@ async def test_ping_is_signed_over_the_full_path_and_empty_body(
 async def test_products_query_is_not_signed_and_page_size_is_as_answered(
     canned: tuple[CannedUpstream, str], client: UpstreamClient
 ) -> None:
-    """GET /products sends page and page_size as a query, signs the bare path, reports the answered size."""
+    """GET /products sends page, page_size and include_inactive=true as a query, signs the bare path,
+    reports the answered size and whether the answer lists inactive products too."""
     upstream, _ = canned
     upstream.reply(
         {"ok": True, "items": [{"id": 1, "price_amount": "9.90"}], "total": 1, "page": 2, "page_size": 50}
@@ -182,10 +184,30 @@ async def test_products_query_is_not_signed_and_page_size_is_as_answered(
     page = await client.products(page=2, page_size=100)
     request = upstream.requests[0]
     assert_signed(request, "GET", "/shop/api/v1/upstream/products")
-    assert request.query == {"page": "2", "page_size": "100"}
+    assert request.query == {"page": "2", "page_size": "100", "include_inactive": "true"}
     assert request.body == b""
-    assert page.page_size == 50
+    assert (page.page_size, page.includes_inactive) == (50, None)
     assert page.items[0].price_amount == "9.90"
+
+
+async def test_every_catalogue_page_asks_for_inactive_products_and_reads_the_echo(
+    canned: tuple[CannedUpstream, str], client: UpstreamClient
+) -> None:
+    """The mirror's pages ask include_inactive=true (beside updated_after when incremental) and carry the
+    answer's includes_inactive: true, false, or None when the answer does not say (or says it oddly)."""
+    upstream, _ = canned
+    page = {"ok": True, "items": [{"id": 1, "is_active": False}], "total": 1, "page": 1, "page_size": 50}
+    for echo in (True, False, "yes", None):
+        upstream.reply(page if echo is None else {**page, "includes_inactive": echo})
+    since = datetime(2026, 11, 23, 15, 27, 29, tzinfo=UTC)
+    echoed = [await client.catalog_page(1, 50, updated_after=since)]
+    echoed += [await client.catalog_page(1, 50) for _ in range(3)]
+    assert [found.includes_inactive for found in echoed] == [True, False, None, None]
+    queries = [request.query for request in upstream.requests]
+    assert queries[0] == {
+        "page": "1", "page_size": "50", "include_inactive": "true", "updated_after": "2026-11-23T15:27:29Z"
+    }  # fmt: skip
+    assert all(query["include_inactive"] == "true" for query in queries)
 
 
 async def test_create_order_signs_the_exact_bytes_sent(

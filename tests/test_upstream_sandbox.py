@@ -289,9 +289,15 @@ async def test_business_errors(site: tuple[Sandbox, str], client: UpstreamClient
     )
 
 
-async def test_inactive_product_detail_returned_as_is() -> None:
-    """A site that answers inactive products with 200 gives a product with is_active false."""
-    async with started(SandboxConfig(products=5, inactive_product_detail="200")) as (sandbox, base_url):
+@pytest.mark.parametrize(
+    "config",
+    [SandboxConfig(products=5, inactive_product_detail="200"), SandboxConfig(products=5, dialect="2026")],
+    ids=["knob", "2026"],
+)
+async def test_inactive_product_detail_returned_as_is(config: SandboxConfig) -> None:
+    """A site that answers inactive products with 200 (Dujiao-Next since May 2026) gives a product with
+    is_active false: it reads as inactive."""
+    async with started(config) as (sandbox, base_url):
         product_id = sandbox.state.first_sku("auto").product_id
         sandbox.state.set_product_active(product_id, False)
         async with UpstreamClient(settings_for(base_url)) as client:

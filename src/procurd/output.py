@@ -360,6 +360,9 @@ def _upstream_fields(upstream: dict[str, Any]) -> list[tuple[str, Any]]:
             listed += " (only those changed since the pass before)"
         sync_text = f"{sync['status']}{kind} {when(sync['at'])}: {listed}"
         fields.append(("last sync", sync_text + (f" ({sync['error']})" if sync.get("error") else "")))
+    dialect = upstream.get("dialect")
+    if dialect is not None:
+        fields.append(("dialect", dialect["summary"]))
     queue = upstream["queue"]
     by_state = ", ".join(f"{state} {number}" for state, number in queue.items() if number)
     fields.append(("procurements", by_state or "none"))

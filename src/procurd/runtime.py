@@ -16,12 +16,13 @@ from procurd.config import Settings
 from procurd.db.database import Database, open_database
 from procurd.db.errors import DatabaseError
 from procurd.db.rate_budget import SharedBudget, budget_key
+from procurd.db.stores import Tx
 from procurd.db.types import utcnow
 from procurd.instance import instance_id
 from procurd.metrics import Metrics
 from procurd.procurement.service import ProcurementService, Wakeups
 from procurd.upstream.client import UpstreamClient
-from procurd.upstream.errors import AuthError
+from procurd.upstream.errors import AuthError, UpstreamError
 from procurd.upstream.ratelimit import RateLimiter, SharedRateLimiter, sending_rate
 from procurd.watch import HealthWatch, RejectionWatch
 
@@ -60,6 +61,27 @@ class CallbackCounts:
         return self.unsaved[(upstream, True)], self.unsaved[(upstream, False)]
 
 
+@dataclass
+class DialectNotes:
+    """What requests showed of an upstream's dialect between two saves (the HTTP status of its answer over
+    its limit), kept in memory by the request observer and written to ``upstream_dialects`` now and then."""
+
+    unsaved: dict[str, dict[str, object]] = field(default_factory=dict)
+
+    def observe(self, upstream: str, outcome: str, error: object) -> None:
+        if outcome == "rate_limited" and isinstance(error, UpstreamError) and error.http_status is not None:
+            values = {"limiter_status": error.http_status, "limiter_at": utcnow()}
+            self.unsaved.setdefault(upstream, {}).update(values)
+
+    def take(self) -> dict[str, dict[str, object]]:
+        taken, self.unsaved = self.unsaved, {}
+        return taken
+
+    def restore(self, notes: dict[str, dict[str, object]]) -> None:
+        for upstream, values in notes.items():
+            self.unsaved[upstream] = {**values, **self.unsaved.get(upstream, {})}
+
+
 def rate_limiters(settings: Settings, database: Database, instance: str) -> dict[str, RateLimiter]:
     """Each upstream's limiter, one per API key, taking its slots from the budget of that key that every
     process of the installation shares through the database (the daemons and the commands run beside them);
@@ -88,6 +110,7 @@ class Runtime:
     rejections: RejectionWatch
     instance: str = field(default_factory=instance_id)
     callbacks: CallbackCounts = field(default_factory=CallbackCounts)
+    dialects: DialectNotes = field(default_factory=DialectNotes)
     # What this process's passes of each upstream listed, so that unchanged pages are not decoded again.
     catalog_pages: dict[str, PageMemory] = field(default_factory=lambda: defaultdict(PageMemory))
 
@@ -99,10 +122,12 @@ class Runtime:
         instance = instance or instance_id()
         metrics = Metrics(instance, database.counts.transactions)
         health = HealthWatch(settings.alerts.unhealthy_after_seconds, {u.name: u for u in settings.upstreams})
+        dialects = DialectNotes()
 
         def observe(upstream: str, endpoint: str, outcome: str, seconds: float, error: object) -> None:
             metrics.observe_upstream_request(upstream, endpoint, outcome, seconds)
             health.observe(upstream, endpoint, outcome, seconds, error)
+            dialects.observe(upstream, outcome, error)
 
         limiters = rate_limiters(settings, database, instance)
         clients = {
@@ -124,6 +149,7 @@ class Runtime:
             health,
             RejectionWatch(),
             instance,
+            dialects=dialects,
         )
 
     def client(self, upstream: str) -> UpstreamClient:
@@ -151,6 +177,23 @@ class Runtime:
             self.callbacks.restore(counts)
             raise
 
+    async def save_dialects(self) -> None:
+        """Write what requests showed of the upstreams' dialects since the last save."""
+        notes = self.dialects.take()
+        if not notes:
+            return
+        now = utcnow()
+
+        def learn(tx: Tx) -> None:
+            for upstream, values in notes.items():
+                tx.dialects.learn(upstream, values, now)
+
+        try:
+            await self.database.write(learn)
+        except BaseException:
+            self.dialects.restore(notes)
+            raise
+
     async def cancel_upstream(self, upstream: str, order_id: int) -> None:
         await self.clients[upstream].cancel_order(order_id)
 
@@ -160,6 +203,10 @@ class Runtime:
             await self.save_callback_counts()
         except DatabaseError as exc:
             log.warning("callbacks.count_not_saved", reason=exc.reason)
+        try:
+            await self.save_dialects()
+        except DatabaseError as exc:
+            log.warning("dialects.not_saved", reason=exc.reason)
         for client in self.clients.values():
             await client.close()
         for limiter in {id(client.limiter): client.limiter for client in self.clients.values()}.values():

@@ -17,6 +17,7 @@ import structlog
 from procurd.catalog.sync import SyncReport
 from procurd.config import UpstreamSettings
 from procurd.core.alerts import Alert, Kind
+from procurd.core.dialect import Learned, dialect_text
 from procurd.core.orders import iso
 from procurd.core.procurement import State
 from procurd.core.provider import cents_text
@@ -43,6 +44,7 @@ class _Facts:
     queue: dict[tuple[str, str], int]
     oldest: dict[str, datetime]
     health: dict[str, UpstreamHealth]
+    dialects: dict[str, Learned]
     events_pending: int
     syncs: dict[str, SyncReport | None]
     exceptions: dict[str, dict[str, int]]
@@ -89,6 +91,7 @@ def _facts(
         queue=tx.charts.states(),  # from the hourly rollup, not a count of every procurement
         oldest=tx.charts.oldest_queued(upstreams),
         health=tx.health.all(),
+        dialects=tx.dialects.all(),
         events_pending=store.pending_events(),
         syncs=syncs,
         exceptions=tx.charts.exception_reasons(upstreams),
@@ -124,6 +127,8 @@ async def status_report(runtime: Runtime) -> dict[str, Any]:
         status["callbacks"]["rejected"] += rejected
         status["exceptions_by_reason"] = facts.exceptions.get(upstream.name, {})
         status.update(runway(upstream, status["last_ping"], facts.spend[upstream.name]))
+        learned = facts.dialects.get(upstream.name) or Learned(upstream=upstream.name)
+        status["dialect"] = dialect_view(learned, status["protocol_version"], status["last_ping"]["currency"])
         status["mirror"] = facts.mirror.get(upstream.name, {"categories": 0, "products": 0, "skus": 0})
         upstreams.append(status)
     events_pending = facts.events_pending
@@ -144,6 +149,25 @@ async def status_report(runtime: Runtime) -> dict[str, Any]:
             "events_pending": events_pending,
         },
         "provider": facts.provider or {"enabled": False},
+    }
+
+
+def dialect_view(learned: Learned, protocol_version: str | None, currency: str | None) -> dict[str, Any]:
+    """What an upstream's answers showed of the dialect it speaks (``None``: not seen yet), with its name
+    (``seed``, ``2026``) and a summary in words; the protocol version and currency of its last ping."""
+    return {
+        "name": learned.dialect,
+        "summary": dialect_text(learned),
+        "includes_inactive": learned.includes_inactive,
+        "page_size": learned.page_size,
+        "page_size_asked": learned.page_size_asked,
+        "page_size_max": learned.page_size_max,
+        "limiter_status": learned.limiter_status,
+        "inactive_detail": learned.inactive_detail,
+        "clock_offset_seconds": learned.clock_offset_seconds,
+        "protocol_version": protocol_version,
+        "currency": currency,
+        "learned_at": iso(learned.updated_at),
     }
 
 
@@ -310,8 +334,11 @@ async def record_ping(runtime: Runtime, upstream: str, outcome: PingResult | Bas
         tx.health.update(upstream, values, now)
         if isinstance(outcome, PingResult):  # the wallet's chart, hour by hour
             tx.charts.record_balance(upstream, str(outcome.balance), outcome.currency, now)
+            if outcome.clock_offset_seconds is not None:
+                tx.dialects.learn(upstream, {"clock_offset_seconds": outcome.clock_offset_seconds}, now)
 
     await runtime.database.write(record)
+    await runtime.save_dialects()
     log.info(
         "upstream.ping_recorded",
         upstream=upstream,

@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import math
 import secrets
-import struct
 from collections.abc import Callable, Container, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
@@ -30,10 +29,11 @@ from typing import Any, Final, Literal, Protocol, TypeVar
 import structlog
 
 from procurd.aio import undone_if_cancelled
+from procurd.catalog.listed import Changes, FetchedPage, HeldBack, ListedProduct, PackedPage
+from procurd.catalog.listed import PageMemory as PageMemory  # re-exported: callers import it from here
 from procurd.catalog.pricing import CurrencySource, reprice_upstream
 from procurd.config import PricingSettings, Settings
 from procurd.core.catalog import (
-    DIGEST_BYTES,
     ENTITIES,
     CategoryRules,
     Entity,
@@ -47,15 +47,14 @@ from procurd.core.catalog import (
     apply_plan,
     category_record,
     choose_pass,
+    deactivated,
     diff_listed,
     diff_unlisted,
     digest_of,
     log_changes,
     older_than_asked,
-    product_digest,
     product_record,
     removal_guard,
-    sku_digest,
     sku_record,
     total_suggests_full_listing,
 )
@@ -123,8 +122,9 @@ class CatalogAlert:
 class SyncReport:
     """The outcome of one sync pass (also what ``sync_runs`` records of it).
 
-    ``removals_blocked`` (products a suspicious pass would have removed) and ``new_holds`` are known to the
-    pass itself only; :meth:`alerts` turns them into the alerts they call for.
+    ``removals_blocked`` and ``deactivations_blocked`` (products a suspicious pass would have removed, and
+    taken off sale), ``new_holds`` and what the listing said of the upstream (``includes_inactive``, the page
+    sizes) are known to the pass itself only; :meth:`alerts` turns them into the alerts they call for.
     """
 
     run_id: int | None
@@ -149,6 +149,13 @@ class SyncReport:
     new_holds: tuple[NewHold, ...] = ()
     unchanged_pages: int = 0
     """Pages answered byte for byte as in this process's previous pass, and so not decoded (not stored)."""
+    deactivations_blocked: int = 0
+    # What the listing said of the upstream (``sync_runs`` keeps none of it; see procurd.db.dialect_store).
+    includes_inactive: bool | None = field(default=None, compare=False)
+    """The listing's ``includes_inactive``: True when the upstream listed what it took off sale too (asked
+    with ``include_inactive=true``), False or None (not said) when it did not (or nothing was listed)."""
+    page_size_asked: int | None = field(default=None, compare=False)
+    page_size_answered: int | None = field(default=None, compare=False)
 
     @property
     def ok(self) -> bool:
@@ -350,162 +357,6 @@ def _renew(tx: Tx, lease: _Lease, now: datetime) -> bool:
     return tx.leases.renew(lease.name, lease.holder, now, lease.ttl_seconds)
 
 
-@dataclass(frozen=True, slots=True)
-class _Changes:
-    """What a sync needs of a listed product that differs from the mirror: its decoded payload and each
-    SKU's digest (None where the SKU's row is unchanged)."""
-
-    payload: dict[str, Any]
-    sku_digests: tuple[bytes | None, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class _ListedProduct:
-    """A listed product, digested as a whole; only one that differs from the mirror keeps its payload
-    (pages wait for the writer in this form)."""
-
-    id: int
-    category_id: int | None
-    sku_ids: tuple[int, ...]
-    digest: bytes = b""
-    changes: _Changes | None = None
-    problem: str | None = None
-
-    @classmethod
-    def of(cls, payload: dict[str, Any], snapshot: Mapping[Entity, Snapshot]) -> _ListedProduct:
-        # A listed id's snapshot entry only changes when the writer stores that very listing, so what is
-        # unchanged now is still unchanged when the page is written.
-        identity: int = payload["id"]
-        category = payload.get("category_id")
-        category_id = category if type(category) is int else None
-        sku_payloads = payload.get("skus") or ()
-        sku_ids = tuple(sku["id"] for sku in sku_payloads)
-        try:
-            unchanged = cls(identity, category_id, sku_ids, product_digest(payload))
-            # A SKU the mirror lacks (one it could not store) sends the product down the long way, so the
-            # reason is reported again on every pass.
-            if unchanged.unchanged_in(snapshot):
-                return unchanged
-            skus = snapshot["sku"]
-            sku_digests = tuple(
-                digested if skus.needs_write(sku_id, digested) else None
-                for sku_id, digested in zip(
-                    sku_ids, (sku_digest(sku, identity) for sku in sku_payloads), strict=True
-                )
-            )
-        except TypeError as exc:
-            problem = f"product {identity} cannot be stored as JSON ({exc}): not mirrored"
-            return cls(identity, category_id, sku_ids, problem=problem)
-        return replace(unchanged, changes=_Changes(payload, sku_digests))
-
-    def unchanged_in(self, snapshot: Mapping[Entity, Snapshot]) -> bool:
-        """Whether the mirror holds this product, SKUs included, as it was listed (by its digest)."""
-        skus = snapshot["sku"]
-        return not snapshot["product"].needs_write(self.id, self.digest) and all(map(skus.live, self.sku_ids))
-
-
-# A remembered product: id, category id, whether it has one, digest, number of SKUs (their ids follow).
-_PACKED_PRODUCT: Final = struct.Struct(f"<qq?{DIGEST_BYTES}sH")
-
-
-@dataclass(frozen=True, slots=True)
-class _PackedPage:
-    """A remembered page as kept between passes: one bytes object instead of an object per product, so a
-    large catalogue costs little memory and pins none of the pass's freed memory."""
-
-    total: int
-    page: int
-    page_size: int
-    body_digest: bytes
-    packed: bytes
-
-    def unpack(self) -> _FetchedPage:
-        products = []
-        offset, end = 0, len(self.packed)
-        while offset < end:
-            identity, category, has_category, digest, sku_count = _PACKED_PRODUCT.unpack_from(
-                self.packed, offset
-            )
-            offset += _PACKED_PRODUCT.size
-            sku_ids = struct.unpack_from(f"<{sku_count}q", self.packed, offset)
-            offset += 8 * sku_count
-            products.append(_ListedProduct(identity, category if has_category else None, sku_ids, digest))
-        return _FetchedPage(self.page, tuple(products), self.total, self.page_size, self.body_digest, self)
-
-
-class PageMemory:
-    """The product pages of one upstream's last complete pass in this process, by the SHA-256 of their body.
-
-    A full pass hands the client these digests: a page answered byte for byte as before is not decoded, and
-    its products, as listed then, are checked against the mirror's digests instead (a page whose products
-    the mirror no longer holds so is fetched again and decoded). The pages are trusted only while no pass
-    but this memory's own has run on the upstream since the one that remembered them (another process's,
-    an operator's ``procurd catalog sync``); a pass that fails forgets them.
-    """
-
-    def __init__(self) -> None:
-        self._run_id: int | None = None
-        self._pages: dict[bytes, _PackedPage] = {}
-
-    def recall(self, last_run_id: int | None) -> Mapping[bytes, _PackedPage]:
-        """The remembered pages, if the upstream's newest run ``last_run_id`` is the one that left them."""
-        if last_run_id is None or last_run_id != self._run_id:
-            self.forget()
-        return self._pages
-
-    def passed(self, run_id: int, pages: dict[bytes, _PackedPage] | None) -> None:
-        """Run ``run_id`` completed: a full pass's ``pages`` replace the remembered ones; an incremental pass
-        (``None``) keeps them (what it changed no longer matches the mirror's digests)."""
-        self._run_id = run_id
-        if pages is not None:
-            self._pages = pages
-
-    def forget(self) -> None:
-        self._run_id = None
-        self._pages = {}
-
-    def __len__(self) -> int:
-        return len(self._pages)
-
-
-@dataclass(frozen=True, slots=True)
-class _FetchedPage:
-    """A page of products as the writer takes it: decoded and digested, or unpacked from memory."""
-
-    page: int
-    products: Sequence[_ListedProduct]
-    total: int
-    page_size: int
-    body_digest: bytes  # empty when the client was not asked for it
-    packed: _PackedPage | None = None  # the remembered page it was unpacked from
-
-    @property
-    def rows(self) -> int:
-        return sum(1 + len(listed.sku_ids) for listed in self.products)
-
-    def unchanged_in(self, snapshot: Mapping[Entity, Snapshot]) -> bool:
-        return all(listed.unchanged_in(snapshot) for listed in self.products)
-
-    def pack(self) -> _PackedPage | None:
-        """This page's listing (ids, digests, categories; no payloads) in one block of bytes, or None when an
-        id does not fit 64 bits or a product has more SKUs than a count of 16 bits holds."""
-        if self.packed is not None:
-            return self.packed
-        parts = []
-        try:
-            for listed in self.products:
-                category = listed.category_id
-                parts.append(
-                    _PACKED_PRODUCT.pack(
-                        listed.id, category or 0, category is not None, listed.digest, len(listed.sku_ids)
-                    )
-                )
-                parts.append(struct.pack(f"<{len(listed.sku_ids)}q", *listed.sku_ids))
-        except struct.error:
-            return None
-        return _PackedPage(self.total, self.page, self.page_size, self.body_digest, b"".join(parts))
-
-
 class _Done:
     """The end of the page queue."""
 
@@ -526,6 +377,7 @@ class _Listing:
     totals: set[int] = field(default_factory=set)
     page_size: int = 0
     pages_total: int = 0
+    includes_inactive: bool | None = None  # what the first page answered
 
 
 @dataclass(slots=True)
@@ -606,11 +458,13 @@ class _SyncPass:
         self._live_products = 0
         self._written = _Written()
         self._removals_blocked = 0
+        self._deactivations_blocked = 0
         self._blocked_reason: str | None = None
+        self._held = HeldBack()
         self._new_holds: tuple[NewHold, ...] = ()
         self._memory = pages
-        self._seen: Mapping[bytes, _PackedPage] = {}
-        self._remembered: dict[bytes, _PackedPage] = {}
+        self._seen: Mapping[bytes, PackedPage] = {}
+        self._remembered: dict[bytes, PackedPage] = {}
         self._unchanged_pages = 0
         # Pages being fetched or waiting to be stored: bounded, so memory does not grow when fetching outpaces
         # writing, yet wide enough that fetching goes on while the writer stores a batch.
@@ -666,22 +520,22 @@ class _SyncPass:
             if self._plan.updated_after is not None:
                 await self._record_kind()
             await self._collect()
-            removals = self._removal_plans() if self._plan.kind == "full" else []
-            status: SyncStatus = "suspicious" if self._removals_blocked else "ok"
+            closing = await self._closing_plans()
+            status: SyncStatus = "suspicious" if self._blocked_reason is not None else "ok"
             error = self._blocked_reason
         except asyncio.CancelledError:
             await self._finish("failed", CANCELLED, (), reprice=False)
             raise
         except Exception as exc:  # noqa: BLE001 - every failure is recorded on the run, never raised
             return await self._finish("failed", describe_error(exc), ())
-        return await self._finish(status, error, removals)
+        return await self._finish(status, error, closing)
 
     async def _finish(
-        self, status: SyncStatus, error: str | None, removals: Sequence[Plan], *, reprice: bool = True
+        self, status: SyncStatus, error: str | None, closing: Sequence[Plan], *, reprice: bool = True
     ) -> SyncReport:
-        if removals:
+        if closing:
             try:
-                await self._write(removals)
+                await self._write(closing)
             except Exception as exc:  # noqa: BLE001 - recorded on the run
                 status, error = "failed", describe_error(exc)
         if reprice:
@@ -695,7 +549,14 @@ class _SyncPass:
         outcome = RunOutcome(
             status, self._plan.kind, finished_at, self._totals, error, self._ignored_updated_after
         )
-        await self._database.write(lambda tx: tx.mirror.finish_run(self._run_id, outcome))
+        learned = self._learned(finished_at)
+
+        def record(tx: Tx) -> None:
+            tx.mirror.finish_run(self._run_id, outcome)
+            if learned:
+                tx.dialects.learn(self._upstream, learned, finished_at)
+
+        await self._database.write(record)
         if status in COMPLETE_STATUSES:
             self._memory.passed(self._run_id, self._remembered if self._plan.kind == "full" else None)
         else:
@@ -723,6 +584,17 @@ class _SyncPass:
             error=error,
         )
         return report
+
+    def _learned(self, now: datetime) -> dict[str, Any]:
+        """What the listing showed of the upstream's dialect, once its first page was answered."""
+        if not self._listing.page_size:
+            return {}
+        return {
+            "includes_inactive": self._listing.includes_inactive is True,
+            "page_size_asked": self._page_size,
+            "page_size": self._listing.page_size,
+            "listing_at": now,
+        }
 
     async def _reprice(self) -> None:
         """Reprice the products this pass wrote (a failure is a violation: the listing stays stored)."""
@@ -768,6 +640,10 @@ class _SyncPass:
             removals_blocked=self._removals_blocked,
             new_holds=self._new_holds,
             unchanged_pages=self._unchanged_pages,
+            deactivations_blocked=self._deactivations_blocked,
+            includes_inactive=self._listing.includes_inactive,
+            page_size_asked=self._page_size if self._listing.page_size else None,
+            page_size_answered=self._listing.page_size or None,
         )
 
     # --- the lease ---------------------------------------------------------------------------------------
@@ -803,7 +679,7 @@ class _SyncPass:
 
     async def _resolve(
         self, number: int, page_size: int, answer: CatalogPage | SeenPage
-    ) -> CatalogPage | _FetchedPage:
+    ) -> CatalogPage | FetchedPage:
         """A page answered as one this process remembers becomes that page, if the mirror still holds its
         products as listed then; otherwise it is fetched again and decoded."""
         if isinstance(answer, CatalogPage):
@@ -817,7 +693,7 @@ class _SyncPass:
         assert isinstance(fetched, CatalogPage)
         return fetched
 
-    async def _page(self, number: int, page_size: int) -> CatalogPage | _FetchedPage:
+    async def _page(self, number: int, page_size: int) -> CatalogPage | FetchedPage:
         answer = await self._request(number, page_size, self._seen)
         return await self._resolve(number, page_size, answer)
 
@@ -844,7 +720,7 @@ class _SyncPass:
         self._follow_first_page(first_page)
         fetched_first = self._fetched(first_page)
         await self._window.acquire()
-        queue: asyncio.Queue[_FetchedPage | _Done] = asyncio.Queue()
+        queue: asyncio.Queue[FetchedPage | _Done] = asyncio.Queue()
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(self._write_pages(queue))
             tasks.create_task(self._fetch_pages(queue, fetched_first))
@@ -875,7 +751,7 @@ class _SyncPass:
         self._ignored_updated_after = True
         return True
 
-    async def _fall_back_to_full(self) -> CatalogPage | _FetchedPage:
+    async def _fall_back_to_full(self) -> CatalogPage | FetchedPage:
         self._plan = PassPlan("full", None, "the upstream ignored updated_after")
         await self._record_kind()
         return await self._page(1, self._page_size)
@@ -902,11 +778,12 @@ class _SyncPass:
             self._violation(violation)
         await self._write([diff_listed("category", records.values(), self._snapshot["category"])])
 
-    def _follow_first_page(self, first: CatalogPage | _FetchedPage) -> None:
+    def _follow_first_page(self, first: CatalogPage | FetchedPage) -> None:
         self._check_page_number(first, 1)
         listed = len(first.items) if isinstance(first, CatalogPage) else len(first.products)
         answered = first.page_size if first.page_size > 0 else listed or self._page_size
         self._listing.page_size = min(answered, MAX_PAGE_SIZE)
+        self._listing.includes_inactive = first.includes_inactive
         self._listing.totals.add(first.total)
         self._listing.pages_total = max(1, math.ceil(max(first.total, 0) / self._listing.page_size))
         if self._listing.page_size != self._page_size:
@@ -917,17 +794,19 @@ class _SyncPass:
                 answered=self._listing.page_size,
             )
 
-    def _check_page_number(self, page: CatalogPage | _FetchedPage, number: int) -> None:
+    def _check_page_number(self, page: CatalogPage | FetchedPage, number: int) -> None:
         if page.page != number:
             raise IncompleteListing(f"asked for page {number}, the upstream answered page {page.page}")
 
-    def _fetched(self, page: CatalogPage | _FetchedPage) -> _FetchedPage:
-        if isinstance(page, _FetchedPage):
+    def _fetched(self, page: CatalogPage | FetchedPage) -> FetchedPage:
+        if isinstance(page, FetchedPage):
             return page
-        products = [_ListedProduct.of(item, self._snapshot) for item in page.items]
-        return _FetchedPage(page.page, products, page.total, page.page_size, page.body_digest)
+        products = [ListedProduct.of(item, self._snapshot) for item in page.items]
+        return FetchedPage(
+            page.page, products, page.total, page.page_size, page.body_digest, None, page.includes_inactive
+        )
 
-    async def _fetch_pages(self, queue: asyncio.Queue[_FetchedPage | _Done], first: _FetchedPage) -> None:
+    async def _fetch_pages(self, queue: asyncio.Queue[FetchedPage | _Done], first: FetchedPage) -> None:
         queue.put_nowait(first)
         numbers = iter(range(2, self._listing.pages_total + 1))
         async with asyncio.TaskGroup() as tasks:
@@ -935,7 +814,7 @@ class _SyncPass:
                 tasks.create_task(self._fetch_worker(numbers, queue))
         queue.put_nowait(_DONE)
 
-    async def _fetch_worker(self, numbers: Iterator[int], queue: asyncio.Queue[_FetchedPage | _Done]) -> None:
+    async def _fetch_worker(self, numbers: Iterator[int], queue: asyncio.Queue[FetchedPage | _Done]) -> None:
         for number in numbers:
             await self._window.acquire()
             if self._failure is not None:
@@ -954,10 +833,10 @@ class _SyncPass:
                 return
             queue.put_nowait(fetched)
 
-    async def _write_pages(self, queue: asyncio.Queue[_FetchedPage | _Done]) -> None:
+    async def _write_pages(self, queue: asyncio.Queue[FetchedPage | _Done]) -> None:
         finished = False
         while not finished:
-            pages: list[_FetchedPage] = []
+            pages: list[FetchedPage] = []
             rows = 0
             item = await queue.get()
             while True:
@@ -977,16 +856,20 @@ class _SyncPass:
             for _ in pages:
                 self._window.release()
 
-    async def _write_products(self, pages: Sequence[_FetchedPage]) -> None:
+    async def _write_products(self, pages: Sequence[FetchedPage]) -> None:
         new_ids: dict[Entity, set[int]] = {"product": set(), "sku": set()}
         products: list[Record] = []
         skus: list[Record] = []
-        stored_as_listed: list[_FetchedPage] = []
+        stored_as_listed: list[FetchedPage] = []
         for page in pages:
             as_listed = True  # every product of the page is held, or about to be stored, as listed
             for listed in page.products:
                 if listed.changes is None and listed.problem is None:
                     as_listed &= self._unchanged(listed)
+                elif page.includes_inactive and self._taken_off_sale(listed):
+                    self._changed(listed, new_ids, self._held.products, self._held.skus)
+                    self._not_mirrored("sku", listed.sku_ids, new_ids)
+                    as_listed = False  # not stored until the pass ends: not remembered as stored
                 else:
                     as_listed &= self._changed(listed, new_ids, products, skus)
             if as_listed and page.body_digest:
@@ -1003,7 +886,7 @@ class _SyncPass:
         if self._progress is not None:
             self._progress(self._totals.pages, self._listing.pages_total)
 
-    def _unchanged(self, listed: _ListedProduct) -> bool:
+    def _unchanged(self, listed: ListedProduct) -> bool:
         """A product the mirror holds as listed, SKUs included: only noted as listed (and checked).
         False when this pass saw it before (a shifted listing)."""
         if not self._snapshot["product"].mark_listed(listed.id):
@@ -1018,7 +901,7 @@ class _SyncPass:
 
     def _changed(
         self,
-        listed: _ListedProduct,
+        listed: ListedProduct,
         new_ids: dict[Entity, set[int]],
         products: list[Record],
         skus: list[Record],
@@ -1048,20 +931,30 @@ class _SyncPass:
         changed_skus = sum(digest is not None for digest in changes.sku_digests)
         return len(fresh_skus) == len(listed.sku_ids) and len(records) == changed_skus
 
-    def _remember(self, page: _FetchedPage) -> None:
+    def _taken_off_sale(self, listed: ListedProduct) -> bool:
+        """A changed product listed inactive that the mirror holds live (on sale, or inactive already: the
+        pass's end tells which from the mirror's rows)."""
+        changes = listed.changes
+        return (
+            changes is not None
+            and changes.payload.get("is_active") is False
+            and self._snapshot["product"].live(listed.id)
+        )
+
+    def _remember(self, page: FetchedPage) -> None:
         """Remember a page stored as listed, for the next pass."""
         packed = page.pack()
         if packed is not None:
             self._remembered[page.body_digest] = packed
 
-    def _check_category(self, listed: _ListedProduct) -> None:
+    def _check_category(self, listed: ListedProduct) -> None:
         if listed.category_id is not None:
             violation = self._rules.product_violation(listed.id, listed.category_id)
             if violation is not None:
                 self._violation(violation)
 
     def _unusable(
-        self, listed: _ListedProduct, problem: str, fresh_skus: Sequence[int], new_ids: dict[Entity, set[int]]
+        self, listed: ListedProduct, problem: str, fresh_skus: Sequence[int], new_ids: dict[Entity, set[int]]
     ) -> None:
         self._violation(problem)
         self._not_mirrored("product", [listed.id], new_ids)
@@ -1088,8 +981,8 @@ class _SyncPass:
 
     def _changed_skus(
         self,
-        listed: _ListedProduct,
-        changes: _Changes,
+        listed: ListedProduct,
+        changes: Changes,
         fresh_skus: Sequence[int],
         new_ids: dict[Entity, set[int]],
     ) -> list[Record]:
@@ -1139,14 +1032,26 @@ class _SyncPass:
                 f"saw {seen} distinct products but the upstream reported a total of {total}"
             )
 
-    def _removal_plans(self) -> list[Plan]:
-        plans = [diff_unlisted(entity, self._snapshot[entity]) for entity in ENTITIES]
-        products_removed = next(plan.removed for plan in plans if plan.entity == "product")
-        (total,) = self._listing.totals
+    async def _closing_plans(self) -> list[Plan]:
+        """What the pass writes once its listing is done: a full pass's removals (what it did not see
+        listed) and the products held back as listed inactive, unless together they would take more than
+        ``max_removed_fraction`` of the live products off sale (then nothing of them: the pass is
+        suspicious)."""
+        full = self._plan.kind == "full"
+        removals = [diff_unlisted(entity, self._snapshot[entity]) for entity in ENTITIES] if full else []
+        products_removed = sum(plan.removed for plan in removals if plan.entity == "product")
+        held = [record.id for record in self._held.products]
+        taken_off_sale = 0
+        if held:
+            previous = await self._database.read(
+                lambda tx: tx.mirror.known_rows(self._upstream, "product", held)
+            )
+            taken_off_sale = len(deactivated(previous.tracked))
         guard = removal_guard(
             products_removed=products_removed,
+            products_deactivated=taken_off_sale,
             live_products=self._live_products,
-            total_listed=total,
+            total_listed=next(iter(self._listing.totals)) if full else None,
             max_fraction=self._options.max_removed_fraction,
             allowed=self._allow_mass_removal,
         )
@@ -1154,9 +1059,10 @@ class _SyncPass:
             log.warning("catalog.sync_mass_removal_blocked", upstream=self._upstream, reason=guard.reason)
         if guard.blocked:
             self._removals_blocked = products_removed
+            self._deactivations_blocked = taken_off_sale
             self._blocked_reason = guard.reason
             return []
-        return plans
+        return [*self._held.plans(self._snapshot), *removals]
 
     def _violation(self, text: str) -> None:
         if len(self._totals.violations) >= MAX_VIOLATIONS:

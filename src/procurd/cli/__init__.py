@@ -13,6 +13,7 @@ from procurd.cli import (  # noqa: F401
     offers,
     orders,
     ping,
+    probe,
     provider,
     prune,
     reconcile,

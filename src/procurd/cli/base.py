@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn, TypeVar
 
@@ -192,5 +192,5 @@ def run_command(coroutine: Coroutine[Any, Any, Any], as_json: bool = False) -> N
         sys.exit(EXIT_FAILURE)
 
 
-def emit_json(data: Mapping[str, Any]) -> None:
+def emit_json(data: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> None:
     click.echo(json.dumps(data, ensure_ascii=False, indent=2, default=str))

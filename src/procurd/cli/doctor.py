@@ -1,4 +1,5 @@
-"""``procurd doctor``: is this installation ready to run? One line per check, ✔ or ✗ with what to do.
+"""``procurd doctor``: is this installation ready to run? One line per check, ✔ or ✗ with what to do, and one
+naming each upstream's dialect as its answers showed it (``procurd probe`` tells more).
 
 Every check is an async function of the :class:`Examination` returning its :class:`Finding` list;
 :data:`DOCTOR_CHECKS` is the list ``procurd doctor`` runs, in order. A new check is one more function
@@ -20,7 +21,7 @@ from procurd.cli.ping import failure_text
 from procurd.config import ConfigError, Settings, UpstreamSettings
 from procurd.operations import DatabaseError, InstallationError, check_database, open_operations
 from procurd.operations.housekeeping import alert_url_problems
-from procurd.operations.upstreams import AuthError, PingResult, UpstreamError
+from procurd.operations.upstreams import AuthError, PingResult, UpstreamError, dialect_text
 from procurd.output import count, echo
 
 # The upstream refuses a request whose timestamp is more than 60 s off its clock; warn well before that.
@@ -97,6 +98,8 @@ async def check_upstreams(exam: Examination) -> list[Finding]:
             for upstream in settings.upstreams:
                 outcome = await operations.upstreams.ping(upstream.name)
                 findings += upstream_findings(upstream, outcome)
+                learned = await operations.upstreams.dialect(upstream.name)
+                findings.append(Finding(True, f"upstream {upstream.name} dialect", dialect_text(learned)))
     except (InstallationError, DatabaseError) as exc:
         reason = exc.message if isinstance(exc, InstallationError) else exc.reason
         findings.append(Finding(False, "upstreams", f"not checked: {reason}", "make the database usable"))

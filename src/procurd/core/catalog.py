@@ -8,7 +8,8 @@ update or restore and :func:`diff_unlisted` which rows to mark removed; :func:`l
 change-log entries from the tracked values (prices, stock, activity) the mirror held before.
 
 Also here: which kind of pass to run (:func:`choose_pass`), how to recognise an upstream that ignores
-``updated_after`` (:func:`older_than_asked`), and when a pass would remove too much (:func:`removal_guard`).
+``updated_after`` (:func:`older_than_asked`), and when a pass would remove or take off sale too much
+(:func:`removal_guard`, :func:`deactivated`).
 """
 
 from __future__ import annotations
@@ -627,18 +628,34 @@ class RemovalGuard:
 
 
 def removal_guard(
-    *, products_removed: int, live_products: int, total_listed: int, max_fraction: float, allowed: bool
+    *,
+    products_removed: int,
+    live_products: int,
+    total_listed: int | None,
+    max_fraction: float,
+    allowed: bool,
+    products_deactivated: int = 0,
 ) -> RemovalGuard:
-    """Whether a complete full pass may apply its removals: not when it would remove more than
-    ``max_fraction`` of the live products, or any when the upstream lists none, unless ``allowed``."""
-    if products_removed == 0 or live_products == 0:
+    """Whether a complete pass may apply its removals and deactivations (products listed inactive that the
+    mirror holds on sale): not when together they would take more than ``max_fraction`` of the live products
+    off sale, or any when the upstream lists none (``total_listed`` 0: a full pass's listing; ``None`` for an
+    incremental pass, whose listing holds only what changed), unless ``allowed``."""
+    affected = products_removed + products_deactivated
+    if affected == 0 or live_products == 0:
         return RemovalGuard(False, None)
-    share = products_removed / live_products
+    share = affected / live_products
     if total_listed == 0:
         why = f"the upstream lists no products but the mirror has {live_products} live"
     elif share > max_fraction:
+        if products_deactivated == 0:
+            what = f"remove {products_removed}"
+        elif products_removed == 0:
+            what = f"take {products_deactivated}"
+        else:
+            what = f"remove {products_removed} and take {products_deactivated} more"
+        off_sale = "" if products_deactivated == 0 else " off sale"
         why = (
-            f"it would remove {products_removed} of {live_products} live products ({share:.0%}, more than "
+            f"it would {what} of {live_products} live products{off_sale} ({share:.0%}, more than "
             f"max_removed_fraction {max_fraction:g})"
         )
     else:
@@ -647,6 +664,13 @@ def removal_guard(
         return RemovalGuard(False, f"{why}; applied because mass removal was allowed")
     return RemovalGuard(
         True,
-        f"{why}: nothing was removed; after checking the upstream, run "
+        f"{why}: nothing was removed or taken off sale; after checking the upstream, run "
         "`procurd catalog sync --full --allow-mass-removal`",
     )
+
+
+def deactivated(previous: Mapping[int, Sequence[object]]) -> list[int]:
+    """The products a pass lists inactive that the mirror holds active: ``previous`` maps each product to its
+    tracked values as stored (TRACKED_FIELDS order); a product the mirror does not hold is none of them."""
+    active = TRACKED_FIELDS["product"].index("is_active")
+    return sorted(identity for identity, values in previous.items() if values[active] in (True, 1))

@@ -76,7 +76,7 @@ class SkuSource:
 
 @dataclass(frozen=True, slots=True)
 class OfferedRow:
-    """A stored offered product: its document (JSON text) and whether it is listed."""
+    """A stored offered product: its document (JSON text), whether it is listed, and whether it ever was."""
 
     id: int
     upstream: str
@@ -87,6 +87,7 @@ class OfferedRow:
     floors: Mapping[str, str] | None
     digest: str
     updated_at: datetime
+    listed_once: bool = False
 
 
 def _chunks(values: Sequence[Any]) -> Iterable[Sequence[Any]]:
@@ -248,10 +249,10 @@ class OfferedStore:
 
     def write_products(self, new: Sequence[Mapping[str, Any]], changed: Sequence[Mapping[str, Any]]) -> None:
         """Insert new offered products and replace changed ones (each with its document and digest); the
-        catalogue's version moves with them."""
+        catalogue's version moves with them. A product listed now is marked listed once, for good."""
         if new or changed:
             self.set_state(VERSION, self.version() + 1)
-        for chunk in _chunks(list(new)):
+        for chunk in _chunks([{**row, "listed_once": row["listed"]} for row in new]):
             self.connection.execute(insert(provider_products), list(chunk))
         if changed:
             statement = (
@@ -259,8 +260,18 @@ class OfferedStore:
                 .where(provider_products.c.id == bindparam("b_id"))
                 .values(
                     {
-                        name: bindparam(name)
-                        for name in ("category_id", "listed", "document", "floors", "digest", "updated_at")
+                        **{
+                            name: bindparam(name)
+                            for name in (
+                                "category_id",
+                                "listed",
+                                "document",
+                                "floors",
+                                "digest",
+                                "updated_at",
+                            )
+                        },
+                        "listed_once": or_(provider_products.c.listed_once, bindparam("listed")),
                     }
                 )
             )
@@ -274,10 +285,13 @@ class OfferedStore:
         page_size: int,
         category_id: int | None,
         updated_after: datetime | None,
+        include_inactive: bool = False,
     ) -> tuple[int, list[OfferedRow]]:
-        """A page of the upstreams' listed products in id order, and how many are listed under the filters."""
+        """A page of the upstreams' listed products in id order (``include_inactive``: of every product
+        ever listed, those no longer on sale included), and how many there are under the filters."""
+        shown = provider_products.c.listed_once if include_inactive else provider_products.c.listed
         conditions: list[ColumnElement[bool]] = [
-            provider_products.c.listed.is_(True),
+            shown.is_(True),
             provider_products.c.upstream.in_(sorted(upstreams)),
         ]
         if category_id is not None:

@@ -209,6 +209,25 @@ upstream_health = Table(
     Column("updated_at", UtcDateTime(), nullable=False),
 )
 
+# What each upstream's answers showed of the dialect it speaks (seed 000, or Dujiao-Next since 2026): learned
+# by catalogue passes, pings, probes and any request over its limit; each with when it was last seen.
+upstream_dialects = Table(
+    "upstream_dialects",
+    metadata,
+    Column("upstream", String(64), primary_key=True),
+    # Whether its listing, asked include_inactive=true, answered includes_inactive: true.
+    Column("includes_inactive", Boolean, nullable=True),
+    Column("page_size_asked", Integer, nullable=True),
+    Column("page_size", Integer, nullable=True),  # the page size it answered to that
+    Column("listing_at", UtcDateTime(), nullable=True),
+    Column("limiter_status", Integer, nullable=True),  # the HTTP status of its answer over the limit
+    Column("limiter_at", UtcDateTime(), nullable=True),
+    Column("inactive_detail", String(8), nullable=True),  # "404" or "200": an inactive product's detail
+    Column("inactive_detail_at", UtcDateTime(), nullable=True),
+    Column("clock_offset_seconds", Float, nullable=True),  # this machine ahead of it, at the last ping
+    Column("updated_at", UtcDateTime(), nullable=False),
+)
+
 # --- procurement ------------------------------------------------------------------------------------------
 
 orders = Table(
@@ -578,12 +597,15 @@ provider_products = Table(
     Column("upstream_id", BigInteger, nullable=False),
     Column("category_id", BigInteger, nullable=False),
     Column("listed", Boolean, nullable=False),  # active, not removed, with an offered SKU
+    # Listed at some time: shown (inactive once no longer listed) to a downstream asking include_inactive.
+    Column("listed_once", Boolean, nullable=False, server_default=text("false")),
     Column("document", Text, nullable=False),
     # Per offered SKU id, the least it may sell for (its cost through the pricing rule): where a tier stops.
     Column("floors", JsonDocument, nullable=True),
     Column("digest", String(32), nullable=False),
     Column("updated_at", UtcDateTime(), nullable=False),
     Index("ix_provider_products_listed", "listed", "id"),
+    Index("ix_provider_products_listed_once", "listed_once", "id"),
 )
 
 # How far the offered catalogue follows the mirror: the last mirror change it took in.

@@ -11,6 +11,7 @@ from procurd.db.alert_store import AlertStore
 from procurd.db.auth_store import AuthStore
 from procurd.db.chart_store import ChartStore
 from procurd.db.console_store import ConsoleStore
+from procurd.db.dialect_store import DialectStore
 from procurd.db.health_store import HealthStore
 from procurd.db.instance_store import InstanceStore
 from procurd.db.leases import LeaseStore
@@ -50,6 +51,10 @@ class Tx:
     @cached_property
     def health(self) -> HealthStore:
         return HealthStore(self.connection)
+
+    @cached_property
+    def dialects(self) -> DialectStore:
+        return DialectStore(self.connection)
 
     @cached_property
     def leases(self) -> LeaseStore:

@@ -156,7 +156,10 @@ class ProviderBackend(Backend):
     # -- endpoints --------------------------------------------------------------------------------------
 
     async def ping(self, caller: Caller) -> Mapping[str, Any]:
-        account: Account = await self.provider.accounts.get(caller.account.name)
+        try:
+            account: Account = await self.provider.accounts.get(caller.account.name)
+        except Refused as refused:  # the account went away since it authenticated: no server error
+            raise protocol_error(refused) from None
         level = self.provider.level(account)
         member_level = None
         if level is not None:
@@ -182,13 +185,13 @@ class ProviderBackend(Backend):
             try:
                 updated_after = updated_after.astimezone(UTC)
             except OverflowError:
-                if updated_after.year > 1:
-                    return Listing([], 0)  # after the last instant: nothing was updated since
+                if updated_after.year > 1:  # after the last instant: nothing was updated since
+                    return Listing([], 0, includes_inactive=query.include_inactive or None)
                 updated_after = None  # before the first instant: everything was
         found = await self.provider.products(
-            caller.account, page, query.page_size, query.category_id, updated_after
+            caller.account, page, query.page_size, query.category_id, updated_after, query.include_inactive
         )
-        return Listing([], found.total, found.answer)
+        return Listing([], found.total, found.answer, includes_inactive=query.include_inactive or None)
 
     async def product(self, caller: Caller, product_id: int) -> bytes:
         try:

@@ -89,6 +89,7 @@ class CatalogOperations:
             rows_written=report.rows_written,
             error=report.error,
         )
+        await runtime.save_dialects()
         if report.status in ("ok", "suspicious"):
             await self._follow([upstream])
         occurrences = catalogue_alerts(report.alerts())

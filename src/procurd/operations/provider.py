@@ -153,20 +153,40 @@ class ProviderOperations:
         return shown
 
     async def products(
-        self, account: Account, page: int, page_size: int, category_id: int | None, updated_after: Any
+        self,
+        account: Account,
+        page: int,
+        page_size: int,
+        category_id: int | None,
+        updated_after: Any,
+        include_inactive: bool = False,
     ) -> Page:
         """A page of the offered products as ``account`` sees them (``GET /products``'s whole answer, kept
         gzip-compressed): from the pages kept for its tier while the offered catalogue is at the version read
-        first (:mod:`procurd.provider.pages`), else built now."""
+        first (:mod:`procurd.provider.pages`), else built now.
+
+        ``include_inactive`` (asked by Dujiao-Next's own downstream): every product offered before that is no
+        longer on sale is listed too, with ``is_active: false``, and the answer says ``includes_inactive:
+        true``; without it only products on sale are listed and the answer says nothing of it."""
         offered = self.runtime.settings.offered_upstreams()
         level = self.level(account)
-        key = (None if level is None else level.slug, page, page_size, category_id, updated_after)
+        key = (
+            None if level is None else level.slug,
+            page,
+            page_size,
+            category_id,
+            updated_after,
+            include_inactive,
+        )
+        echo = True if include_inactive else None
 
         async def build() -> tuple[int, Page]:
             version, (total, rows) = await self.runtime.database.read(
                 lambda tx: (
                     tx.offered.version(),
-                    tx.offered.listing(offered, page, page_size, category_id, updated_after),
+                    tx.offered.listing(
+                        offered, page, page_size, category_id, updated_after, include_inactive
+                    ),
                 )
             )
             if level is None:
@@ -177,7 +197,7 @@ class ProviderOperations:
                     _dump(member_document(json.loads(row.document), discount, row.floors or {}))
                     for row in rows
                 ]
-            return version, Page.of(total, listing_answer(documents, total, page, page_size))
+            return version, Page.of(total, listing_answer(documents, total, page, page_size, echo))
 
         version = int(await self.runtime.database.glance(VERSION_QUERY) or 0)
         return await self.pages.get(version, key, build)

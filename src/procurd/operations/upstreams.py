@@ -1,11 +1,15 @@
-"""Operations that ask an upstream about itself or its orders: a ping, a reconciliation pass.
+"""Operations that ask an upstream about itself or its orders: a ping, a probe of its dialect, a
+reconciliation pass.
 
 A ping from the command line, the daemon's schedule or ``procurd doctor`` is the same signed request through
-the same budget, and records the same health row and alerts (``low_balance``).
+the same budget, and records the same health row and alerts (``low_balance``). A probe
+(:mod:`procurd.operations.probe`) starts with that ping.
 """
 
 from __future__ import annotations
 
+from procurd.core.dialect import Learned, Point, dialect_text
+from procurd.operations.probe import Probe, probe
 from procurd.reconcile import ReconcileReport, finding_view, reconcile
 from procurd.runtime import Runtime
 from procurd.status import ping_upstream
@@ -14,10 +18,14 @@ from procurd.upstream.models import PingResult
 
 __all__ = [
     "AuthError",
+    "Learned",
     "PingResult",
+    "Point",
+    "Probe",
     "ReconcileReport",
     "UpstreamError",
     "UpstreamOperations",
+    "dialect_text",
     "finding_view",
 ]
 
@@ -30,6 +38,14 @@ class UpstreamOperations:
         """Ping ``upstream`` now (signed, at ping priority in the shared budget) and record the outcome: the
         health row, the balance, and alert ``low_balance`` when it is under the threshold."""
         return await ping_upstream(self.runtime, upstream)
+
+    async def probe(self, upstream: str) -> Probe:
+        """A read-only conversation with ``upstream`` that finds out the dialect it speaks (never orders)."""
+        return await probe(self.runtime, upstream)
+
+    async def dialect(self, upstream: str) -> Learned:
+        """What ``upstream``'s answers have shown of its dialect so far."""
+        return await self.runtime.database.read(lambda tx: tx.dialects.of(upstream))
 
     async def reconcile(
         self,

@@ -14,6 +14,7 @@ from aiohttp import web
 from procurd.protocol.errors import ProtocolError
 
 MAX_PAGE_SIZE = 100
+DEFAULT_PAGE_SIZE = 20
 
 
 @dataclass(frozen=True)
@@ -37,22 +38,27 @@ class Caller:
 
 @dataclass(frozen=True)
 class ProductQuery:
-    """``GET /products``: a page (from 1), its size (the backend's clamp applied), and the filters."""
+    """``GET /products``: a page (from 1), its size (the backend's clamp applied), the filters, and whether
+    the caller asked for inactive products too (``include_inactive=true``; the backend decides whether it
+    serves them)."""
 
     page: int
     page_size: int
     category_id: int | None = None
     updated_after: datetime | None = None
+    include_inactive: bool = False
 
 
 @dataclass(frozen=True)
 class Listing:
     """One page of products, each already serialized, and how many products match in all; or, from a site
-    that keeps its answers ready, the whole answer gzip-compressed (``gzip_answer``)."""
+    that keeps its answers ready, the whole answer gzip-compressed (``gzip_answer``). ``includes_inactive``
+    is the answer's field of that name (``None``: the answer has no such field)."""
 
     items: Sequence[bytes]
     total: int
     gzip_answer: bytes | None = None
+    includes_inactive: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -100,6 +106,13 @@ class Backend:
     def honours_updated_after(self) -> bool:
         """Whether ``GET /products`` filters by ``updated_after``."""
         return True
+
+    def page_size(self, asked: int | None) -> int:
+        """The page size ``GET /products`` answers for ``page_size`` asked (``None``: left out). Seed 000: 20
+        by default, below 1 read as 20, above :attr:`page_size_max` as that maximum."""
+        if asked is None or asked < 1:
+            asked = DEFAULT_PAGE_SIZE
+        return min(asked, self.page_size_max)
 
     def now(self) -> float:
         """The site's clock (Unix seconds): the timestamp window and the ``Date`` header."""

@@ -45,7 +45,6 @@ from procurd.signing import HeaderNames, parse_timestamp, signature_matches, tim
 
 API_PREFIX = "/api/v1/upstream"
 PROTOCOL_VERSION = "1.0"
-DEFAULT_PAGE_SIZE = 20
 MAX_QUERY_ID = 2**63 - 1
 DRAIN_LIMIT_BYTES = 64 * 1024 * 1024  # an oversized body is read and thrown away up to here, then cut off
 
@@ -107,9 +106,13 @@ def raw_json_response(body: bytes, status: int = 200) -> web.Response:
     return web.Response(body=body, status=status, content_type="application/json", charset="utf-8")
 
 
-def listing_answer(items: Sequence[bytes], total: int, page: int, page_size: int) -> bytes:
-    """``GET /products``'s answer: the serialized products, how many match in all, the page asked for."""
-    tail = f'],"total":{total},"page":{page},"page_size":{page_size}}}'.encode()
+def listing_answer(
+    items: Sequence[bytes], total: int, page: int, page_size: int, includes_inactive: bool | None = None
+) -> bytes:
+    """``GET /products``'s answer: the serialized products, how many match in all, the page asked for, and
+    (unless ``None``) ``includes_inactive``: whether inactive products are listed too."""
+    echo = "" if includes_inactive is None else f',"includes_inactive":{str(includes_inactive).lower()}'
+    tail = f'],"total":{total},"page":{page},"page_size":{page_size}{echo}}}'.encode()
     return b"".join((b'{"ok":true,"items":[', b",".join(items), tail))
 
 
@@ -133,10 +136,13 @@ def gzip_json_response(request: web.Request, compressed: bytes) -> web.Response:
     return response
 
 
-def rate_limited_response(request_id: str, retry_after: float | None = None) -> web.Response:
-    """The answer the real sites give a key over its limit: HTTP 200 with their storefront envelope."""
+def rate_limited_response(
+    request_id: str, retry_after: float | None = None, status: int = 200
+) -> web.Response:
+    """The answer the real sites give a key over its limit: their storefront envelope, with HTTP 200 (sites
+    before July 2026) or ``status`` (429 since)."""
     response = json_response(
-        {"status_code": 429, "msg": "too many requests", "data": {"request_id": request_id}}
+        {"status_code": 429, "msg": "too many requests", "data": {"request_id": request_id}}, status
     )
     if retry_after is not None:
         response.headers[hdrs.RETRY_AFTER] = str(max(1, round(retry_after)))
@@ -364,17 +370,17 @@ class SignedApi:
         page = await self.backend.products(caller, query)
         if page.gzip_answer is not None:
             return gzip_json_response(request, page.gzip_answer)
-        return raw_json_response(listing_answer(page.items, page.total, query.page, query.page_size))
+        answer = listing_answer(page.items, page.total, query.page, query.page_size, page.includes_inactive)
+        return raw_json_response(answer)
 
     def product_query(self, request: web.Request) -> ProductQuery:
-        """``page`` (from 1), ``page_size`` (1 to the site's maximum; out of range: the default or the
-        maximum), ``category_id`` and ``updated_after`` (RFC 3339; ignored by a site that does not honour
-        it)."""
+        """``page`` (from 1), ``page_size`` (the backend's clamp: :meth:`Backend.page_size`),
+        ``category_id``, ``updated_after`` (RFC 3339; ignored by a site that does not honour it) and
+        ``include_inactive`` (``true`` asks for inactive products too, as Dujiao-Next's own downstream
+        does)."""
         page = max(1, _query_int(request, "page", 1))
-        page_size = _query_int(request, "page_size", DEFAULT_PAGE_SIZE)
-        if page_size < 1:
-            page_size = DEFAULT_PAGE_SIZE
-        page_size = min(page_size, self.backend.page_size_max)
+        asked = _query_int(request, "page_size", 0) if request.query.get("page_size") else None
+        page_size = self.backend.page_size(asked)
         category = request.query.get("category_id", "")
         category_id = None
         if category != "":
@@ -389,7 +395,8 @@ class SignedApi:
                 raise bad_request(
                     "updated_after must be an RFC 3339 timestamp such as 2026-01-02T15:04:05+08:00"
                 )
-        return ProductQuery(page, page_size, category_id, updated_after)
+        include_inactive = request.query.get("include_inactive") == "true"
+        return ProductQuery(page, page_size, category_id, updated_after, include_inactive)
 
     async def _product(
         self, request: web.Request, caller: Caller, params: dict[str, str], body: bytes

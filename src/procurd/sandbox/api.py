@@ -72,6 +72,13 @@ class SandboxBackend(Backend):
     def honours_updated_after(self) -> bool:
         return self.config.honour_updated_after
 
+    def page_size(self, asked: int | None) -> int:
+        """Seed 000's clamp; Dujiao-Next since 2026 reads anything outside 1 to the maximum (50) as it."""
+        if not self.config.speaks_2026:
+            return super().page_size(asked)
+        maximum = self.config.page_size_max
+        return asked if asked is not None and 1 <= asked <= maximum else maximum
+
     def now(self) -> float:
         return self.state.now()
 
@@ -98,7 +105,7 @@ class SandboxBackend(Backend):
         if allowed:
             return None
         self.site.record_request(endpoint, api_key, True)
-        return rate_limited_response(uuid.uuid4().hex)
+        return rate_limited_response(uuid.uuid4().hex, status=config.rate_limit_status)
 
     def authentication_failed(
         self, request: web.Request, endpoint: str, api_key: str, error: ProtocolError
@@ -172,21 +179,25 @@ class SandboxBackend(Backend):
         return dump_json([self.state.categories[key].to_dict() for key in sorted(self.state.categories)])
 
     async def products(self, caller: Caller, query: ProductQuery) -> Listing:
-        listed = self.faults.listing(self.state.active_products())
+        speaks_2026 = self.config.speaks_2026
+        include_inactive = speaks_2026 and query.include_inactive
+        listed = self.faults.listing(self.state.listed_products(include_inactive))
         if query.updated_after is not None:
             listed = [product for product in listed if product.updated_instant() >= query.updated_after]
         if query.category_id is not None:
             listed = [product for product in listed if product.category_id == query.category_id]
         start = (query.page - 1) * query.page_size
         return Listing(
-            [product.listing_json() for product in listed[start : start + query.page_size]], len(listed)
+            [product.listing_json() for product in listed[start : start + query.page_size]],
+            len(listed),
+            includes_inactive=include_inactive if speaks_2026 else None,
         )
 
     async def product(self, caller: Caller, product_id: int) -> bytes:
         product = self.state.visible_product(product_id)
         if product is None:
             raise ProtocolError(404, "product_not_found", "product not found")
-        if not product.is_active and self.config.inactive_product_detail == "404":
+        if not product.is_active and self.config.inactive_detail == "404":
             raise ProtocolError(404, "product_unavailable", "product is inactive")
         return product.detail_json()
 

@@ -126,6 +126,16 @@ class SKU:
     def in_stock(self, quantity: int = 1) -> bool:
         return self.stock_quantity == UNLIMITED or self.stock_quantity >= quantity
 
+    def charged_price(self, quantity: int) -> Decimal:
+        """What one unit costs the API user in an order of ``quantity`` on a site that sells wholesale
+        (Dujiao-Next since 2026): the cheaper of :attr:`unit_price` and the best tier whose
+        ``min_quantity`` the quantity reaches."""
+        price = self.unit_price
+        for tier in self.wholesale_prices or ():
+            if quantity >= int(tier.get("min_quantity", 0)):
+                price = min(price, Decimal(str(tier["unit_price"])))
+        return price
+
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {
             "id": self.id,
@@ -162,6 +172,9 @@ class Product:
     updated_at: str
     skus: list[SKU] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)  # fields real sites add beyond the seed
+    # Purchase limits of an order (Dujiao-Next's; not in any listing): None = no limit.
+    min_purchase_quantity: int | None = None
+    max_purchase_quantity: int | None = None
     _listing_json: bytes | None = field(default=None, init=False, repr=False)
     _detail_json: bytes | None = field(default=None, init=False, repr=False)
     _on_change: Callable[[Product], None] | None = field(default=None, init=False, repr=False)

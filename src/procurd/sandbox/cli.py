@@ -14,7 +14,7 @@ from click.core import ParameterSource
 from procurd.logs import configure_logging
 from procurd.sandbox.acgfaka import DEFAULT_APP_KEY, AcgFakaSandbox, ShopConfig
 from procurd.sandbox.acgfaka.shop import parse_version
-from procurd.sandbox.config import DEFAULT_API_SECRET, SandboxConfig
+from procurd.sandbox.config import DEFAULT_API_SECRET, DIALECTS, SandboxConfig
 from procurd.sandbox.server import Sandbox
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -91,10 +91,11 @@ def describe_listener(config: SandboxConfig, base_url: str) -> str:
     """The one line printed at start: where to connect and with which key (the secret only when it is the
     well-known default)."""
     secret = config.api_secret if config.api_secret == DEFAULT_API_SECRET else "(as given)"
+    dialect = "Dujiao-Next of 2026" if config.speaks_2026 else "seed 000"
     return (
         f"procurd sandbox listening on {base_url} (signed API {base_url}/api/v1/upstream, "
         f"control API {base_url}/_sandbox): api key {config.api_key}, api secret {secret}, "
-        f"header prefix {config.header_prefix}"
+        f"header prefix {config.header_prefix}, speaking {dialect}"
     )
 
 
@@ -206,6 +207,15 @@ async def serve(
     help="List every product whatever GET /products?updated_after= asks, like an older site.",
 )
 @click.option(
+    "--dialect",
+    type=click.Choice(DIALECTS),
+    default="seed",
+    show_default=True,
+    help="seed: seed 000 as written; 2026: Dujiao-Next since mid-2026 (HTTP 429 over the limit, "
+    "include_inactive listings, page size 50, 200 for an inactive product's detail, 500 for purchase "
+    "limits, wholesale charges).",
+)
+@click.option(
     "--log-level",
     type=click.Choice(LOG_LEVELS),
     default="info",
@@ -245,6 +255,7 @@ def sandbox_command(
     currency: str,
     balance_failure: str,
     ignore_updated_after: bool,
+    dialect: str,
     log_level: str,
     log_format: str,
 ) -> None:
@@ -290,6 +301,7 @@ def sandbox_command(
         if balance_failure == "insufficient_balance"
         else "payment_failed",
         honour_updated_after=not ignore_updated_after,
+        dialect="2026" if dialect == "2026" else "seed",
     )
     _run(config, host, port, log_level, log_format, lambda url: describe_listener(config, url))
 

@@ -10,6 +10,7 @@ from aiohttp import web
 
 from procurd.sandbox.api import json_response
 from procurd.sandbox.catalog import UNLIMITED, money_text
+from procurd.sandbox.config import DIALECTS
 from procurd.sandbox.control_fields import (
     ControlError,
     Kind,
@@ -60,7 +61,15 @@ ORDER_ACTIONS: dict[str, dict[str, Kind]] = {
 WALLET_FIELDS: dict[str, Kind] = {"api_key": str, "balance": Money, "top_up": Money}
 API_KEY_FIELDS: dict[str, Kind] = {"api_key": str, "api_secret": str, "balance": Money, "member_level": bool}
 SKU_FIELDS: dict[str, Kind] = {"price_amount": Money, "stock_quantity": int, "is_active": bool}
-PRODUCT_FIELDS: dict[str, Kind] = {"title": Title, "category_id": int, "is_active": bool, "removed": bool}
+PRODUCT_FIELDS: dict[str, Kind] = {
+    "title": Title,
+    "category_id": int,
+    "is_active": bool,
+    "removed": bool,
+    "min_purchase_quantity": int,
+    "max_purchase_quantity": int,
+}
+PURCHASE_LIMITS = ("min_purchase_quantity", "max_purchase_quantity")  # null lifts the limit
 NEW_PRODUCT_FIELDS: dict[str, Kind] = {
     "title": Title,
     "category_id": int,
@@ -75,8 +84,9 @@ CONFIG_KEYS: dict[str, Kind] = {
     "callback_retry_delays": list,
     "callback_timeout_seconds": float,
     "clock_offset_seconds": float,
+    "dialect": DIALECTS,
     "honour_updated_after": bool,
-    "inactive_product_detail": ("404", "200"),
+    "inactive_product_detail": ("404", "200", None),
     "page_size_max": int,
     "site_name": str,
 }
@@ -179,6 +189,7 @@ class ControlApi:
             {
                 "ok": True,
                 "site_name": config.site_name,
+                "dialect": config.dialect,
                 "base_url": str(request.url.origin()),
                 "api_key": config.api_key,
                 "orders": {"total": len(self.state.orders), "by_status": dict(self.state.status_counts())},
@@ -319,10 +330,19 @@ class ControlApi:
         return json_response({"ok": True, "sku": sku.to_dict(), "product_updated_at": product.updated_at})
 
     async def update_product(self, request: web.Request) -> web.Response:
-        """Change a product's title, category or active flag, or remove (``removed``) and restore it."""
+        """Change a product's title, category, active flag or purchase limits, or remove (``removed``) and
+        restore it."""
         product_id = path_id(request)
-        self.state.product(product_id)
-        fields = checked_fields(await json_body(request), PRODUCT_FIELDS)
+        product = self.state.product(product_id)
+        body = await json_body(request)
+        lifted = [name for name in PURCHASE_LIMITS if name in body and body[name] is None]
+        for name in lifted:
+            del body[name]
+        fields = checked_fields(body, PRODUCT_FIELDS)
+        for name in PURCHASE_LIMITS:
+            at_least(fields, name, 1)
+            if name in fields or name in lifted:
+                setattr(product, name, fields.get(name))
         if "title" in fields:
             self.state.set_product_title(product_id, fields["title"])
         if "category_id" in fields:
@@ -355,6 +375,8 @@ class ControlApi:
                 "ok": True,
                 "product": product.to_dict(include_inactive_skus=True),
                 "removed": product_id in self.state.removed_products,
+                "min_purchase_quantity": product.min_purchase_quantity,
+                "max_purchase_quantity": product.max_purchase_quantity,
             }
         )
 

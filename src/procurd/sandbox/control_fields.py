@@ -34,7 +34,7 @@ class Title:
     """Marks a multilingual text: one string for every locale, or an object of locale to string."""
 
 
-Kind = type | tuple[str, ...]  # a JSON type, a marker above, or the strings allowed
+Kind = type | tuple[str | None, ...]  # a JSON type, a marker above, or the values allowed (strings, null)
 
 
 EXPECTED = {

@@ -25,20 +25,30 @@ from procurd.sandbox.catalog import (
     precise_iso_time,
 )
 from procurd.sandbox.config import SandboxConfig
-
-ORDER_STATUSES = (
-    "pending_payment",
-    "paid",
-    "fulfilling",
-    "partially_delivered",
-    "delivered",
-    "completed",
-    "canceled",
-    "refunded",
-    "partially_refunded",
+from procurd.sandbox.orders import (
+    DELIVERABLE_STATUSES,
+    FULFILLED_STATUSES,
+    ORDER_STATUSES,
+    Fulfillment,
+    OrderItem,
+    SandboxOrder,
 )
-FULFILLED_STATUSES = frozenset({"delivered", "completed"})
-DELIVERABLE_STATUSES = frozenset({"paid", "fulfilling", "partially_delivered"})
+
+__all__ = [
+    "DELIVERABLE_STATUSES",
+    "FULFILLED_STATUSES",
+    "ORDER_STATUSES",
+    "ApiUser",
+    "CreateResult",
+    "Fulfillment",
+    "NewOrderFlags",
+    "NewSku",
+    "OrderItem",
+    "SandboxOrder",
+    "SandboxState",
+    "SandboxStateError",
+]
+
 FIRST_ORDER_ID = 1001
 MEMBER_LEVEL = {
     "id": 2,
@@ -64,114 +74,6 @@ class ApiUser:
     member_level: dict[str, Any] | None = None
     key_active: bool = True
     user_active: bool = True
-
-
-@dataclass
-class OrderItem:
-    product_id: int
-    sku_id: int
-    title: dict[str, str]
-    quantity: int
-    unit_price: str
-    total_price: str
-    fulfillment_type: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "product_id": self.product_id,
-            "sku_id": self.sku_id,
-            "title": self.title,
-            "quantity": self.quantity,
-            "unit_price": self.unit_price,
-            "total_price": self.total_price,
-            "fulfillment_type": self.fulfillment_type,
-        }
-
-
-@dataclass
-class Fulfillment:
-    type: str
-    payload: str = field(repr=False)
-    delivery_data: dict[str, Any] | None = field(repr=False)
-    delivered_at: str
-    status: str = "delivered"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "type": self.type,
-            "status": self.status,
-            "payload": self.payload,
-            "delivery_data": self.delivery_data,
-            "delivered_at": self.delivered_at,
-        }
-
-
-@dataclass
-class SandboxOrder:
-    order_id: int
-    order_no: str
-    api_key: str
-    status: str
-    amount: Decimal
-    currency: str
-    items: list[OrderItem]
-    downstream_order_no: str | None
-    trace_id: str | None
-    callback_url: str | None
-    manual_form_data: dict[str, Any] | None = field(repr=False)
-    created_at: str
-    updated_at: str
-    fulfillment: Fulfillment | None = None
-    refunded_amount: Decimal = Decimal("0.00")
-    refund_records: list[dict[str, Any]] = field(default_factory=list)
-    wallet_paid: bool = False  # the amount was debited from the wallet (and is what refunds give back)
-    hold_delivery: bool = False  # an auto order kept from automatic delivery until deliver()
-    stock_held: bool = False  # its quantity is taken out of the SKU's stock
-
-    @property
-    def item(self) -> OrderItem:
-        return self.items[0]
-
-    @property
-    def fulfillment_type(self) -> str:
-        return self.item.fulfillment_type
-
-    def summary(self) -> dict[str, Any]:
-        """The answer of POST /orders: ok, order_id, order_no, status, amount, currency."""
-        return {
-            "ok": True,
-            "order_id": self.order_id,
-            "order_no": self.order_no,
-            "status": self.status,
-            "amount": money_text(self.amount),
-            "currency": self.currency,
-        }
-
-    def to_api(self) -> dict[str, Any]:
-        """The answer of GET /orders/:id (seed 000, 2.4), plus the refund fields real sites add."""
-        data = self.summary()
-        data["items"] = [item.to_dict() for item in self.items]
-        if self.fulfillment is not None:
-            data["fulfillment"] = self.fulfillment.to_dict()
-        if self.refund_records:
-            data["refunded_amount"] = money_text(self.refunded_amount)
-            data["refund_records"] = [dict(record) for record in self.refund_records]
-        data["downstream_order_no"] = self.downstream_order_no or ""
-        data["trace_id"] = self.trace_id or ""
-        data["created_at"] = self.created_at
-        data["updated_at"] = self.updated_at
-        return data
-
-    def to_control(self) -> dict[str, Any]:
-        """Everything the control API shows about the order."""
-        data = self.to_api()
-        data.update(
-            api_key=self.api_key,
-            callback_url=self.callback_url,
-            manual_form_data=self.manual_form_data,
-            hold_delivery=self.hold_delivery,
-        )
-        return data
 
 
 @dataclass(frozen=True)
@@ -239,6 +141,7 @@ class SandboxState:
         self._order_index: dict[tuple[str, str], int] = {}
         self._next_order_id = FIRST_ORDER_ID
         self._listing: list[Product] | None = None
+        self._everything: list[Product] | None = None
         for product in self.products.values():
             product.attach(self._product_changed)
         self.add_api_key(config.api_key, config.api_secret, config.balance)
@@ -252,7 +155,7 @@ class SandboxState:
 
     def _product_changed(self, product: Product) -> None:
         object.__setattr__(product, "updated_at", precise_iso_time(self.now()))
-        self._listing = None
+        self._listing = self._everything = None
 
     def active_products(self) -> list[Product]:
         """What GET /products lists, in id order: active products that were not removed."""
@@ -262,6 +165,17 @@ class SandboxState:
                 key=lambda p: p.id,
             )
         return self._listing
+
+    def listed_products(self, include_inactive: bool = False) -> list[Product]:
+        """What GET /products lists, in id order: the active products, or (``include_inactive``, Dujiao-Next
+        since 2026) every product that was not removed."""
+        if not include_inactive:
+            return self.active_products()
+        if self._everything is None:
+            self._everything = sorted(
+                (p for p in self.products.values() if p.id not in self.removed_products), key=lambda p: p.id
+            )
+        return self._everything
 
     def visible_product(self, product_id: int) -> Product | None:
         """The product unless it does not exist or was removed."""
@@ -397,7 +311,7 @@ class SandboxState:
         self.products[product_id] = product
         for sku in new_skus:
             self.skus[sku.id] = sku
-        self._listing = None
+        self._listing = self._everything = None
         return product_id
 
     def first_sku(self, fulfillment_type: str = "auto", active: bool = True, in_stock: bool = True) -> SKU:
@@ -524,14 +438,16 @@ class SandboxState:
             problem = self.callback_url_problem(callback_url)
             if problem is not None:
                 raise ProtocolError(400, "invalid_callback_url", f"callback_url is not allowed: {problem}")
+        self._check_purchase_limits(product, quantity)
         if not sku.in_stock(quantity):
             raise ProtocolError(409, "insufficient_stock", "stock is too low for this quantity")
-        amount = sku.unit_price * quantity
+        unit_price = sku.charged_price(quantity) if self.config.speaks_2026 else sku.unit_price
+        amount = unit_price * quantity
         short = user.balance < amount
         if short and not flags.pending_payment and self.config.balance_failure == "insufficient_balance":
             raise ProtocolError(402, "insufficient_balance", "wallet balance is too low")
         order = self._new_order(
-            user, product, sku, quantity, amount, downstream_no, submission.trace_id, callback_url
+            user, product, sku, quantity, unit_price, downstream_no, submission.trace_id, callback_url
         )
         order.manual_form_data = form
         if flags.pending_payment:
@@ -546,6 +462,17 @@ class SandboxState:
         return CreateResult(
             order, created=True, used_pending_payment=flags.pending_payment, used_hold_delivery=used_hold
         )
+
+    def _check_purchase_limits(self, product: Product, quantity: int) -> None:
+        """A quantity outside the product's purchase limits: seed 000 names no such refusal (400
+        ``bad_request``); Dujiao-Next answers it HTTP 500 ``internal_error``, not a business code."""
+        least, most = product.min_purchase_quantity, product.max_purchase_quantity
+        if (least is None or quantity >= least) and (most is None or quantity <= most):
+            return
+        if self.config.speaks_2026:
+            raise ProtocolError(500, "internal_error", "failed to create order")
+        limits = f"{least or 1} to {most}" if most is not None else f"at least {least}"
+        raise bad_request(f"quantity must be {limits} for this product")
 
     @staticmethod
     def _missing_form_fields(product: Product, form: Mapping[str, Any] | None) -> str:
@@ -565,7 +492,7 @@ class SandboxState:
         product: Product,
         sku: SKU,
         quantity: int,
-        amount: Decimal,
+        unit_price: Decimal,
         downstream_no: str | None,
         trace_id: str | None,
         callback_url: str | None,
@@ -574,7 +501,8 @@ class SandboxState:
         self._next_order_id += 1
         now = self.now()
         stamp = iso_time(now)
-        unit_price = sku.unit_price
+        amount = unit_price * quantity
+        listed = sku.unit_price if self.config.speaks_2026 else None
         order = SandboxOrder(
             order_id=order_id,
             order_no=f"DJ{iso_time(now)[:10].replace('-', '')}{order_id:06d}",
@@ -591,6 +519,8 @@ class SandboxState:
                     unit_price=money_text(unit_price),
                     total_price=money_text(amount),
                     fulfillment_type=product.fulfillment_type,
+                    original_unit_price=None if listed is None else money_text(listed),
+                    original_total_price=None if listed is None else money_text(listed * quantity),
                 )
             ],
             downstream_order_no=downstream_no or None,

@@ -54,6 +54,8 @@ LOGGER_NAME = "procurd.upstream"
 API_PREFIX = "/api/v1/upstream"
 CONNECTION_LIMIT = 8
 MAX_PAGE_SIZE = 100
+INCLUDE_INACTIVE = {"include_inactive": "true"}
+"""Asked of every listing: a site that serves it lists inactive products too, and says so."""
 
 ModelT = TypeVar("ModelT", bound=UpstreamModel)
 
@@ -165,10 +167,11 @@ class UpstreamClient:
     async def products(
         self, page: int = 1, page_size: int = 20, *, priority: Priority = Priority.CATALOG
     ) -> ProductPage:
-        """One page of active products; the answer says which page size the upstream actually used."""
+        """One page of products, asked with ``include_inactive=true`` (see :meth:`catalog_page`); the answer
+        says which page size the upstream actually used and whether it lists inactive products too."""
         if page < 1 or not 1 <= page_size <= MAX_PAGE_SIZE:
             raise ValueError(f"page must be at least 1 and page_size 1 to {MAX_PAGE_SIZE}")
-        query = {"page": str(page), "page_size": str(page_size)}
+        query = {"page": str(page), "page_size": str(page_size), **INCLUDE_INACTIVE}
         answer = await self._send(_Call("products", "GET", "/products", priority, query=query))
         return self._model(ProductPage, answer.body, "products")
 
@@ -215,14 +218,18 @@ class UpstreamClient:
         priority: Priority = Priority.CATALOG,
         seen: Container[bytes] | None = None,
     ) -> CatalogPage | SeenPage:
-        """One page of active products as decoded JSON (parsed once, amounts exact), for the mirror;
+        """One page of products as decoded JSON (parsed once, amounts exact), for the mirror;
         ``updated_after`` asks for products updated since then only (upstreams may ignore it).
+
+        Every page is asked with ``include_inactive=true``, as Dujiao-Next's own downstream asks: a site that
+        serves it lists the products it took off sale too (``is_active: false``) and says so in
+        ``includes_inactive`` (:attr:`CatalogPage.includes_inactive`); a site that does not ignores it.
 
         With ``seen`` (SHA-256 digests of earlier success bodies) the page carries its body's digest, and a
         success body whose digest is in ``seen`` is not decoded at all: the answer is a :class:`SeenPage`."""
         if page < 1 or not 1 <= page_size <= MAX_PAGE_SIZE:
             raise ValueError(f"page must be at least 1 and page_size 1 to {MAX_PAGE_SIZE}")
-        query = {"page": str(page), "page_size": str(page_size)}
+        query = {"page": str(page), "page_size": str(page_size), **INCLUDE_INACTIVE}
         if updated_after is not None:
             query["updated_after"] = rfc3339(updated_after)
         call = _Call("products", "GET", "/products", priority, query=query, decode=loads_listing, seen=seen)
@@ -250,7 +257,15 @@ class UpstreamClient:
                 raise self._protocol_error("products", f"items[{index}].skus is not a list")
             for position, sku in enumerate(skus):
                 self._check_entity("products", sku, f"items[{index}].skus[{position}]")
-        return CatalogPage(items, numbers["total"], numbers["page"], numbers["page_size"], answer.body_digest)
+        echo = body.get("includes_inactive")
+        return CatalogPage(
+            items,
+            numbers["total"],
+            numbers["page"],
+            numbers["page_size"],
+            answer.body_digest,
+            echo if isinstance(echo, bool) else None,
+        )
 
     def _check_entity(self, endpoint: str, item: Any, where: str) -> None:
         if not isinstance(item, dict):

@@ -61,6 +61,11 @@ def _none_as_empty_list(value: Any) -> Any:
     return [] if value is None else value
 
 
+def _flag_or_none(value: Any) -> bool | None:
+    """A JSON boolean as it is; anything else says nothing."""
+    return value if isinstance(value, bool) else None
+
+
 class UpstreamModel(BaseModel):
     """Base of every upstream resource: unknown fields are kept, nothing is coerced away."""
 
@@ -118,12 +123,14 @@ class Product(UpstreamModel):
 
 
 class ProductPage(UpstreamModel):
-    """One page of ``GET /products``, with the page and page size the upstream actually used."""
+    """One page of ``GET /products``, with the page and page size the upstream actually used, and whether
+    it lists inactive products too (``includes_inactive``; ``None`` when the answer does not say)."""
 
     items: Annotated[list[Product], BeforeValidator(_none_as_empty_list)]
     total: int
     page: int
     page_size: int
+    includes_inactive: Annotated[bool | None, BeforeValidator(_flag_or_none)] = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +148,9 @@ class CatalogPage:
     page_size: int
     body_digest: bytes = b""
     """SHA-256 of the answer's body as received, when the caller asked (``seen`` given); else empty."""
+    includes_inactive: bool | None = None
+    """The answer's ``includes_inactive``: True when the upstream lists the products it took off sale too
+    (asked with ``include_inactive=true``, Dujiao-Next since 2026), False or ``None`` (not said) otherwise."""
 
 
 @dataclass(frozen=True, slots=True)
