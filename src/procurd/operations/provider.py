@@ -108,7 +108,7 @@ class ProviderOperations:
         self.local_orders = orders
         self.accounts = ProviderAccountOperations(runtime)
         self.catalog = OfferedCatalog(runtime.database, runtime.settings, runtime.instance)
-        self.sender = CallbackSender(self.settings)
+        self.sender = CallbackSender(self.settings, metrics=runtime.metrics)
         self.pages = PageCache()
 
     @property
@@ -308,7 +308,7 @@ class ProviderOperations:
         if not self.settings.allow_private_callback_url:
             problem = private_url_reason(url)
             if problem is not None:
-                raise Refused(400, "invalid_callback_url", f"callback_url is not allowed: {problem}")
+                raise Refused(400, "invalid_callback_url", refused_callback_url(problem))
 
     def _order_facts(
         self, tx: Any, account_id: int, downstream_order_no: str | None, sku_id: int
@@ -491,6 +491,16 @@ class ProviderOperations:
         await self.runtime.alerts.raise_(*occurrences)
         for account in accounts:
             await self.accounts.check_balance(account, account.balance_cents)
+
+
+def refused_callback_url(problem: str) -> str:
+    """The message of a refused ``callback_url``: what is wrong, and the setting that decides it, which is
+    this provider's (a downstream's own ``[server] allow_private_callback_url`` does not change it)."""
+    return (
+        f"callback_url is not allowed: {problem}. This upstream calls back public addresses only; for a "
+        "chain on one machine its operator sets [provider] allow_private_callback_url = true in the "
+        "upstream's configuration"
+    )
 
 
 def _dump(value: Any) -> bytes:
