@@ -1,4 +1,5 @@
-"""The provider facing a downstream it cannot trust: callbacks that go to public addresses only.
+"""The provider facing a downstream it cannot trust: callbacks that go to public addresses only, cancels that
+say what happened, and one timestamp window both ways.
 
 One provider daemon B sells its mirror of a sandbox top to one account, with the default configuration a
 downstream could abuse: the admin listener on loopback without a token, and callbacks limited to public
@@ -8,9 +9,12 @@ the test's own (``downstream.test`` is 127.0.0.1), never the machine's resolver 
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import math
 import re
 import socket
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -20,12 +24,14 @@ import pytest
 import pytest_asyncio
 from aiohttp.abc import ResolveResult
 
+from procurd.config import CALLBACK_PATH
 from procurd.core.provider import ProviderOrder
 from procurd.daemon import Daemon
 from procurd.provider.callbacks import CallbackSender
 from procurd.provider.destinations import NotPublic, PublicResolver
 from procurd.sandbox import Sandbox, SandboxConfig
 from procurd.sandbox.testing import CallbackReceiver, SignedClient
+from procurd.signing import sign
 from procurd.systemd import Notifier
 from provider_support import (
     NamedResolver,
@@ -241,3 +247,63 @@ async def test_the_sender_connects_only_to_checked_addresses(provider: Provider)
     assert [result["host"] for result in await rebinding.resolve("rebind.test", 80)] == ["93.184.216.34"]
     with pytest.raises(NotPublic, match=r"rebind\.test resolves to no public address \(127\.0\.0\.1, a"):
         await rebinding.resolve("rebind.test", 80)
+
+
+# --- cancels and the timestamp window -----------------------------------------------------------------------
+
+
+async def test_concurrent_cancels_of_one_order_answer_canceled_and_refund_once(provider: Provider) -> None:
+    """20 cancels of one order at once (a downstream that lost the first answer and asks again): every one
+    answers 200 ``canceled``, the top's order is canceled once, the wallet refunded once; a cancel after that
+    answers 200 ``canceled`` too, as a repeated order answers the existing one."""
+    provider.top.faults.pending_payment_next()  # the top takes it unpaid: it can still be canceled there
+    before = await provider.b.operations.provider.accounts.get(ACCOUNT)
+    await provider.order("CANCEL-20")
+    order = await provider.provider_order("CANCEL-20")
+
+    async def submitted() -> bool:
+        view = await provider.b.operations.orders.view(order.order_no)
+        return bool(view["procurements"][0]["state"] == "submitted")
+
+    await wait_until(submitted)
+    answers = await asyncio.gather(*(provider.signed.post(f"/orders/{order.id}/cancel") for _ in range(20)))
+    assert [(a.status, a.json().get("status"), a.json().get("ok")) for a in answers] == [
+        (200, "canceled", True)
+    ] * 20, [a.body for a in answers]
+    again = await provider.signed.post(f"/orders/{order.id}/cancel")
+    assert (again.status, again.json()["status"]) == (200, "canceled")
+
+    (top_order,) = provider.top.orders_for(order.order_no)
+    assert top_order.status == "canceled"
+    moves = [e.kind for e in await ledger(provider.b.operations, ACCOUNT) if e.order_id == order.id]
+    assert moves == ["order", "refund"]
+    after = await provider.b.operations.provider.accounts.get(ACCOUNT)
+    assert after.balance_cents == before.balance_cents
+
+
+async def at_the_start_of_a_second() -> float:
+    """The wall clock early in a second (at most 0.4 s into it): what follows is answered within it."""
+    return await wait_until(lambda: (now := time.time()) - math.floor(now) < 0.4 and now, interval=0.01)
+
+
+async def test_a_timestamp_60_s_old_is_as_fresh_as_one_60_s_ahead(provider: Provider) -> None:
+    """Early in a second, a request signed exactly 60 s before that second and one exactly 60 s after it
+    are both accepted, by the provider's signed API and by B's own callback receiver (both count whole
+    seconds; 60 s old used to be refused whenever the clock was past the second's start)."""
+    top = provider.top.config
+    public = f"http://127.0.0.1:{provider.b.settings.server.public_port}"
+    async with aiohttp.ClientSession() as session:
+        for shift in (-60, 60):
+            second = math.floor(await at_the_start_of_a_second())
+            ping = await provider.signed.post("/ping", timestamp=second + shift)
+            assert ping.status == 200, (shift, ping.body)
+            body = b'{"order_id": 1, "downstream_order_no": "NOBODY", "status": "paid"}'
+            headers = {
+                "Service-Api-Key": top.api_key,
+                "Service-Timestamp": str(second + shift),
+                "Service-Signature": sign(top.api_secret, "POST", CALLBACK_PATH, second + shift, body),
+            }
+            async with session.post(public + CALLBACK_PATH, data=body, headers=headers) as response:
+                answer = await response.json()
+            assert answer.get("error_code") not in ("timestamp_expired", "invalid_signature"), (shift, answer)
+            assert response.status == 404, (shift, answer)  # checked, signed, and about no order of B's
