@@ -1,5 +1,5 @@
 """The provider facing a downstream it cannot trust: callbacks that go to public addresses only, cancels that
-say what happened, and one timestamp window both ways.
+say what happened, one timestamp window both ways, and secrets rotated without an outage.
 
 One provider daemon B sells its mirror of a sandbox top to one account, with the default configuration a
 downstream could abuse: the admin listener on loopback without a token, and callbacks limited to public
@@ -17,16 +17,19 @@ import socket
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import aiohttp
 import pytest
 import pytest_asyncio
 from aiohttp.abc import ResolveResult
+from sqlalchemy import update
 
 from procurd.config import CALLBACK_PATH
 from procurd.core.provider import ProviderOrder
 from procurd.daemon import Daemon
+from procurd.db.schema import provider_old_secrets
 from procurd.provider.callbacks import CallbackSender
 from procurd.provider.destinations import NotPublic, PublicResolver
 from procurd.sandbox import Sandbox, SandboxConfig
@@ -42,7 +45,7 @@ from provider_support import (
     provider_settings,
     settled,
 )
-from support import AdminClient, mirror, wait_until
+from support import AdminClient, mirror, sql_execute, wait_until
 from test_provider_conformance import module_database_url
 
 __all__ = ["module_database_url"]  # a fixture of this module too
@@ -307,3 +310,71 @@ async def test_a_timestamp_60_s_old_is_as_fresh_as_one_60_s_ahead(provider: Prov
                 answer = await response.json()
             assert answer.get("error_code") not in ("timestamp_expired", "invalid_signature"), (shift, answer)
             assert response.status == 404, (shift, answer)  # checked, signed, and about no order of B's
+
+
+# --- rotation without an outage -----------------------------------------------------------------------------
+
+
+async def test_the_previous_secret_works_inside_the_overlap_is_counted_and_ends_after_it(
+    provider: Provider,
+) -> None:
+    """After a rotation through the admin API (``overlap_hours``), requests signed with the previous secret
+    are accepted and counted (the account's view and ``procurd_provider_old_secret_requests``) while the new
+    one works too; once the overlap is over they answer 401 ``invalid_signature``. Callbacks are signed with
+    the new secret from the rotation on. ``{"now": true}`` ends every secret but the new one at once."""
+    b = provider.b
+    site = await add_account(b.operations, "rotating", balance="10.00")
+    status, rotated = await provider.admin.call(
+        "POST", "/api/v1/provider/accounts/rotating/rotate", {"overlap_hours": 1}
+    )
+    assert status == 200, rotated
+    assert set(rotated) == {"ok", "account", "api_secret", "old_valid_until"}
+    assert "old_secrets" not in rotated["account"]
+    new_secret = rotated["api_secret"]
+    async with (
+        SignedClient(site.base_url, site.api_key, site.api_secret, site.header_prefix) as old,
+        SignedClient(site.base_url, site.api_key, new_secret, site.header_prefix) as new,
+    ):
+        assert (await new.post("/ping")).status == 200
+        assert [(await old.post("/ping")).status for _ in range(3)] == [200] * 3
+        status, shown = await provider.admin.call("GET", "/api/v1/provider/accounts/rotating")
+        (previous,) = shown["account"]["old_secrets"]
+        assert previous["valid_until"] == rotated["old_valid_until"]
+        assert previous["requests"] == 3
+        assert await provider.metric("procurd_provider_old_secret_requests_total", account="rotating") == 3
+
+        # Callbacks: signed with the account's secret as it is now, the new one.
+        account = await b.operations.provider.accounts.get("rotating")
+        await provider.order("ROTATION-1")
+        base = await provider.provider_order("ROTATION-1")
+        async with CallbackReceiver(site.api_key, new_secret) as receiver:
+            allowing = b.settings.provider.model_copy(update={"allow_private_callback_url": True})
+            sender = CallbackSender(allowing)
+            try:
+                delivery = await sender.send(account, dataclasses.replace(base, callback_url=receiver.url))
+            finally:
+                await sender.close()
+            assert delivery.ok
+            assert [callback.signature_valid for callback in receiver.received] == [True]
+
+        # The overlap ends (as an hour later): the previous secret is refused, the new one goes on.
+        ended = update(provider_old_secrets).values(valid_until=datetime.now(UTC) - timedelta(seconds=1))
+        assert await sql_execute(b.runtime.database, ended) >= 1
+
+        async def refused() -> bool:
+            return (await old.post("/ping")).error_code == "invalid_signature"
+
+        await wait_until(refused)
+        assert (await new.post("/ping")).status == 200
+
+    status, leaked = await provider.admin.call(
+        "POST", "/api/v1/provider/accounts/rotating/rotate", {"now": True}
+    )
+    assert (status, leaked["old_valid_until"]) == (200, None)
+    async with SignedClient(site.base_url, site.api_key, new_secret, site.header_prefix) as previous_client:
+        assert (await previous_client.post("/ping")).error_code == "invalid_signature"
+    refusals = [({"overlap_hours": -1}, "invalid_overlap"), ({"overlap_hours": "2"}, "invalid_overlap"),
+                ({"now": "yes"}, "invalid_request"), ({"later": 1}, "invalid_request")]  # fmt: skip
+    for body, code in refusals:
+        status, answer = await provider.admin.call("POST", "/api/v1/provider/accounts/rotating/rotate", body)
+        assert (status, answer["error_code"]) == (400, code), (body, answer)

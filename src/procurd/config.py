@@ -50,6 +50,7 @@ ENV_PREFIX = "PROCURD_"
 RULES_LABEL = "[[pricing.rules]]"
 DEFAULT_LOCATIONS = (Path("procurd.toml"), Path("/etc/procurd/procurd.toml"))
 CALLBACK_PATH = "/api/v1/upstream/callback"
+MAX_ROTATION_OVERLAP_HOURS = 24 * 365  # the longest a previous secret may stay valid after a rotation
 
 
 class ConfigError(Exception):
@@ -373,6 +374,10 @@ class ProviderSettings(_Section):
     rate_limit_block_seconds: PositiveSeconds = 30
     allow_private_callback_url: bool = False
     low_balance_threshold: Annotated[str, AfterValidator(_optional_amount)] = ""
+    # After `account rotate`, the previous secret stays valid this long (hours).
+    rotation_overlap_hours: float = Field(
+        default=168, ge=0, le=MAX_ROTATION_OVERLAP_HOURS, allow_inf_nan=False
+    )
     callback_give_up_seconds: PositiveSeconds = 86400
     callback_timeout_seconds: PositiveSeconds = 15  # one try's wait for the downstream's answer
     levels: list[ProviderLevelSettings] = Field(default_factory=list)

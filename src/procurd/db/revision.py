@@ -6,7 +6,7 @@ from sqlalchemy import Connection, inspect, text
 
 from procurd.db.database import Database
 
-HEAD_REVISION = "0005"  # the newest file in procurd/migrations/versions (a test keeps them in step)
+HEAD_REVISION = "0006"  # the newest file in procurd/migrations/versions (a test keeps them in step)
 
 
 async def current_revision(database: Database) -> str | None:

@@ -278,7 +278,8 @@ class SignedApi:
         return await backend.after(request, endpoint, response), caller, outcome
 
     async def authenticate(self, request: web.Request) -> tuple[Caller, bytes]:
-        """The real sites' order: headers, timestamp, credential, body size, signature."""
+        """The real sites' order: headers, timestamp, credential, body size, signature (the key's secret, or
+        one of its previous secrets still in its overlap after a rotation)."""
         names = self.header_names()
         api_key = request.headers.get(names.api_key, "").strip()
         raw_timestamp = request.headers.get(names.timestamp, "").strip()
@@ -301,9 +302,17 @@ class SignedApi:
             raise auth_failure("user_disabled", "the user account is disabled")
         body = await self._read_body(request)
         path = request.raw_path.split("?", 1)[0]
-        if not signature_matches(credential.secret, request.method, path, raw_timestamp, body, signature):
-            raise auth_failure("invalid_signature", "signature check failed")
-        return Caller(api_key, credential.account), body
+        caller = Caller(api_key, credential.account)
+        if signature_matches(credential.secret, request.method, path, raw_timestamp, body, signature):
+            return caller, body
+        now = self.backend.now()
+        for previous in credential.previous:  # the overlap after a rotation
+            if previous.valid_until > now and signature_matches(
+                previous.secret, request.method, path, raw_timestamp, body, signature
+            ):
+                await self.backend.previous_secret_used(caller, previous)
+                return caller, body
+        raise auth_failure("invalid_signature", "signature check failed")
 
     async def signed(self, request: web.Request) -> bool:
         """Whether a request carries signature headers that verify for an active key (what a strict site
