@@ -4,9 +4,13 @@ accounts, and a provider seen as an upstream site by the next procurd down the c
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+import ipaddress
+import socket
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from aiohttp.abc import AbstractResolver, ResolveResult
 
 from procurd.catalog.sync import SyncReport
 from procurd.config import Settings
@@ -126,3 +130,33 @@ async def provider_order_of(
     found = await operations.runtime.database.read(lambda tx: tx.provider.orders_by_downstream([key]))
     order: ProviderOrder | None = found.get(key)
     return order
+
+
+class NamedResolver(AbstractResolver):
+    """A DNS of the test's own: fixed addresses for the names it holds (never the machine's hosts file or
+    resolver), and "name not known" for any other, as a resolver answers an unknown name. ``asked`` lists
+    every name it was asked for."""
+
+    def __init__(self, names: Mapping[str, Sequence[str]]) -> None:
+        self.names = {name.lower(): list(addresses) for name, addresses in names.items()}
+        self.asked: list[str] = []
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
+        self.asked.append(host)
+        addresses = self.names.get(host.lower().rstrip("."))
+        if not addresses:
+            raise OSError(socket.EAI_NONAME, f"{host}: name not known")
+        results: list[ResolveResult] = []
+        for text in addresses:
+            address = ipaddress.ip_address(text)
+            family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
+            results.append(
+                {"hostname": host, "host": str(address), "port": port, "family": family, "proto": 0,
+                 "flags": socket.AI_NUMERICHOST}
+            )  # fmt: skip
+        return results
+
+    async def close(self) -> None:
+        return None

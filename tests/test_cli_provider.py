@@ -12,6 +12,7 @@ import json
 import re
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -276,10 +277,9 @@ async def test_topup_debit_and_the_ledger(shell: Shell) -> None:
     assert "bank transfer 17" in shown.stdout
 
 
-async def test_levels_disable_enable_and_rotate_act_on_the_signed_api(shell: Shell) -> None:
+async def test_levels_disable_and_enable_act_on_the_signed_api(shell: Shell) -> None:
     """``set-level`` takes a configured slug (an unknown one is refused naming the configured slugs) or
-    ``none``; ``disable`` makes the account's requests answer 401 until ``enable``; ``rotate`` prints a new
-    secret once, with which requests work while the old secret's answer 401."""
+    ``none``; ``disable`` makes the account's requests answer 401 until ``enable``."""
     key, secret = await shell.add("shop-b", topup="10.00")
     unknown = await shell.refused("unknown_level", "provider", "account", "set-level", "shop-b", "platinum")
     assert "gold" in unknown.stderr
@@ -316,22 +316,70 @@ async def test_levels_disable_enable_and_rotate_act_on_the_signed_api(shell: She
         assert (await answered(client, 200))["ok"] is True
         await shell.refused("account_not_found", "provider", "account", "disable", "nobody")
 
-        rotated = await shell.logged("provider", "account", "rotate", "shop-b")
-        [new_secret] = SECRET.findall(rotated.stdout)
-        assert rotated.stdout.count(new_secret) == 1
-        assert KEY.findall(rotated.stdout) == [key]
-        assert new_secret != secret
-        assert "provider.account_secret_rotated" in rotated.stderr
-        assert new_secret not in rotated.stderr
-        await answered(client, 401, "invalid_signature")
-    async with shell.client(key, new_secret) as client:
-        assert (await answered(client, 200))["balance"] == "10.00"
-    again = await shell.json("provider", "account", "rotate", "shop-b")
-    assert set(again) == {"name", "api_key", "api_secret"}
-    async with shell.client(key, new_secret) as client:
-        await answered(client, 401, "invalid_signature")
-    async with shell.client(key, again["api_secret"]) as client:
-        assert (await answered(client, 200))["ok"] is True
+
+def hours_ahead(stamp: str) -> float:
+    return (datetime.fromisoformat(stamp) - datetime.now(UTC)).total_seconds() / 3600
+
+
+async def test_rotate_keeps_the_previous_secret_for_the_overlap_and_now_ends_it(shell: Shell) -> None:
+    """``rotate`` prints a new secret once; the previous one keeps working for ``[provider]
+    rotation_overlap_hours`` (168) and the requests still signed with it are counted in ``account show``;
+    ``--overlap HOURS`` sets the window (``--json``: ``name``, ``api_key``, ``api_secret``,
+    ``old_valid_until``); ``--now`` ends every secret but the new one at once."""
+    key, secret = await shell.add("shop-b", topup="10.00")
+    rotated = await shell.logged("provider", "account", "rotate", "shop-b")
+    [new_secret] = SECRET.findall(rotated.stdout)
+    assert rotated.stdout.count(new_secret) == 1
+    assert KEY.findall(rotated.stdout) == [key]
+    assert new_secret != secret
+    assert "The previous secret keeps working until" in rotated.stdout
+    assert "provider.account_secret_rotated" in rotated.stderr
+    assert new_secret not in rotated.stderr
+    assert secret not in rotated.stderr
+    async with shell.client(key, secret) as old, shell.client(key, new_secret) as new:
+        assert (await answered(new, 200))["balance"] == "10.00"  # the daemon has seen the rotation
+        for _ in range(4):  # a downstream that has not switched yet
+            answer = await ping(old)
+            assert (answer.status, answer.json()["ok"]) == (200, True)
+    view = (await shell.json("provider", "account", "show", "shop-b"))["account"]
+    (previous,) = view["old_secrets"]
+    assert 167.9 < hours_ahead(previous["valid_until"]) <= 168
+    assert previous["requests"] == 4
+    assert previous["last_used_at"] is not None
+    shown = await shell.ok("provider", "account", "show", "shop-b")
+    assert "4 requests signed with it, the latest" in shown.stdout
+
+    again = await shell.json("provider", "account", "rotate", "shop-b", "--overlap", "2")
+    assert set(again) == {"name", "api_key", "api_secret", "old_valid_until"}
+    assert 1.9 < hours_ahead(again["old_valid_until"]) <= 2
+    async with (
+        shell.client(key, secret) as first,
+        shell.client(key, new_secret) as second,
+        shell.client(key, again["api_secret"]) as third,
+    ):
+        await answered(third, 200)
+        assert (await ping(first)).status == 200  # its own overlap is not shortened by the next rotation
+        assert (await ping(second)).status == 200
+    windows = [old["valid_until"] for old in (await shell.json("provider", "account", "show", "shop-b"))[
+        "account"]["old_secrets"]]  # fmt: skip
+    assert [round(hours_ahead(until)) for until in windows] == [2, 168]
+
+    leaked = await shell.json("provider", "account", "rotate", "shop-b", "--now")
+    assert leaked["old_valid_until"] is None
+    async with (
+        shell.client(key, secret) as first,
+        shell.client(key, new_secret) as second,
+        shell.client(key, again["api_secret"]) as third,
+        shell.client(key, leaked["api_secret"]) as current,
+    ):
+        for ended in (first, second, third):
+            await answered(ended, 401, "invalid_signature")
+        assert (await answered(current, 200))["ok"] is True
+    assert (await shell.json("provider", "account", "show", "shop-b"))["account"]["old_secrets"] == []
+    usage = await shell.run("provider", "account", "rotate", "shop-b", "--now", "--overlap", "1")
+    assert usage.exit_code == 2
+    assert "--now and --overlap" in usage.stderr
+    await shell.refused("invalid_overlap", "provider", "account", "rotate", "shop-b", "--overlap", "-1")
     await shell.refused("account_not_found", "provider", "account", "rotate", "nobody")
 
 

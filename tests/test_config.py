@@ -196,10 +196,23 @@ def test_errors_never_show_secret_values(tmp_path: Path) -> None:
         ("http://192.168.1.1/cb", True),
         ("http://169.254.1.1/cb", True),
         ("http://8.8.8.8/cb", False),
+        ("http://0x7f000001/cb", True),
+        ("http://127.1/cb", True),
+        ("http://①②⑦.０.０.①/cb", True),
+        ("http://100.64.0.1/cb", True),
+        ("http://[::ffff:10.0.0.1]/cb", True),
+        ("http://[2002:c0a8:101::]/cb", True),
+        ("http://[2002:808:808::]/cb", False),
+        ("http://[2606:4700::1111]/cb", False),
+        ("http://例え.テスト/cb", False),
+        ("http://shop.example.com./cb", False),
+        ("http://[::1/cb", True),
     ],
 )
 def test_private_callback_urls_are_recognised(url: str, private: bool) -> None:
-    """The same hosts an upstream refuses as callback address are recognised as private."""
+    """The same hosts an upstream refuses as callback address are recognised as private, and so are
+    addresses in a shorthand or numeric form, whatever they stand for; public addresses (6to4 of a public
+    IPv4 address included) and DNS names, international ones included, are not (names are not resolved)."""
     assert (private_url_reason(url) is not None) is private
 
 

@@ -253,6 +253,26 @@ async def test_account_page_shows_its_key_never_its_secret_and_pages_its_ledger(
     assert 'rel="prev"' in older.text
 
 
+async def test_account_page_shows_a_previous_secret_in_its_overlap(chain: Chain) -> None:
+    """After a rotation the account page shows until when the previous secret works and whether requests
+    are still signed with it, never a secret; after ``--now`` it shows none."""
+    accounts = chain.daemon.operations.provider.accounts
+    _, first = await accounts.add("rotated-c")
+    rotation = await accounts.rotate("rotated-c", 24)
+    assert rotation.old_valid_until is not None
+    await chain.client.login()
+    page = await chain.client.get("/ui/provider/accounts/rotated-c")
+    assert_console_answer(page)
+    (previous,) = re.findall(r'<dt>Previous secret</dt>\s*<dd class="old-secret">(.*?)</dd>', page.text, re.S)
+    assert f'<time datetime="{rotation.old_valid_until.isoformat().replace("+00:00", "Z")}"' in previous
+    assert "no request signed with it since the rotation" in previous
+    assert first not in page.text
+    assert rotation.api_secret not in page.text
+    await accounts.rotate("rotated-c", end_now=True)
+    page = await chain.client.get("/ui/provider/accounts/rotated-c")
+    assert "Previous secret" not in page.text
+
+
 async def test_top_up_and_debit_from_the_account_page(chain: Chain) -> None:
     """Top-up and debit (amount and note) move the wallet through the account operations: each answers
     with a redirect back and a message, and lands in the ledger with its note."""

@@ -1113,10 +1113,18 @@ async def check_edge_request(
 @pytest.mark.parametrize("case", list(EDGE_REQUESTS))
 async def test_undecodable_and_unparsable_requests_on_the_public_listener(target: Target, case: str) -> None:
     """Each request that cannot be decoded or parsed is answered 400 with the receiver's JSON error
-    (``ok``, ``error_code``, ``message``), changes nothing, and is logged as one line below error level."""
-    answer = await check_edge_request(target, target.public_url, CALLBACK_PATH, case)
+    (``ok``, ``error_code``, ``message``), changes nothing, and is logged as one line below error level.
+    The requests carry a configured upstream's signature headers: the receiver reads a body only once
+    they passed (an unsigned one is answered 401 unread, see test_http_public)."""
+    answer = await check_edge_request(target, target.public_url, CALLBACK_PATH, case, signed_headers_of(MAIN))
     assert isinstance(answer.body["message"], str)
     assert answer.body["message"]
+
+
+def signed_headers_of(credentials: Credentials) -> list[str]:
+    """Signature header lines of ``credentials`` (over an empty body: the receiver reads the body of a
+    request only once these passed, and the body's own signature is checked after it arrived)."""
+    return [f"{name}: {value}" for name, value in credentials.headers(b"")]
 
 
 async def hang_up_mid_body(base_url: str, path: str, headers: Sequence[str] = ()) -> None:
@@ -1149,8 +1157,9 @@ async def check_hang_up(target: Target, base_url: str, path: str, headers: Seque
 
 
 async def test_a_client_hanging_up_mid_body_on_the_public_listener(target: Target) -> None:
-    """A callback whose sender disconnects mid-body is a client disconnect, not a database failure."""
-    await check_hang_up(target, target.public_url, CALLBACK_PATH)
+    """A callback whose sender disconnects mid-body is a client disconnect, not a database failure (its
+    signature headers let the receiver read the body)."""
+    await check_hang_up(target, target.public_url, CALLBACK_PATH, signed_headers_of(MAIN))
 
 
 @pytest.fixture
@@ -1207,7 +1216,7 @@ async def test_slow_clients_on_the_public_listener(impatient_target: Target) -> 
     target = impatient_target
     before = await target.rows()
     await check_slow_headers_are_cut(target.public_url, CALLBACK_PATH)
-    answer = await check_slow_body_is_refused(target.public_url, CALLBACK_PATH)
+    answer = await check_slow_body_is_refused(target.public_url, CALLBACK_PATH, signed_headers_of(MAIN))
     assert answer.body["message"] == "the body did not arrive within 1 s"
     assert await target.rows() == before
     assert_no_error_logged(target.logs.new_lines())

@@ -345,8 +345,9 @@ async def test_topups_and_debits_move_the_wallet_and_a_refused_movement_changes_
 
 async def test_disable_enable_and_rotate_act_on_the_signed_api_at_once(provider: Provider) -> None:
     """A disabled account's signed requests answer 401 invalid_api_key until it is enabled; rotating gives a
-    new secret (in that answer only, never in a log line) with which requests work, while the old one's
-    answer 401 invalid_signature."""
+    new secret (in that answer only, never in a log line) with which requests work, while the old one's keep
+    working for the overlap (counted in the account's view); rotating with ``now`` ends the old ones at
+    once: their requests answer 401 invalid_signature."""
     account, secret = await provider.add("shop-b", topup="10.00")
     key = account["api_key"]
     async with provider.client(key, secret) as old:
@@ -375,9 +376,17 @@ async def test_disable_enable_and_rotate_act_on_the_signed_api_at_once(provider:
         assert new_secret not in json.dumps(await provider.ok("GET", ACCOUNTS))
         assert new_secret not in json.dumps(await provider.account("shop-b"))
 
+        assert (await old.post("/ping")).status == 200  # inside the overlap
+        (previous,) = (await provider.account("shop-b"))["old_secrets"]
+        assert (previous["requests"], previous["valid_until"]) == (1, rotated["old_valid_until"])
+        ended = await provider.ok("POST", f"{ACCOUNTS}/shop-b/rotate", {"now": True})
+        assert ended["old_valid_until"] is None
         answer = await old.post("/ping")
         assert (answer.status, answer.error_code) == (401, "invalid_signature")
     async with provider.client(key, new_secret) as new:
+        answer = await new.post("/ping")
+        assert (answer.status, answer.error_code) == (401, "invalid_signature")
+    async with provider.client(key, ended["api_secret"]) as new:
         ping = (await new.post("/ping")).json()
     assert (ping["ok"], ping["balance"]) == (True, "10.00")
 

@@ -9,6 +9,9 @@ accepted), so everything C learns after B's answer comes by B's callbacks.
 from __future__ import annotations
 
 import itertools
+import json
+import re
+import textwrap
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from decimal import ROUND_UP, Decimal
@@ -20,9 +23,11 @@ import pytest
 import pytest_asyncio
 from sqlalchemy import select
 
+from procurd.config import Settings, load_settings
 from procurd.core.provider import Account, ProviderOrder
 from procurd.daemon import Daemon
 from procurd.db.schema import mirror_categories, mirror_products, mirror_skus
+from procurd.loopback import unused_ports
 from procurd.sandbox import Sandbox, SandboxConfig, SandboxOrder
 from procurd.sandbox.testing import SignedClient
 from provider_support import (
@@ -666,3 +671,94 @@ async def test_b_callback_delivers_at_c_before_any_poll(chain: Chain) -> None:
     )  # fmt: skip
     assert api["status"] == last["status"] == c_procurement["upstream_status"]
     assert {key: c_procurement["fulfillment"][key] for key in api["fulfillment"]} == api["fulfillment"]
+
+
+# --- the chain on one machine, as docs/provider.md writes it ---------------------------------------------
+
+PROVIDER_DOC = Path(__file__).parent.parent / "docs" / "provider.md"
+DOCUMENTED_PORTS = ("9000", "8180", "8181", "8280", "8281")  # the top, B's listeners, C's listeners
+
+
+def documented_chain() -> tuple[str, str, str]:
+    """B's and C's configuration files and C's first order, as docs/provider.md's "A chain on one
+    machine" writes them."""
+    text = PROVIDER_DOC.read_text(encoding="utf-8")
+    section = text[text.index("## A chain on one machine") :]
+    section = section[: section.index("\n## ", 1)]
+    blocks = re.findall(r"```(toml|sh)\n(.*?)```", section, re.S)
+    tomls = [textwrap.dedent(body) for kind, body in blocks if kind == "toml"]
+    assert len(tomls) == 2, "B's and C's configuration"
+    order = re.search(r"-d '(\{\"order_no\": \"C-1\".*?\})'", section)
+    assert order is not None
+    return tomls[0], tomls[1], order[1]
+
+
+def as_installed(documented: str, ports: dict[str, int], database_url: str, **replaced: str) -> str:
+    """A documented configuration with this test's ports and database in place of the documented ones, and
+    ``replaced`` values (``api_key = "..."`` lines) filled in; nothing else changes."""
+    text = documented
+    for port, free in ports.items():
+        text = re.sub(rf"\b{port}\b", str(free), text)
+    text = re.sub(r'url = "sqlite\+aiosqlite:///[a-z]+\.db"', f'url = "{database_url}"', text)
+    for key, value in replaced.items():
+        text = re.sub(rf'^{key} = "[^"]*"', f'{key} = "{value}"', text, flags=re.M)
+    return text
+
+
+def settings_from(path: Path, text: str) -> Settings:
+    path.write_text(text, encoding="utf-8")
+    return load_settings(path, environ={})
+
+
+async def test_the_documented_one_machine_chain_delivers_and_names_b_setting_when_it_is_missing(
+    tmp_path: Path, sqlite_template: Path | None, postgres_template: str | None
+) -> None:
+    """The chain on one machine of docs/provider.md, B's and C's files exactly as written there (this test's ports and
+    databases in place of the documented ones): C's documented order is delivered by B's callback. With the
+    one line that lets B call back a loopback address taken out of B's file, C's next order becomes an
+    exception invalid_callback_url whose message names B's ``[provider] allow_private_callback_url`` and
+    says that C's own ``[server]`` setting does not change it."""
+    b_text, c_text, first_order = documented_chain()
+    assert "allow_private_callback_url = true          # C's callback_url is on loopback" in b_text
+    ports = dict(zip(DOCUMENTED_PORTS[1:], unused_ports(4), strict=True))
+    async with (
+        Sandbox(SandboxConfig(allow_private_callbacks=True)) as top,  # `procurd sandbox` as it starts
+        own_database(tmp_path, "b", sqlite_template, postgres_template) as b_url,
+        own_database(tmp_path, "c", sqlite_template, postgres_template) as c_url,
+        aiohttp.ClientSession() as session,
+    ):
+        ports["9000"] = int(top.base_url.rsplit(":", 1)[1])
+        b_settings = settings_from(tmp_path / "b.toml", as_installed(b_text, ports, b_url))
+        await mirror(b_settings)  # procurd db upgrade (the database is migrated) && catalog sync
+        async with running_daemon(b_settings) as b:
+            await settled(b)
+            site = await add_account(b.operations, "shopC", balance="500.00")
+            c_settings = settings_from(
+                tmp_path / "c.toml",
+                as_installed(c_text, ports, c_url, api_key=site.api_key, api_secret=site.api_secret),
+            )
+            await mirror(c_settings)
+            async with running_daemon(c_settings) as c:
+                c_admin = AdminClient(c_settings, session)
+                status, answer = await c_admin.call("POST", "/api/v1/orders", json.loads(first_order))
+                assert status == 202, answer
+                delivered = await c_admin.wait_status("C-1", "delivered", "canceled")
+                assert delivered["status"] == "delivered"
+                audit = await c.operations.orders.audit("C-1")
+                assert ("callback", "delivered") in [(e["source"], e["new_state"]) for e in audit]
+        without = re.sub(
+            r"^allow_private_callback_url = true +# C's callback_url.*\n", "", b_text, flags=re.M
+        )
+        b_settings = settings_from(tmp_path / "b.toml", as_installed(without, ports, b_url))
+        assert b_settings.provider.allow_private_callback_url is False
+        async with running_daemon(b_settings) as b, running_daemon(c_settings) as c:
+            c_admin = AdminClient(c_settings, session)
+            second = json.loads(first_order.replace("C-1", "C-2"))
+            status, answer = await c_admin.call("POST", "/api/v1/orders", second)
+            assert status == 202, answer
+            (procurement,) = (await c_admin.wait_state("C-2", "exception"))["procurements"]
+            assert procurement["exception_reason"] == "invalid_callback_url"
+            message = procurement["last_error_message"]
+            assert "host 127.0.0.1 is a loopback address" in message
+            assert "[provider] allow_private_callback_url = true" in message
+            assert "[server] allow_private_callback_url does not change what the upstream accepts" in message

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from procurd.sandbox import Sandbox, SandboxConfig
-from procurd.sandbox.testing import SignedClient
+from procurd.sandbox.testing import ManualClock, SignedClient
 from procurd.signing import sign
 
 VECTOR_SECRET = "your_api_secret"
@@ -93,6 +93,20 @@ async def test_timestamp_tolerance_is_60_seconds(shift: int, fresh: bool) -> Non
     else:
         assert response.status == 401
         assert response.error_code == "timestamp_expired"
+
+
+async def test_timestamp_window_is_the_same_both_ways_within_a_second() -> None:
+    """With the site's clock 0.7 s into a second, a timestamp exactly 60 s old is accepted as one exactly
+    60 s ahead is (the window is counted in whole seconds on both sides), and 61 s either way is not."""
+    second = int(time.time()) + 5000
+    async with (
+        Sandbox(SandboxConfig(), clock=ManualClock(second + 0.7)) as sandbox,
+        SignedClient(sandbox.base_url) as client,
+    ):
+        edges = [await client.post("/ping", timestamp=second + shift) for shift in (-60, 60)]
+        beyond = [await client.post("/ping", timestamp=second + shift) for shift in (-61, 61)]
+    assert [answer.status for answer in edges] == [200, 200]
+    assert [(answer.status, answer.error_code) for answer in beyond] == [(401, "timestamp_expired")] * 2
 
 
 async def test_clock_offset_moves_the_sandbox_clock() -> None:

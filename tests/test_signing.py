@@ -84,3 +84,13 @@ def test_timestamp_window_is_sixty_seconds_both_ways() -> None:
     assert timestamp_fresh(TS, TS - 60)
     assert not timestamp_fresh(TS, TS + 61)
     assert not timestamp_fresh(TS, TS - 61)
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.001, 0.5, 0.999])
+def test_timestamp_window_is_the_same_both_ways_at_any_fraction_of_a_second(fraction: float) -> None:
+    """Whatever fraction of a second ``now`` is into, a timestamp exactly 60 s old is treated as one exactly
+    60 s ahead (both fresh), and 61 s either way as stale: whole seconds on both sides, as the seed's sites
+    compare them."""
+    now = TS + fraction
+    assert timestamp_fresh(TS - 60, now) == timestamp_fresh(TS + 60, now) is True
+    assert timestamp_fresh(TS - 61, now) == timestamp_fresh(TS + 61, now) is False

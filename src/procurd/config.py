@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
+import yarl
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -42,12 +43,14 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from procurd.core.addresses import host_problem
 from procurd.core.pricing import Pricing, PricingRule, RuleError, build_rule, parse_amount
 
 ENV_PREFIX = "PROCURD_"
 RULES_LABEL = "[[pricing.rules]]"
 DEFAULT_LOCATIONS = (Path("procurd.toml"), Path("/etc/procurd/procurd.toml"))
 CALLBACK_PATH = "/api/v1/upstream/callback"
+MAX_ROTATION_OVERLAP_HOURS = 24 * 365  # the longest a previous secret may stay valid after a rotation
 
 
 class ConfigError(Exception):
@@ -456,6 +459,10 @@ class ProviderSettings(_Section):
     rate_limit_block_seconds: PositiveSeconds = 30
     allow_private_callback_url: bool = False
     low_balance_threshold: Annotated[str, AfterValidator(_optional_amount)] = ""
+    # After `account rotate`, the previous secret stays valid this long (hours).
+    rotation_overlap_hours: float = Field(
+        default=168, ge=0, le=MAX_ROTATION_OVERLAP_HOURS, allow_inf_nan=False
+    )
     callback_give_up_seconds: PositiveSeconds = 86400
     callback_timeout_seconds: PositiveSeconds = 15  # one try's wait for the downstream's answer
     levels: list[ProviderLevelSettings] = Field(default_factory=list)
@@ -878,25 +885,27 @@ def is_loopback_host(host: str) -> bool:
 
 
 def private_url_reason(url: str) -> str | None:
-    """Why an upstream would refuse ``url`` as a callback address (the real sites' rule), or ``None``.
+    """Why ``url`` is not an http(s) URL whose host is a public address or a DNS name (the address a site may
+    be asked to connect to on another site's word), or ``None``.
 
-    Hostnames are not resolved, exactly like the upstream's own check.
+    Names are not resolved here (a name that resolves to a private address passes): the host is judged as
+    written, and as an HTTP client would connect to it (full-width digits, enclosed digits and ideographic
+    full stops normalised), by :func:`procurd.core.addresses.host_problem`.
     """
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+    except ValueError:  # a bracketed host that is not one ("http://[::1")
+        return "is not a URL"
     if parts.scheme not in ("http", "https"):
         return "not an http or https URL"
-    host = (parts.hostname or "").lower()
     if not host:
         return "has no host"
-    if host in ("localhost", "0.0.0.0") or host.endswith(".localhost"):
-        return f"host {host} is local"
     try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
-        return None
-    if address.is_loopback or address.is_private or address.is_link_local or address.is_unspecified:
-        return f"host {host} is a loopback, private or link-local address"
-    return None
+        normalised = yarl.URL(url).raw_host or ""
+    except (ValueError, UnicodeError):
+        return f"host {host!r} is not a valid host name"
+    return host_problem(host, normalised)
 
 
 # Addresses that listen on every interface of their family.

@@ -118,6 +118,16 @@ class Metrics:
             "Orders of downstream sites, by account and outcome (paid, payment_failed, repeat).",
             ["account", "outcome"], registry=r,
         )  # fmt: skip
+        self.provider_callbacks_refused = Counter(
+            "procurd_provider_callbacks_refused", "Callbacks to downstream sites not sent because their "
+            "callback_url's host is not, or resolves to no, public address, by account.",
+            ["account"], registry=r,
+        )  # fmt: skip
+        self.provider_old_secret_requests = Counter(
+            "procurd_provider_old_secret_requests", "Requests of downstream sites signed with an account's "
+            "previous secret, inside the overlap after a rotation, by account.",
+            ["account"], registry=r,
+        )  # fmt: skip
         self.provider_balance = Gauge(
             "procurd_provider_account_balance", "Wallet balance of each provider account.",
             ["account", "currency"], registry=r,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 import re
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -71,5 +72,10 @@ def parse_timestamp(raw: str) -> int | None:
 
 
 def timestamp_fresh(timestamp: int, now: float, tolerance: int = TIMESTAMP_TOLERANCE_SECONDS) -> bool:
-    """True when ``timestamp`` is within ``tolerance`` seconds of ``now`` in either direction."""
-    return abs(now - timestamp) <= tolerance
+    """True when ``timestamp`` is within ``tolerance`` seconds of ``now`` in either direction.
+
+    Both are compared in whole seconds (``now`` rounded down, as the real sites' ``time.Now().Unix()``), so
+    the window is the same on both sides: a timestamp exactly ``tolerance`` seconds old is as fresh as one
+    exactly ``tolerance`` seconds ahead, whatever fraction of a second ``now`` is into.
+    """
+    return abs(math.floor(now) - timestamp) <= tolerance

@@ -15,10 +15,11 @@ import click
 from procurd.cli.base import CliState, common_options, emit_json, main, pass_state, run_command
 from procurd.cli.orders import json_option
 from procurd.config import Settings
+from procurd.core.orders import iso
 from procurd.core.provider import ORDER_STATUSES, Account
 from procurd.operations import open_operations
 from procurd.operations.provider_accounts import account_view
-from procurd.output import Column, ago, count, echo, print_fields, print_table, when
+from procurd.output import Column, ago, count, echo, print_fields, print_table, utc, when
 
 MAX_PAGE_SIZE = 100
 OFF_NOTE = (
@@ -128,13 +129,24 @@ async def _show(settings: Settings, name: str, page: int, as_json: bool) -> None
         return
     echo(f"account {view['name']}: {view['status']}")
     orders = ", ".join(f"{status} {number}" for status, number in sorted(view["orders"].items())) or "none"
+    previous = [("old secret", old_secret_text(old)) for old in view["old_secrets"]]
     print_fields(
         [("api_key", view["api_key"]), ("level", view["level"] or "none"),
          ("balance", f"{view['balance']} {view['currency']}"), ("orders", orders),
-         ("since", when(view["created_at"]))]
+         ("since", when(view["created_at"])), *previous]
     )  # fmt: skip
     echo()
     print_ledger(view["ledger"])
+
+
+def old_secret_text(old: Mapping[str, Any]) -> str:
+    """A previous secret in its overlap: until when it works, and whether the downstream still uses it."""
+    used = (
+        f"{count(old['requests'], 'request')} signed with it, the latest {ago(old['last_used_at'])}"
+        if old["requests"]
+        else "no request signed with it since the rotation"
+    )
+    return f"valid until {utc(old['valid_until'])} UTC ({ago(old['valid_until'])}); {used}"
 
 
 def print_ledger(ledger: Mapping[str, Any]) -> None:
@@ -156,7 +168,7 @@ def print_ledger(ledger: Mapping[str, Any]) -> None:
 def _changed(account: Account) -> dict[str, Any]:
     """What the admin API answers after a change to an account (its view without the order counts)."""
     view = account_view(account)
-    del view["orders"]
+    del view["orders"], view["old_secrets"]
     return {"ok": True, "account": view}
 
 
@@ -189,18 +201,49 @@ _status_command("disable", False)
 
 @account_group.command("rotate")
 @click.argument("name")
-@click.option("--json", "as_json", is_flag=True, help='Print {"name", "api_key", "api_secret"}.')
+@click.option(
+    "--overlap",
+    "overlap_hours",
+    type=float,
+    default=None,
+    metavar="HOURS",
+    help="How long the previous secret keeps working ([provider] rotation_overlap_hours: 168).",
+)
+@click.option("--now", "end_now", is_flag=True, help="End every secret but the new one at once (a leak).")
+@click.option(
+    "--json", "as_json", is_flag=True, help='Print {"name", "api_key", "api_secret", "old_valid_until"}.'
+)
 @common_options
 @pass_state
-def account_rotate(state: CliState, name: str, as_json: bool) -> None:
-    """Give the account a new API secret (the old one stops working at once); printed once."""
-    run_command(_rotate(state.settings(), name, as_json), as_json)
+def account_rotate(
+    state: CliState, name: str, overlap_hours: float | None, end_now: bool, as_json: bool
+) -> None:
+    """Give the account a new API secret, printed once; the previous one keeps working for the overlap,
+    so that the downstream can switch without an outage (--now: it stops at once)."""
+    if end_now and overlap_hours is not None:
+        raise click.UsageError("--now and --overlap exclude each other")
+    run_command(_rotate(state.settings(), name, overlap_hours, end_now, as_json), as_json)
 
 
-async def _rotate(settings: Settings, name: str, as_json: bool) -> None:
+async def _rotate(
+    settings: Settings, name: str, overlap_hours: float | None, end_now: bool, as_json: bool
+) -> None:
     async with open_operations(settings) as operations:
-        account, secret = await operations.provider.accounts.rotate(name)
-    _show_secret(account, secret, as_json, "new secret for account")
+        rotation = await operations.provider.accounts.rotate(name, overlap_hours, end_now=end_now)
+    account, until = rotation.account, rotation.old_valid_until
+    if as_json:
+        emit_json({"name": account.name, "api_key": account.api_key, "api_secret": rotation.api_secret,
+                   "old_valid_until": iso(until)})  # fmt: skip
+        return
+    _show_secret(account, rotation.api_secret, False, "new secret for account")
+    if until is None:
+        echo("Every previous secret stopped working now: requests signed with one answer invalid_signature.")
+    else:
+        echo(
+            f"The previous secret keeps working until {utc(until)} UTC, so the downstream can switch "
+            f"meanwhile; `procurd provider account show {account.name}` counts the requests still signed "
+            "with it (--now ends it at once). Callbacks are signed with the new secret from now on."
+        )
 
 
 @account_group.command("set-level")

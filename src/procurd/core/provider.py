@@ -104,6 +104,20 @@ class Account:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class OldSecret:
+    """An account's previous API secret after a rotation (``provider_old_secrets`` row): it still verifies
+    signatures until ``valid_until``, and the requests it verified are counted."""
+
+    id: int
+    account_id: int
+    api_secret: str = field(repr=False)
+    replaced_at: datetime
+    valid_until: datetime
+    requests: int
+    last_used_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ProviderOrder:
     """An order received from a downstream site (``provider_orders`` row)."""
 

@@ -26,7 +26,7 @@ from sqlalchemy import (
     update,
 )
 
-from procurd.core.provider import Account, ProviderOrder
+from procurd.core.provider import Account, OldSecret, ProviderOrder
 from procurd.db.keys import by_pairs
 from procurd.db.schema import (
     alerts,
@@ -34,6 +34,7 @@ from procurd.db.schema import (
     provider_callback_attempts,
     provider_callbacks,
     provider_ledger,
+    provider_old_secrets,
     provider_orders,
 )
 
@@ -192,6 +193,51 @@ class ProviderStore:
             update(provider_accounts)
             .where(provider_accounts.c.id == account_id)
             .values(**values, updated_at=now)
+        )
+
+    # --- secrets rotated with an overlap --------------------------------------------------------------------
+
+    def old_secrets(self, account_ids: Iterable[int], now: datetime) -> dict[int, list[OldSecret]]:
+        """Per account, its previous secrets still valid at ``now``, the most recently replaced first."""
+        wanted = sorted(set(account_ids))
+        if not wanted:
+            return {}
+        statement = (
+            select(provider_old_secrets)
+            .where(provider_old_secrets.c.account_id.in_(wanted), provider_old_secrets.c.valid_until > now)
+            .order_by(provider_old_secrets.c.account_id, provider_old_secrets.c.id.desc())
+        )
+        found: dict[int, list[OldSecret]] = {}
+        for row in self.connection.execute(statement).mappings():
+            secret = OldSecret(**{column.name: row[column.name] for column in provider_old_secrets.c})
+            found.setdefault(secret.account_id, []).append(secret)
+        return found
+
+    def rotate_secret(self, account_id: int, secret: str, now: datetime, keep_until: datetime | None) -> None:
+        """Give the account ``secret``; its current one stays valid until ``keep_until`` (``None``: it ends
+        now, and so does every earlier one). Secrets whose overlap is over are forgotten."""
+        locked = self.lock_accounts([account_id]).get(account_id)
+        if locked is None:
+            return
+        ended = provider_old_secrets.c.account_id == account_id
+        if keep_until is not None:
+            ended = and_(ended, provider_old_secrets.c.valid_until <= now)
+        self.connection.execute(provider_old_secrets.delete().where(ended))
+        if keep_until is not None:
+            kept = {"api_secret": locked.api_secret, "replaced_at": now, "valid_until": keep_until}
+            self.connection.execute(
+                insert(provider_old_secrets).values(
+                    account_id=account_id, requests=0, last_used_at=None, **kept
+                )
+            )
+        self.update_account(account_id, now, api_secret=secret)
+
+    def count_old_secret_use(self, secret_id: int, now: datetime) -> None:
+        """One more request verified by a previous secret."""
+        self.connection.execute(
+            update(provider_old_secrets)
+            .where(provider_old_secrets.c.id == secret_id)
+            .values(requests=provider_old_secrets.c.requests + 1, last_used_at=now)
         )
 
     def accounts_by_id(self, ids: Iterable[int]) -> dict[int, Account]:

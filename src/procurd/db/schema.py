@@ -496,6 +496,21 @@ provider_accounts = Table(
     Column("updated_at", UtcDateTime(), nullable=False),
 )
 
+# An account's previous API secrets after a rotation, each still verifying signatures until ``valid_until``
+# (the overlap that lets its downstream switch), with the requests signed with it counted.
+provider_old_secrets = Table(
+    "provider_old_secrets",
+    metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
+    Column("account_id", BigInteger, ForeignKey("provider_accounts.id"), nullable=False),
+    Column("api_secret", String(128), nullable=False),  # as provider_accounts.api_secret: never shown again
+    Column("replaced_at", UtcDateTime(), nullable=False),
+    Column("valid_until", UtcDateTime(), nullable=False),
+    Column("requests", BigInteger, nullable=False),  # requests whose signature this secret verified
+    Column("last_used_at", UtcDateTime(), nullable=True),
+    Index("ix_provider_old_secrets_account", "account_id", "valid_until"),
+)
+
 # Every movement of a wallet, with the balance it left.
 provider_ledger = Table(
     "provider_ledger",

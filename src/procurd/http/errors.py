@@ -27,6 +27,7 @@ from aiohttp import http_exceptions, web
 from aiohttp.typedefs import Middleware
 from aiohttp.web_protocol import RequestPayloadError
 
+from procurd.bodies import BodyTooLarge, LengthUnknown, read_bounded, unknown_length_text
 from procurd.config import ServerSettings
 from procurd.core.refusals import Refused
 from procurd.db.errors import DatabaseUnavailable
@@ -186,6 +187,10 @@ def error_middleware(
         request_id = request.headers.get(REQUEST_ID_HEADER, "")[:64] or os.urandom(8).hex()
         with structlog.contextvars.bound_contextvars(request_id=request_id, listener=listener):
             response = await _answer(request, handler, body, database_unavailable_status)
+        if not request.content.is_eof():
+            # Answered before its body was read (refused, or not needed): the rest is never read or
+            # decompressed, and the connection ends with the answer (the runner lingers for nothing).
+            response.force_close()
         response.headers[REQUEST_ID_HEADER] = request_id
         metrics.observe_http(listener, route_name(request), response.status)
         return response
@@ -243,23 +248,28 @@ def _http_error_text(error: web.HTTPException) -> str:
 def check_content_length(request: web.Request, limit: int = MAX_BODY_BYTES) -> None:
     """Refuse a declared body above ``limit`` before reading any of it."""
     if request.content_length is not None and request.content_length > limit:
-        raise ApiError(413, "payload_too_large", f"the body is larger than {limit} bytes")
+        raise ApiError(
+            413, "payload_too_large", f"the body is larger than {limit} bytes", close_connection=True
+        )
 
 
 async def read_body(request: web.Request, limit: int = MAX_BODY_BYTES) -> bytes:
-    """The raw body, at most ``limit`` bytes (declared or streamed, after decoding): 413 beyond, 400 when its
-    ``Content-Encoding`` cannot be decoded or its framing is broken, 408 when it is slower than the
-    listener's ``body_timeout_seconds``; :class:`ClientGone` when the client hung up meanwhile."""
+    """The raw body, at most ``limit`` bytes (declared, as sent, or decoded from its ``Content-Encoding``):
+    413 beyond, with the rest left unread, 400 when its ``Content-Encoding`` cannot be decoded, its framing
+    is broken or it is compressed without a ``Content-Length``, 408 when it is slower than the listener's
+    ``body_timeout_seconds``; :class:`ClientGone` when the client hung up meanwhile."""
     check_content_length(request, limit)
     listener = request.app.get(LISTENER)
     deadline = listener.body_timeout_seconds if listener is not None else None
     try:
-        if request.content.is_eof():  # all of it has arrived: nothing to wait for
-            return await request.read()
         async with asyncio.timeout(deadline):
-            return await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        raise ApiError(413, "payload_too_large", f"the body is larger than {limit} bytes") from None
+            return await read_bounded(request, limit)
+    except BodyTooLarge:
+        raise ApiError(
+            413, "payload_too_large", f"the body is larger than {limit} bytes", close_connection=True
+        ) from None
+    except LengthUnknown:
+        raise ApiError(400, "bad_request", unknown_length_text(limit), close_connection=True) from None
     except TimeoutError:
         raise ApiError(
             408, "request_timeout", f"the body did not arrive within {deadline:g} s", close_connection=True
@@ -385,12 +395,16 @@ class ListenerRunner(web.AppRunner):
 
 
 def listener_runner(app: web.Application, *, shutdown_timeout: float) -> web.AppRunner:
-    """The runner for a listener's application (see :func:`listener_app`): JSON for every refusal, and a
+    """The runner for a listener's application (see :func:`listener_app`): JSON for every refusal, a
     connection whose request headers are slower than ``header_timeout_seconds`` closed (aiohttp's
-    keep-alive timer also runs while a request's headers are still coming)."""
+    keep-alive timer also runs while a request's headers are still coming), and a request answered before
+    its body was read (a refusal: no or a wrong signature, an unknown key, an address that waits, an unknown
+    path, a wrong admin token, a body too large) closed with its answer, the rest of its body neither read
+    nor decompressed (aiohttp's lingering read after the answer would decompress all of it, at any cost)."""
     return ListenerRunner(
         app,
         access_log=None,
         shutdown_timeout=shutdown_timeout,
         keepalive_timeout=app[LISTENER].header_timeout_seconds,
+        lingering_time=0,
     )

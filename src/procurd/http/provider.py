@@ -34,6 +34,7 @@ from procurd.protocol import (
     Credential,
     Listing,
     OrderSubmission,
+    PreviousSecret,
     ProductQuery,
     ProtocolError,
     SignedApi,
@@ -101,11 +102,20 @@ class ProviderBackend(Backend):
         return time.time()
 
     async def credential(self, api_key: str) -> Credential | None:
-        account = await self.provider.accounts.by_key(api_key)
-        if account is None:
+        found = await self.provider.accounts.by_key(api_key)
+        if found is None:
             return None
+        account = found.account
+        previous = tuple(
+            PreviousSecret(old.id, old.api_secret, old.valid_until.timestamp()) for old in found.old_secrets
+        )
         # A disabled account's key is refused as an invalid key (seed 000: "key invalid or disabled").
-        return Credential(account.api_secret, account.active, True, account)
+        return Credential(account.api_secret, account.active, True, account, previous)
+
+    async def previous_secret_used(self, caller: Caller, secret: PreviousSecret) -> None:
+        """Counted per account (its view and ``procurd_provider_old_secret_requests``): the operator sees when
+        the downstream has switched to the new secret."""
+        await self.provider.accounts.old_secret_used(caller.account, secret.id)
 
     # -- the rate limit ---------------------------------------------------------------------------------
 

@@ -10,10 +10,12 @@ API secret is in two answers only, creating the account and rotating its secret,
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 from aiohttp import web
 
+from procurd.core.orders import iso
 from procurd.core.provider import ACCOUNT_NAME_RULE, Account
 from procurd.http.errors import OPERATIONS, ApiError, Handler, json_response
 from procurd.http.inputs import (
@@ -66,7 +68,7 @@ def _brief(account: Account) -> dict[str, Any]:
     """An account after a change: its view without the order counts (the list and the account's own view
     carry those)."""
     view = account_view(account)
-    del view["orders"]
+    del view["orders"], view["old_secrets"]
     return view
 
 
@@ -131,11 +133,22 @@ def _status_change(active: bool) -> Handler:
 
 
 async def rotate_secret(request: web.Request) -> web.Response:
-    """A new API secret for the account, shown this once; the old one stops working at once."""
+    """A new API secret for the account, shown this once; the old one keeps verifying the account's
+    requests for ``overlap_hours`` (``[provider] rotation_overlap_hours`` by default), or ends at once with
+    ``{"now": true}`` (a leaked secret)."""
     name = _account_name(request)
-    await json_object(request, allowed=set(), optional=True)
-    account, secret = await _provider(request).accounts.rotate(name)
-    return json_response({"ok": True, "account": _brief(account), "api_secret": secret})
+    body = await json_object(request, allowed={"overlap_hours", "now"}, optional=True)
+    end_now = body.get("now", False)
+    if not isinstance(end_now, bool):
+        raise ApiError(400, "invalid_request", "now must be true or false")
+    overlap = body.get("overlap_hours")
+    if "overlap_hours" in body and (isinstance(overlap, bool) or not isinstance(overlap, int | Decimal)):
+        raise ApiError(400, "invalid_overlap", "overlap_hours must be a number of hours")
+    rotation = await _provider(request).accounts.rotate(name, overlap, end_now=end_now)
+    return json_response(
+        {"ok": True, "account": _brief(rotation.account), "api_secret": rotation.api_secret,
+         "old_valid_until": iso(rotation.old_valid_until)}
+    )  # fmt: skip
 
 
 async def set_level(request: web.Request) -> web.Response:

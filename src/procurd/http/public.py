@@ -1,10 +1,12 @@
 """The public listener: the upstreams' signed callback receiver (seed 000, 4.8 and part 5) and ``/healthz``.
 
 A callback is checked in this order, and the first failure answers ``{"ok": false, "message": REASON}``:
-body size (413), signature headers of a configured header prefix (401), timestamp readable and within 60 s
-(401), API key of a configured upstream (403), signature over the raw body with ``POST`` and the path
-``/api/v1/upstream/callback`` or else the path of ``server.callback_url`` (401), body (400), a procurement of
-that upstream under that number and order id (404). ``{"ok": true, "message": "received"}`` is answered only
+declared body size (413), signature headers of a configured header prefix (401), timestamp readable and
+within 60 s (401), API key of a configured upstream (403), and only then is the body read: its size as sent
+and decoded (413), signature over the raw body with ``POST`` and the path ``/api/v1/upstream/callback`` or
+else the path of ``server.callback_url`` (401), body (400), a procurement of that upstream under that number
+and order id (404). A callback refused before its body is read is answered and its connection closed, the
+body neither read nor decompressed. ``{"ok": true, "message": "received"}`` is answered only
 once the service has committed the report; a duplicate is answered the same way.
 
 A callback naming an upstream order that procurd has not recorded for that procurement is taken only once
@@ -35,6 +37,7 @@ from procurd.http.errors import (
     RUNTIME,
     ApiError,
     Handler,
+    check_content_length,
     dumps,
     healthz,
     listener_app,
@@ -81,12 +84,13 @@ class CallbackReceiver:
     async def handle(self, request: web.Request) -> web.Response:
         claimed: UpstreamSettings | None = None
         try:
-            raw = await read_body(request)
+            check_content_length(request)
             credentials = self._credentials(request)
             claimed = self._claimed_upstream(credentials)
             _check_timestamp(credentials.timestamp)
             if claimed is None:
                 raise ApiError(403, "invalid_api_key", "the API key belongs to no configured upstream")
+            raw = await read_body(request)  # only now: a refused callback's body is never read
             self._check_signature(claimed, credentials, raw)
             callback = _parse(raw)
             outcome = await self._apply(claimed, callback)

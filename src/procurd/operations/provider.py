@@ -9,6 +9,7 @@ all act through here.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
 from dataclasses import dataclass
@@ -108,8 +109,10 @@ class ProviderOperations:
         self.local_orders = orders
         self.accounts = ProviderAccountOperations(runtime)
         self.catalog = OfferedCatalog(runtime.database, runtime.settings, runtime.instance)
-        self.sender = CallbackSender(self.settings)
+        self.sender = CallbackSender(self.settings, metrics=runtime.metrics)
         self.pages = PageCache()
+        # A downstream's cancels in flight, by provider order: the lock they take turns on, and how many.
+        self._cancels: dict[int, tuple[asyncio.Lock, int]] = {}
 
     @property
     def enabled(self) -> bool:
@@ -328,7 +331,7 @@ class ProviderOperations:
         if not self.settings.allow_private_callback_url:
             problem = private_url_reason(url)
             if problem is not None:
-                raise Refused(400, "invalid_callback_url", f"callback_url is not allowed: {problem}")
+                raise Refused(400, "invalid_callback_url", refused_callback_url(problem))
 
     def _order_facts(
         self, tx: Any, account_id: int, downstream_order_no: str | None, sku_id: int
@@ -392,7 +395,25 @@ class ProviderOperations:
 
     async def cancel(self, account: Account, order_id: int) -> ProviderOrder:
         """A downstream's cancel, upstream-first: allowed only when nothing was bought yet or the upstream
-        cancels; then the order is canceled and refunded. 409 ``cancel_not_allowed`` otherwise."""
+        cancels; then the order is canceled and refunded. 409 ``cancel_not_allowed`` otherwise.
+
+        A cancel of an order that is canceled already answers it, canceled, as a repeated order answers the
+        existing one: a downstream that lost the first answer and asks again learns that the cancel
+        happened. Cancels of one order on one instance wait for each other, so that a second one, sent
+        while the first was still asking the upstream, sees the first one's outcome."""
+        lock, users = self._cancels.get(order_id, (asyncio.Lock(), 0))
+        self._cancels[order_id] = (lock, users + 1)
+        try:
+            async with lock:
+                return await self._cancel(account, order_id)
+        finally:
+            lock, users = self._cancels[order_id]
+            if users == 1:
+                del self._cancels[order_id]
+            else:
+                self._cancels[order_id] = (lock, users - 1)
+
+    async def _cancel(self, account: Account, order_id: int) -> ProviderOrder:
         order = await self.order_of(account, order_id)
         if order.status == CANCELED:
             return order
@@ -401,11 +422,15 @@ class ProviderOperations:
         try:
             await self.local_orders.cancel(order.order_no, source=Source.DOWNSTREAM)
         except Refused as refused:
-            if refused.code == "cancel_not_allowed":
-                raise Refused(
-                    409, "cancel_not_allowed", "the upstream does not allow canceling this order"
-                ) from None
-            raise
+            if refused.code != "cancel_not_allowed":
+                raise
+            # Another instance's cancel of the same order may have won meanwhile: then it is canceled.
+            now = await self.order_of(account, order_id)
+            if now.status == CANCELED:
+                return now
+            raise Refused(
+                409, "cancel_not_allowed", "the upstream does not allow canceling this order"
+            ) from None
         log.info("provider.order_canceled", account=account.name, provider_order_id=order.id)
         return await self.order_of(account, order_id)
 
@@ -511,6 +536,16 @@ class ProviderOperations:
         await self.runtime.alerts.raise_(*occurrences)
         for account in accounts:
             await self.accounts.check_balance(account, account.balance_cents)
+
+
+def refused_callback_url(problem: str) -> str:
+    """The message of a refused ``callback_url``: what is wrong, and the setting that decides it, which is
+    this provider's (a downstream's own ``[server] allow_private_callback_url`` does not change it)."""
+    return (
+        f"callback_url is not allowed: {problem}. This upstream calls back public addresses only; for a "
+        "chain on one machine its operator sets [provider] allow_private_callback_url = true in the "
+        "upstream's configuration"
+    )
 
 
 def _dump(value: Any) -> bytes:

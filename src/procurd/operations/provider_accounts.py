@@ -3,13 +3,19 @@ admin API, console), and the lookup the signed API authenticates with."""
 
 from __future__ import annotations
 
+import math
 import re
 import secrets
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 import structlog
 
+from procurd.config import MAX_ROTATION_OVERLAP_HOURS
 from procurd.core.alerts import Kind, Occurrence
 from procurd.core.orders import iso
 from procurd.core.provider import (
@@ -18,6 +24,7 @@ from procurd.core.provider import (
     DISABLED,
     Account,
     AmountError,
+    OldSecret,
     cents_text,
     positive_cents,
     to_cents,
@@ -39,8 +46,12 @@ def account_not_found(name: str) -> Refused:
     return Refused(404, "account_not_found", f"no provider account {name!r}")
 
 
-def account_view(account: Account, orders: dict[str, int] | None = None) -> dict[str, Any]:
-    """An account as the admin API shows it (never its secret)."""
+def account_view(
+    account: Account, orders: dict[str, int] | None = None, old_secrets: Sequence[OldSecret] = ()
+) -> dict[str, Any]:
+    """An account as the admin API shows it (never a secret): with its orders by status and the previous
+    secrets that still verify its requests (each's end, and the requests it verified: when they stop, the
+    downstream has switched to the new one)."""
     return {
         "id": account.id,
         "name": account.name,
@@ -50,9 +61,58 @@ def account_view(account: Account, orders: dict[str, int] | None = None) -> dict
         "balance": cents_text(account.balance_cents),
         "currency": account.currency,
         "orders": orders or {},
+        "old_secrets": [_old_secret_view(old) for old in old_secrets],
         "created_at": iso(account.created_at),
         "updated_at": iso(account.updated_at),
     }
+
+
+def _old_secret_view(old: OldSecret) -> dict[str, Any]:
+    return {
+        "replaced_at": iso(old.replaced_at),
+        "valid_until": iso(old.valid_until),
+        "requests": old.requests,
+        "last_used_at": iso(old.last_used_at),
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class Rotation:
+    """A rotated secret: the account, its new secret (shown this once), and when the previous one stops
+    verifying (``None``: it stopped at once)."""
+
+    account: Account
+    api_secret: str = field(repr=False)
+    old_valid_until: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class Credentials:
+    """What verifies an account's signatures: its secret, and its previous ones still in their overlap."""
+
+    account: Account
+    old_secrets: tuple[OldSecret, ...]
+
+
+def _overlap(value: Any) -> float:
+    """How long a previous secret stays valid, in hours: a number from 0 to a year (400
+    ``invalid_overlap`` otherwise)."""
+    hours: float | None = None
+    if isinstance(value, int | float | Decimal) and not isinstance(value, bool):
+        hours = float(value)
+    elif isinstance(value, str):
+        try:
+            hours = float(value)
+        except ValueError:
+            hours = None
+    if hours is None or not math.isfinite(hours) or not 0 <= hours <= MAX_ROTATION_OVERLAP_HOURS:
+        raise Refused(
+            400,
+            "invalid_overlap",
+            f"the overlap is a number of hours from 0 to {MAX_ROTATION_OVERLAP_HOURS} "
+            "(0: the old secret ends now)",
+        )
+    return hours
 
 
 def ledger_view(entry: LedgerEntry) -> dict[str, Any]:
@@ -74,7 +134,7 @@ class ProviderAccountOperations:
         # Accounts the signed API looked up by key, for CREDENTIAL_SECONDS: each request would otherwise
         # read its account. A change made here clears it; one made by another process shows within that
         # time (an order is still refused at once: the state path checks the locked account row).
-        self._by_key: dict[str, tuple[float, Account]] = {}
+        self._by_key: dict[str, tuple[float, Credentials]] = {}
 
     async def add(self, name: str) -> tuple[Account, str]:
         """A new active account with an empty wallet: the account, and its API secret (shown once)."""
@@ -102,39 +162,61 @@ class ProviderAccountOperations:
             raise account_not_found(name)
         return account
 
-    async def by_key(self, api_key: str) -> Account | None:
-        """The account an API key names (the signed API's credential lookup), as it was at most
-        :data:`CREDENTIAL_SECONDS` ago."""
+    async def by_key(self, api_key: str) -> Credentials | None:
+        """The account an API key names with its previous secrets still valid (the signed API's credential
+        lookup), as they were at most :data:`CREDENTIAL_SECONDS` ago."""
         now = time.monotonic()
         cached = self._by_key.get(api_key)
         if cached is not None and cached[0] > now:
             return cached[1]
-        account: Account | None = await self.runtime.database.read(
-            lambda tx: tx.provider.account(api_key=api_key)
-        )
-        if account is None:
+
+        def read(tx: Any) -> Credentials | None:
+            account = tx.provider.account(api_key=api_key)
+            if account is None:
+                return None
+            old = tx.provider.old_secrets([account.id], utcnow()).get(account.id, [])
+            return Credentials(account, tuple(old))
+
+        found: Credentials | None = await self.runtime.database.read(read)
+        if found is None:
             self._by_key.pop(api_key, None)  # unknown keys are not kept: strangers cannot grow this
         else:
-            self._by_key[api_key] = (now + CREDENTIAL_SECONDS, account)
-        return account
+            self._by_key[api_key] = (now + CREDENTIAL_SECONDS, found)
+        return found
+
+    async def old_secret_used(self, account: Account, secret_id: int) -> None:
+        """A request of ``account`` was signed with a previous secret (inside its overlap): counted on the
+        secret (its view shows how many, and the latest) and in ``procurd_provider_old_secret_requests``."""
+        self.runtime.metrics.provider_old_secret_requests.labels(account.name).inc()
+        await self.runtime.database.write(lambda tx: tx.provider.count_old_secret_use(secret_id, utcnow()))
 
     def _changed(self) -> None:
         self._by_key.clear()
 
     async def list(self) -> list[dict[str, Any]]:
-        """Every account with its balance, level and orders by status, by name."""
-        accounts, counts = await self.runtime.database.read(
-            lambda tx: (tx.provider.accounts(), tx.provider.order_counts())
-        )
-        return [account_view(account, counts.get(account.id, {})) for account in accounts]
+        """Every account with its balance, level, orders by status and previous secrets, by name."""
+
+        def read(tx: Any) -> tuple[list[Account], dict[int, dict[str, int]], dict[int, list[OldSecret]]]:
+            accounts = tx.provider.accounts()
+            old = tx.provider.old_secrets([account.id for account in accounts], utcnow())
+            return accounts, tx.provider.order_counts(), old
+
+        accounts, counts, old = await self.runtime.database.read(read)
+        return [
+            account_view(account, counts.get(account.id, {}), old.get(account.id, [])) for account in accounts
+        ]
 
     async def show(self, name: str, page: int = 1, page_size: int = 20) -> dict[str, Any]:
         """An account with a page of its ledger, the newest first."""
         account = await self.get(name)
-        total, entries, counts = await self.runtime.database.read(
-            lambda tx: (*tx.provider.ledger(account.id, page, page_size), tx.provider.order_counts())
+        total, entries, counts, old = await self.runtime.database.read(
+            lambda tx: (
+                *tx.provider.ledger(account.id, page, page_size),
+                tx.provider.order_counts(),
+                tx.provider.old_secrets([account.id], utcnow()).get(account.id, []),
+            )
         )
-        view = account_view(account, counts.get(account.id, {}))
+        view = account_view(account, counts.get(account.id, {}), old)
         view["ledger"] = {
             "items": [ledger_view(entry) for entry in entries],
             "total": total,
@@ -154,16 +236,26 @@ class ProviderAccountOperations:
         log.info("provider.account_" + ("enabled" if active else "disabled"), account=name)
         return await self.get(name)
 
-    async def rotate(self, name: str) -> tuple[Account, str]:
-        """A new API secret for the account (the old one stops working at once): shown once."""
+    async def rotate(self, name: str, overlap_hours: Any = None, *, end_now: bool = False) -> Rotation:
+        """A new API secret for the account, shown once. The previous one keeps verifying its requests for
+        ``overlap_hours`` (``[provider] rotation_overlap_hours`` by default), so that its downstream can
+        switch without an outage; ``end_now`` (or an overlap of 0) ends every secret but the new one at once
+        (a leaked secret). Callbacks are signed with the new secret from now on."""
+        hours = self.settings.rotation_overlap_hours if overlap_hours is None else _overlap(overlap_hours)
         account = await self.get(name)
         secret = secrets.token_hex(32)
+        now = utcnow()
+        keep_until = None if end_now or hours == 0 else now + timedelta(hours=hours)
         await self.runtime.database.write(
-            lambda tx: tx.provider.update_account(account.id, utcnow(), api_secret=secret)
+            lambda tx: tx.provider.rotate_secret(account.id, secret, now, keep_until)
         )
         self._changed()
-        log.info("provider.account_secret_rotated", account=name)
-        return await self.get(name), secret
+        log.info(
+            "provider.account_secret_rotated",
+            account=name,
+            old_valid_until=keep_until.isoformat() if keep_until else None,
+        )
+        return Rotation(await self.get(name), secret, keep_until)
 
     async def set_level(self, name: str, slug: str | None) -> Account:
         """Give the account a price tier of ``[[provider.levels]]``, or none."""

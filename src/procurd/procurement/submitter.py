@@ -74,7 +74,7 @@ def outcome_event(owner: str, outcome: OrderCreated | UpstreamError) -> Event:
         case AuthError():
             return SubmitRejected(owner, "auth", outcome.code, outcome.message)
         case BusinessError():
-            return SubmitRejected(owner, "business", outcome.code, outcome.message)
+            return SubmitRejected(owner, "business", outcome.code, outcome.described())
         case RateLimited():
             return SubmitUnavailable(owner, outcome.code, outcome.message, True, outcome.retry_after)
         case ConnectFailed():

@@ -9,7 +9,15 @@ and decides (its users, catalogue, orders, wallet, rate limit, fault knobs) is i
 memory; procurd's provider role (:mod:`procurd.http.provider`) serves its mirror and buys upstream.
 """
 
-from procurd.protocol.backend import Backend, Caller, Credential, Listing, OrderSubmission, ProductQuery
+from procurd.protocol.backend import (
+    Backend,
+    Caller,
+    Credential,
+    Listing,
+    OrderSubmission,
+    PreviousSecret,
+    ProductQuery,
+)
 from procurd.protocol.errors import ProtocolError, bad_request
 from procurd.protocol.server import API_PREFIX, PROTOCOL_VERSION, SignedApi, listing_answer
 
@@ -21,6 +29,7 @@ __all__ = [
     "Credential",
     "Listing",
     "OrderSubmission",
+    "PreviousSecret",
     "ProductQuery",
     "ProtocolError",
     "SignedApi",

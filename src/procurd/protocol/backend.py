@@ -18,14 +18,25 @@ DEFAULT_PAGE_SIZE = 20
 
 
 @dataclass(frozen=True)
+class PreviousSecret:
+    """A key's previous secret that still verifies signatures until ``valid_until`` (Unix seconds, on the
+    site's clock): the overlap after a rotation. ``id`` is the backend's, passed back when it is used."""
+
+    id: int
+    secret: str = field(repr=False)
+    valid_until: float
+
+
+@dataclass(frozen=True)
 class Credential:
-    """What a backend knows of an API key: its secret, whether key and user are active, and the backend's
-    own record of the caller (passed back in :class:`Caller`)."""
+    """What a backend knows of an API key: its secret, whether key and user are active, the backend's own
+    record of the caller (passed back in :class:`Caller`), and previous secrets still in their overlap."""
 
     secret: str = field(repr=False)
     key_active: bool
     user_active: bool
     account: Any
+    previous: tuple[PreviousSecret, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -135,6 +146,9 @@ class Backend:
     ) -> web.Response | None:
         """An answer that ends an authenticated request before its endpoint runs (``None``: go on)."""
         return None
+
+    async def previous_secret_used(self, caller: Caller, secret: PreviousSecret) -> None:
+        """A request of ``caller`` was signed with one of its previous secrets (for counting)."""
 
     def authentication_failed(
         self, request: web.Request, endpoint: str, api_key: str, error: ProtocolError

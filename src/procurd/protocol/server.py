@@ -27,6 +27,7 @@ import structlog
 from aiohttp import hdrs, web
 from aiohttp.web_protocol import RequestPayloadError
 
+from procurd.bodies import BodyTooLarge, LengthUnknown, read_bounded, unknown_length_text
 from procurd.core.json_limits import text_problem
 from procurd.protocol.backend import (
     Backend,
@@ -46,7 +47,6 @@ from procurd.signing import HeaderNames, parse_timestamp, signature_matches, tim
 API_PREFIX = "/api/v1/upstream"
 PROTOCOL_VERSION = "1.0"
 MAX_QUERY_ID = 2**63 - 1
-DRAIN_LIMIT_BYTES = 64 * 1024 * 1024  # an oversized body is read and thrown away up to here, then cut off
 
 log = structlog.get_logger("procurd.protocol")
 
@@ -235,8 +235,8 @@ class SignedApi:
             response, caller, outcome = await self._handle(request, route, params)
         except ProtocolError as error:
             response = json_response(error.body(), error.status)
-            if error.status == 408:
-                response.force_close()  # what is left of the body would be read as the next request
+            if error.status in (408, 413):
+                response.force_close()  # what is left of the body is not read: it would be the next request
             if error.status == 405:
                 response.headers[hdrs.ALLOW] = ", ".join(allowed_methods(request.path[len(API_PREFIX) :]))
             outcome = error.code
@@ -284,7 +284,8 @@ class SignedApi:
         return await backend.after(request, endpoint, response), caller, outcome
 
     async def authenticate(self, request: web.Request) -> tuple[Caller, bytes]:
-        """The real sites' order: headers, timestamp, credential, body size, signature."""
+        """The real sites' order: headers, timestamp, credential, body size, signature (the key's secret, or
+        one of its previous secrets still in its overlap after a rotation)."""
         names = self.header_names()
         api_key = request.headers.get(names.api_key, "").strip()
         raw_timestamp = request.headers.get(names.timestamp, "").strip()
@@ -307,9 +308,17 @@ class SignedApi:
             raise auth_failure("user_disabled", "the user account is disabled")
         body = await self._read_body(request)
         path = request.raw_path.split("?", 1)[0]
-        if not signature_matches(credential.secret, request.method, path, raw_timestamp, body, signature):
-            raise auth_failure("invalid_signature", "signature check failed")
-        return Caller(api_key, credential.account), body
+        caller = Caller(api_key, credential.account)
+        if signature_matches(credential.secret, request.method, path, raw_timestamp, body, signature):
+            return caller, body
+        now = self.backend.now()
+        for previous in credential.previous:  # the overlap after a rotation
+            if previous.valid_until > now and signature_matches(
+                previous.secret, request.method, path, raw_timestamp, body, signature
+            ):
+                await self.backend.previous_secret_used(caller, previous)
+                return caller, body
+        raise auth_failure("invalid_signature", "signature check failed")
 
     async def signed(self, request: web.Request) -> bool:
         """Whether a request carries signature headers that verify for an active key (what a strict site
@@ -321,20 +330,19 @@ class SignedApi:
         return True
 
     async def _read_body(self, request: web.Request) -> bytes:
+        """The body, decoded, at most the backend's ``max_body_bytes`` (declared, as sent or decoded): 413
+        beyond, the rest left unread (see :mod:`procurd.bodies`)."""
         limit = self.backend.max_body_bytes
-        too_large = ProtocolError(413, "request_too_large", f"request body is larger than {limit} bytes")
-        declared = request.content_length
-        chunks: list[bytes] = []
-        size = 0
         deadline = self.backend.body_timeout_seconds
         try:
             async with asyncio.timeout(deadline):
-                async for chunk in request.content.iter_any():
-                    size += len(chunk)
-                    if size > DRAIN_LIMIT_BYTES:
-                        break
-                    if size <= limit and (declared is None or declared <= limit):
-                        chunks.append(chunk)
+                return await read_bounded(request, limit)
+        except BodyTooLarge:
+            raise ProtocolError(
+                413, "request_too_large", f"request body is larger than {limit} bytes"
+            ) from None
+        except LengthUnknown:
+            raise bad_request(unknown_length_text(limit)) from None
         except TimeoutError:
             raise ProtocolError(
                 408, "request_timeout", f"the body did not arrive within {deadline:g} s"
@@ -345,9 +353,6 @@ class SignedApi:
             ) from None
         except ConnectionError:
             raise ClientGone from None
-        if size > limit or (declared is not None and declared > limit):
-            raise too_large
-        return b"".join(chunks)
 
     # -- endpoints --------------------------------------------------------------------------------------
 

@@ -20,15 +20,18 @@ from datetime import datetime, timedelta
 
 import aiohttp
 import structlog
+from aiohttp.abc import AbstractResolver
 
 from procurd import __version__
 from procurd.background import Worker
-from procurd.config import CALLBACK_PATH, ProviderSettings
+from procurd.config import CALLBACK_PATH, ProviderSettings, private_url_reason
 from procurd.core.provider import Account, ProviderOrder, callback_body
 from procurd.db.database import Database
 from procurd.db.provider_store import CallbackDue, SettledTry
 from procurd.db.stores import Tx
 from procurd.db.types import utcnow
+from procurd.metrics import Metrics
+from procurd.provider.destinations import NotPublic, PublicResolver
 from procurd.signing import HeaderNames, signed_headers
 from procurd.upstream.errors import truncate
 
@@ -72,45 +75,90 @@ def retry_in(attempts: int) -> float:
 
 @dataclass(frozen=True, slots=True)
 class Delivery:
-    """What one try of a callback got back."""
+    """What one try of a callback got back (``refused``: not sent, its address is not public)."""
 
     ok: bool
     http_status: int | None
     message: str | None
+    refused: bool = False
 
 
 class CallbackSender:
-    """Posts signed callbacks (one HTTP session, opened on first use)."""
+    """Posts signed callbacks (one HTTP session, opened on first use), to public addresses only.
 
-    def __init__(self, settings: ProviderSettings, clock: Callable[[], datetime] = utcnow) -> None:
+    Unless ``[provider] allow_private_callback_url``, the URL's host is checked as written and a name is
+    resolved by ``resolver`` (the system's by default) through :class:`PublicResolver`, which hands the
+    connection only public addresses (:mod:`procurd.provider.destinations`); a refused try sends nothing, is
+    counted in ``procurd_provider_callbacks_refused_total`` and is logged in the order's delivery log like
+    any failed try. Redirects are never followed.
+    """
+
+    def __init__(
+        self,
+        settings: ProviderSettings,
+        clock: Callable[[], datetime] = utcnow,
+        *,
+        resolver: AbstractResolver | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
         self.names = HeaderNames.for_prefix(settings.header_prefix)
         self.timeout_seconds = settings.callback_timeout_seconds
+        self.public_only = not settings.allow_private_callback_url
         self.clock = clock
+        self.resolver = resolver
+        self.metrics = metrics
         self._session: aiohttp.ClientSession | None = None
 
     async def send(self, account: Account, order: ProviderOrder) -> Delivery:
         """Tell ``order``'s current status to its ``callback_url``."""
         assert order.callback_url
+        if self.public_only:
+            problem = private_url_reason(order.callback_url)
+            if problem is not None:
+                return self._refused(account, order, problem)
         now = self.clock()
         body = json.dumps(callback_body(order, now), separators=(",", ":"), ensure_ascii=False).encode()
         headers = signed_headers(
             self.names, account.api_key, account.api_secret, "POST", CALLBACK_PATH, int(now.timestamp()), body
         )
         headers["Content-Type"] = "application/json"
-        if self._session is None:
-            self._session = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=self.timeout_seconds),
-                headers={"User-Agent": f"procurd/{__version__}"},
-            )
         try:
-            async with self._session.post(
+            async with self._opened().post(
                 order.callback_url, data=body, headers=headers, allow_redirects=False
             ) as response:
                 return _delivery(response.status, await _answer(response))
         except TimeoutError:
             return Delivery(False, None, f"no answer within {self.timeout_seconds:g} s")
-        except (aiohttp.ClientError, OSError) as exc:
+        except aiohttp.ClientConnectorError as exc:
+            if isinstance(exc.os_error, NotPublic):
+                return self._refused(account, order, str(exc.os_error))
             return Delivery(False, None, f"cannot reach it: {type(exc).__name__}")
+        except (aiohttp.ClientError, OSError, ValueError) as exc:
+            return Delivery(False, None, f"cannot reach it: {type(exc).__name__}")
+
+    def _opened(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            resolver = self.resolver or aiohttp.ThreadedResolver()
+            connector = aiohttp.TCPConnector(
+                resolver=PublicResolver(resolver) if self.public_only else resolver,
+                use_dns_cache=False,  # each new connection resolves (and checks) the name afresh
+            )
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                timeout=aiohttp.ClientTimeout(total=self.timeout_seconds),
+                headers={"User-Agent": f"procurd/{__version__}"},
+            )
+        return self._session
+
+    def _refused(self, account: Account, order: ProviderOrder, problem: str) -> Delivery:
+        log.warning("provider.callback_refused", account=account.name, order_id=order.id, reason=problem)
+        if self.metrics is not None:
+            self.metrics.provider_callbacks_refused.labels(account.name).inc()
+        message = (
+            f"refused, nothing sent: {problem}; callbacks go to public addresses only "
+            "([provider] allow_private_callback_url)"
+        )
+        return Delivery(False, None, truncate(message, MESSAGE_CHARS), refused=True)
 
     async def close(self) -> None:
         if self._session is not None:
@@ -312,5 +360,7 @@ async def record_tries(
 
 
 def _error_text(delivery: Delivery) -> str:
+    if delivery.refused and delivery.message:
+        return delivery.message
     status = f"HTTP {delivery.http_status}" if delivery.http_status is not None else "no answer"
     return truncate(f"{status}: {delivery.message}" if delivery.message else status, MESSAGE_CHARS)

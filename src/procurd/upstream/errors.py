@@ -215,6 +215,27 @@ class BusinessError(UpstreamError):
 
     default_code = "business_error"
 
+    @property
+    def hint(self) -> str | None:
+        """What a person should check, for a refusal whose cause is on this side; ``None`` for the others."""
+        return BUSINESS_HINTS.get(self.code)
+
+    def described(self) -> str:
+        """The upstream's message, with the hint when there is one (what the exception queue shows)."""
+        hint = self.hint
+        return f"{self.message}; {hint}" if hint else self.message
+
+
+BUSINESS_HINTS = {
+    "invalid_callback_url": (
+        "the upstream refuses this site's [server] callback_url as the address to call it back at. Give "
+        "callback_url a public address (behind your TLS proxy); for a chain on one machine the upstream's "
+        "operator allows private addresses there ([provider] allow_private_callback_url = true in a procurd "
+        "upstream's configuration: this site's own [server] allow_private_callback_url does not change what "
+        "the upstream accepts)"
+    ),
+}
+
 
 class PriceChanged(UpstreamError):
     """The upstream refused a purchase because the goods' price or settings changed while it was being made;
