@@ -713,8 +713,8 @@ def settings_from(path: Path, text: str) -> Settings:
 async def test_the_documented_one_machine_chain_delivers_and_names_b_setting_when_it_is_missing(
     tmp_path: Path, sqlite_template: Path | None, postgres_template: str | None
 ) -> None:
-    """The chain on one machine of docs/provider.md, B's and C's files exactly as written there (this test's ports and
-    databases in place of the documented ones): C's documented order is delivered by B's callback. With the
+    """The chain on one machine of docs/provider.md, B's and C's files exactly as written there (this
+    test's ports and databases in place of the documented ones): C's documented order is delivered by B's callback. With the
     one line that lets B call back a loopback address taken out of B's file, C's next order becomes an
     exception invalid_callback_url whose message names B's ``[provider] allow_private_callback_url`` and
     says that C's own ``[server]`` setting does not change it."""
