@@ -715,9 +715,9 @@ async def test_the_documented_one_machine_chain_delivers_and_names_b_setting_whe
 ) -> None:
     """The chain on one machine of docs/provider.md, B's and C's files exactly as written there (this
     test's ports and databases in place of the documented ones): C's documented order is delivered by B's
-    callback. With the one line that lets B call back a loopback address taken out of B's file, C's next order becomes an
-    exception invalid_callback_url whose message names B's ``[provider] allow_private_callback_url`` and
-    says that C's own ``[server]`` setting does not change it."""
+    callback. With the one line that lets B call back a loopback address taken out of B's file, C's next
+    order becomes an exception invalid_callback_url whose message names B's ``[provider]
+    allow_private_callback_url`` and says that C's own ``[server]`` setting does not change it."""
     b_text, c_text, first_order = documented_chain()
     assert "allow_private_callback_url = true          # C's callback_url is on loopback" in b_text
     ports = dict(zip(DOCUMENTED_PORTS[1:], unused_ports(4), strict=True))
