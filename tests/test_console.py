@@ -420,12 +420,14 @@ async def test_delivered_goods_stay_hidden_until_revealed(shop: Shop) -> None:
 
 
 async def test_order_page_shows_items_numbers_attempts_errors_and_audit(shop: Shop) -> None:
-    """An order's page lists each procurement with its state, numbers, attempts, error and reason, and the
-    audit trail with its sources."""
+    """An order's page says what its status means in the order view's words (an item refused before
+    anything was bought: ``paid``, with an exception), and lists each procurement with its state, numbers,
+    attempts, error and reason, and the audit trail with its sources."""
     procurement_id = await exception(shop, "D-1")
     await shop.client.login()
     page = await shop.client.get("/ui/orders/D-1")
     text = html.unescape(page.text)
+    assert "<strong>paid</strong>: accepted; nothing bought upstream yet; an item needs a person" in text
     assert f'id="procurement-{procurement_id}"' in page.text
     assert "price_above_limit" in text
     assert "mirrored unit price 9.90" in text

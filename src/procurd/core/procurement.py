@@ -142,9 +142,11 @@ class Procurement:
         return self.state is State.QUEUED and self.lease_owner is not None
 
     @property
-    def attempted(self) -> bool:
-        """A submission was tried, or the upstream holds an order for it."""
-        return self.attempts > 0 or self.upstream_order_id is not None
+    def under_way(self) -> bool:
+        """The upstream holds, or may hold, a live order for it: submitted, or a request whose answer never
+        came, or an order recorded that the upstream has not canceled. Not while it waits to be sent, nor
+        after a refusal that proves nothing was bought (``payment_failed``, ``insufficient_stock`` ...)."""
+        return self.state is State.SUBMITTED or self.upstream_may_exist
 
     @property
     def holds_fulfillment(self) -> bool:

@@ -14,7 +14,7 @@ from typing import Any, Generic, TypeVar
 from procurd import offers
 from procurd.alerts import alert_view
 from procurd.config import ProviderSettings, UpstreamSettings
-from procurd.core.orders import fulfillment_view, iso
+from procurd.core.orders import STATUS_MEANINGS, fulfillment_view, iso
 from procurd.core.provider import AmountError, cents_text, to_cents
 from procurd.core.rollup import DAY_COLUMNS, HOUR, VALUE_COLUMNS, hour_of, hours_from_rows, runway_hours
 from procurd.db.console_store import CatalogSlice, OrderSummary
@@ -29,7 +29,7 @@ from procurd.status import status_report
 
 T = TypeVar("T")
 
-ORDER_STATUSES = ("paid", "fulfilling", "partially_delivered", "delivered", "canceled")
+ORDER_STATUSES = tuple(STATUS_MEANINGS)
 AUDIT_PAGE_SIZE = 50
 HIDDEN_FULFILLMENT_FIELDS = ("payload", "delivery_data")
 
