@@ -67,6 +67,7 @@ def order_view(order: ProviderOrder, account: str | None = None) -> dict[str, An
     return {
         "id": order.id,
         "order_no": order.order_no,
+        "procured": order.charged,
         "account": account,
         "account_id": order.account_id,
         "downstream_order_no": order.downstream_order_no,

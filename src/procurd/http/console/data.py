@@ -439,6 +439,8 @@ async def account_pulse(operations: Operations, account: Mapping[str, Any]) -> l
         balances=[None if cents is None else Decimal(cents_text(cents)) for cents in wallet],
         balance=balance, currency=account["currency"], spend_24h=spent,
         runway_hours=runway_hours(balance, spent), runway_alert_hours=None, wallet="account's wallet",
+        wallet_spent="Charged to the account's wallet for its orders in the last 24 h (refunds deducted)",
+        upstream_spent="Paid upstream for its orders",
     )  # fmt: skip
     return pulse.charts(facts)
 
