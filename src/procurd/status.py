@@ -342,9 +342,10 @@ async def ping_upstream(runtime: Runtime, upstream: str) -> PingResult | Upstrea
 def describe_failure(error: BaseException) -> str:
     """One line about a failure, without secrets (upstream errors already describe themselves safely).
 
-    An authentication failure carries what to check, such as the clock and its measured offset.
+    A failure that says what to check carries it: for an authentication failure the clock and its measured
+    offset, for an endpoint the site does not serve the base_url.
     """
-    if isinstance(error, AuthError):
+    if isinstance(error, UpstreamError) and error.hint:
         return truncate(f"{error}; {error.hint}", 400)
     if isinstance(error, UpstreamError):
         return truncate(str(error), 300)

@@ -109,7 +109,7 @@ def upstream_findings(upstream: UpstreamSettings, outcome: PingResult | Upstream
     if isinstance(outcome, AuthError):
         return [Finding(False, subject, f"authentication failed: {outcome.code}", outcome.hint)]
     if isinstance(outcome, UpstreamError):
-        fix = f"check base_url {upstream.base_url} and that this machine can reach it"
+        fix = outcome.hint or f"check base_url {upstream.base_url} and that this machine can reach it"
         return [Finding(False, subject, f"no answer: {failure_text(outcome)}", fix)]
     site = f" at {outcome.site_name}" if outcome.site_name else ""
     findings = [
