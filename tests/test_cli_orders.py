@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
+from console_support import INSTANCE_STATES, STOPPED_LONG_AGO, record_instances
 from procurd.cli import main
 from procurd.config import CALLBACK_PATH
 from procurd.db.instance_store import Instance
@@ -348,6 +349,21 @@ async def test_status_says_in_words_when_no_daemon_runs(shell: Shell) -> None:
     assert [(i["id"], i["alive"]) for i in data["instances"]] == [("old:1", False)]
     words = await shell.run("status")
     assert "the last heartbeat was" in words.stdout.splitlines()[1]
+
+
+async def test_status_tells_alive_stopped_and_down_apart_as_the_console_does(shell: Shell) -> None:
+    """``procurd status`` names each instance in the state the status report and the console give it: the
+    one alive as running, those down as down (found down, or no heartbeat and no clean shutdown), those
+    stopped cleanly within a day by name and the older ones as a count."""
+    await record_instances(shell.stack.runtime.database)
+    report = parsed(await shell.run("status", "--json"))
+    assert {i["id"]: i["state"] for i in report["instances"]} == INSTANCE_STATES
+    words = " ".join((await shell.run("status")).stdout.split())
+    assert "daemon: running: alive:1 (procurd 1.0.0" in words
+    assert "instance down:3 went down without a clean shutdown" in words
+    assert "instance stale:4 is down: no heartbeat since" in words
+    assert "stopped cleanly: stopped:2 2 h ago, 3 instances more than a day ago" in words
+    assert all(name not in words for name in STOPPED_LONG_AGO)
 
 
 async def test_unmigrated_database_and_bad_configuration(shell: Shell, tmp_path: Path) -> None:

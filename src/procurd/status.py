@@ -177,8 +177,18 @@ def runway(upstream: UpstreamSettings, ping: dict[str, Any], spend: dict[str, De
     }
 
 
+def instance_state(instance: Instance, stale_before: datetime) -> str:
+    """One of :data:`procurd.core.instances.INSTANCE_STATES`; the status report, ``procurd status`` and the
+    console all read it."""
+    if instance.stopped_at is not None:
+        return "stopped"
+    if instance.down_at is None and instance.heartbeat_at >= stale_before:
+        return "alive"
+    return "down"
+
+
 def _instance(instance: Instance, stale_before: datetime) -> dict[str, Any]:
-    ended = instance.stopped_at is not None or instance.down_at is not None
+    state = instance_state(instance, stale_before)
     return {
         "id": instance.id,
         "host": instance.host,
@@ -186,7 +196,8 @@ def _instance(instance: Instance, stale_before: datetime) -> dict[str, Any]:
         "version": instance.version,
         "started_at": iso(instance.started_at),
         "heartbeat_at": iso(instance.heartbeat_at),
-        "alive": not ended and instance.heartbeat_at >= stale_before,
+        "state": state,
+        "alive": state == "alive",
         "stopped_at": iso(instance.stopped_at),
         "down_at": iso(instance.down_at),
     }

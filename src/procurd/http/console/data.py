@@ -14,6 +14,7 @@ from typing import Any, Generic, TypeVar
 from procurd import offers
 from procurd.alerts import alert_view
 from procurd.config import ProviderSettings, UpstreamSettings
+from procurd.core.instances import fold_stopped
 from procurd.core.orders import STATUS_MEANINGS, fulfillment_view, iso
 from procurd.core.provider import AmountError, cents_text, to_cents
 from procurd.core.rollup import DAY_COLUMNS, HOUR, VALUE_COLUMNS, hour_of, hours_from_rows, runway_hours
@@ -80,16 +81,18 @@ class Overview:
     upstreams: list[UpstreamOverview]
     storefront: dict[str, Any]
     alerts: list[dict[str, Any]]
-    instances: list[dict[str, Any]]  # every daemon instance with its heartbeat, as GET /api/v1/status
+    instances: list[dict[str, Any]]  # the daemon instances shown: alive, down, stopped within a day
     provider: ProviderOverview | None = None  # when [provider] enabled
+    stopped_earlier: list[dict[str, Any]] = field(default_factory=list)  # stopped more than a day ago
     charts: bool = True  # drawn (the page may be asked for without them: ?charts=off)
 
 
 async def overview(runtime: Runtime, *, charts: bool = True) -> Overview:
     """Per upstream: the status report (health, balance, runway, queue, oldest queued, last sync, callbacks)
     with its open exceptions by reason and (unless ``charts`` is off) its charts; recent alerts and the
-    instances alive."""
+    daemon instances (those stopped cleanly more than a day ago apart)."""
     report = await status_report(runtime)
+    shown, folded = fold_stopped(report["instances"], utcnow())
     pulses = await upstream_pulses(runtime, report["upstreams"]) if charts else {}
     upstreams = [
         UpstreamOverview(
@@ -106,7 +109,8 @@ async def overview(runtime: Runtime, *, charts: bool = True) -> Overview:
         upstreams=upstreams,
         storefront=report["storefront"],
         alerts=await recent_alerts(runtime, limit=10),
-        instances=list(report["instances"]),
+        instances=[dict(instance) for instance in shown],
+        stopped_earlier=[dict(instance) for instance in folded],
         provider=provider_overview(runtime.settings.provider, report["provider"]),
         charts=charts,
     )
