@@ -182,7 +182,7 @@ async def record_instances(database: Database) -> None:
                     version="1.0.0",
                     started_at=started,
                     heartbeat_at=beat,
-                )  # fmt: skip
+                )
             )
         tx.instances.stopped("stopped:2", now - timedelta(hours=2))
         for days, instance_id in enumerate(STOPPED_LONG_AGO, start=2):

@@ -187,6 +187,31 @@ async def test_an_empty_provider_says_so_once(database_url: str) -> None:
         assert "<table" not in orders.text
 
 
+async def test_the_overview_says_why_a_provider_offers_nothing(database_url: str) -> None:
+    """A provider whose pricing rules price nothing in its currency offers no product: the overview's
+    provider part says so beside the count, with the cause, as procurd status and doctor do."""
+    config = SandboxConfig(products=2, skus_per_product=1, manual_ratio=0)
+    async with Sandbox(config) as sandbox:
+        settings = provider_settings(
+            database_url, ("main", sandbox), server={"admin_token": ADMIN_TOKEN},
+            pricing={"rules": [{"currency": "USD"}]},
+        )  # fmt: skip
+        await mirror(settings)
+        async with running_daemon(settings) as daemon:
+            client = ConsoleClient(f"http://127.0.0.1:{daemon.admin_port}")
+            try:
+                await client.login()
+                home = await client.get("/ui/")
+            finally:
+                await client.close()
+    part = html.unescape(home.text[home.text.index('id="provider"') :])
+    assert "0 products listed" in part
+    assert (
+        '<span class="badge bad">nothing offered</span> <span class="offer-problem">the pricing rules price '
+        "the mirrored SKUs in another currency than [provider] currency CNY (2 in USD)"
+    ) in part
+
+
 # --- accounts -----------------------------------------------------------------------------------------------
 
 
@@ -560,7 +585,8 @@ async def test_a_replay_of_a_status_never_told_shows_as_told(chain: Chain) -> No
     assert "nothing to tell yet" in before.text
     replayed = await chain.client.post(f"/ui/provider/orders/{order_id}/callback")
     page = await chain.client.get(replayed.location)
-    assert page.flash is not None and page.flash[0] == "ok", page.flash
+    assert page.flash is not None
+    assert page.flash[0] == "ok", page.flash
     assert "nothing to tell yet" not in page.text
     callback = page.text[page.text.index('id="callback"') : page.text.index('id="delivery-log"')]
     assert '<dt>Last status told</dt><dd><span class="badge state-paid">paid</span>' in callback

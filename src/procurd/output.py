@@ -306,12 +306,9 @@ def print_provider(provider: Mapping[str, Any]) -> None:
     fields.append(("callbacks", told))
     listed = int(provider.get("products_listed") or 0)
     offered = int(provider.get("products_offered") or 0)
-    fields.append(
-        (
-            "offered",
-            f"{count(listed, 'product')} on sale" + (f" ({offered} in all)" if offered != listed else ""),
-        )
-    )
+    on_sale = f"{count(listed, 'product')} on sale" + (f" ({offered} in all)" if offered != listed else "")
+    problem = provider.get("offer_problem")
+    fields.append(("offered", f"{on_sale}: WARNING: nothing is offered: {problem}" if problem else on_sale))
     print_fields(fields)
 
 

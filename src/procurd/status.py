@@ -17,6 +17,7 @@ import structlog
 from procurd.catalog.sync import SyncReport
 from procurd.config import UpstreamSettings
 from procurd.core.alerts import Alert, Kind
+from procurd.core.offering import OfferFacts, why_nothing_is_offered
 from procurd.core.orders import iso
 from procurd.core.procurement import State
 from procurd.core.provider import cents_text
@@ -55,10 +56,33 @@ class _Facts:
     daemon_failures: list[Alert]
 
 
-def _provider_facts(tx: Tx, currency: str) -> dict[str, Any]:
-    """The provider's accounts (with each balance), orders by status, callbacks, offered products."""
+@dataclass(frozen=True, slots=True)
+class _ProviderScope:
+    currency: str
+    upstreams: tuple[str, ...]
+    rules: int
+
+
+def _provider_facts(tx: Tx, scope: _ProviderScope) -> dict[str, Any]:
+    """The provider's accounts (with each balance), orders by status, callbacks, offered products; when it
+    lists none, why (``offer_problem``)."""
+    currency = scope.currency
     accounts = tx.provider.accounts()
     listed, offered = tx.offered.counts()
+    problem = None
+    if not listed:
+        facts = OfferFacts(
+            currency, scope.upstreams, tx.offered.selling_currencies(scope.upstreams), scope.rules
+        )
+        shortfall = why_nothing_is_offered(facts)
+        problem = (
+            str(shortfall)
+            if shortfall
+            else (
+                "the offered catalogue is not built yet: the daemon builds it when it starts and after each "
+                "catalogue pass (`procurd run`)"
+            )
+        )
     return {
         "enabled": True,
         "currency": currency,
@@ -74,11 +98,12 @@ def _provider_facts(tx: Tx, currency: str) -> dict[str, Any]:
         "callbacks": tx.provider.callback_counts(),
         "products_listed": listed,
         "products_offered": offered,
+        "offer_problem": problem,
     }  # fmt: skip
 
 
 def _facts(
-    tx: Tx, upstreams: list[str], day_ago: datetime, provider_currency: str | None, spend_from: datetime
+    tx: Tx, upstreams: list[str], day_ago: datetime, provider: _ProviderScope | None, spend_from: datetime
 ) -> _Facts:
     store = tx.procurements
     syncs = {}
@@ -96,7 +121,7 @@ def _facts(
         alerts_last_day=tx.alerts.count_since(day_ago),
         last_reconcile=tx.reconcile.last_finished(),
         mirror=tx.mirror.totals(),
-        provider=None if provider_currency is None else _provider_facts(tx, provider_currency),
+        provider=None if provider is None else _provider_facts(tx, provider),
         spend={name: tx.charts.spend_since(name, spend_from) for name in upstreams},
         daemon_failures=[
             alert
@@ -110,9 +135,15 @@ async def status_report(runtime: Runtime) -> dict[str, Any]:
     """Per configured upstream: health, last ping and sync, queue depths, open exceptions, callbacks."""
     now = utcnow()
     names = [upstream.name for upstream in runtime.settings.upstreams]
-    provider = runtime.settings.provider
-    currency = provider.currency if provider.enabled else None
-    facts = await runtime.database.read(_facts, names, now - timedelta(days=1), currency, window_start(now))
+    settings = runtime.settings
+    scope = (
+        _ProviderScope(
+            settings.provider.currency, tuple(settings.offered_upstreams()), len(settings.pricing.rules)
+        )
+        if settings.provider.enabled
+        else None
+    )
+    facts = await runtime.database.read(_facts, names, now - timedelta(days=1), scope, window_start(now))
     upstreams = []
     for upstream in runtime.settings.upstreams:
         status = _upstream_status(

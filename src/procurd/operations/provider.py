@@ -23,6 +23,7 @@ from procurd.config import ProviderLevelSettings, private_url_reason
 from procurd.core.alerts import Kind, Occurrence
 from procurd.core.intake import MAX_QUANTITY, IntakeError, ItemRequest, OrderRequest
 from procurd.core.json_limits import json_problem, text_problem
+from procurd.core.offering import OfferFacts
 from procurd.core.orders import iso
 from procurd.core.pricing import SkuFacts, cost_limit, exchange_rate_of
 from procurd.core.procurement import MirroredSku, Source, required_form_fields
@@ -120,6 +121,13 @@ class ProviderOperations:
         return self.settings.level(account.level)
 
     # --- the offered catalogue ------------------------------------------------------------------------
+
+    async def offer_facts(self) -> OfferFacts:
+        """What the mirror holds for the provider to offer (``procurd doctor`` asks why it offers nothing)."""
+        settings = self.runtime.settings
+        upstreams = tuple(settings.offered_upstreams())
+        selling = await self.runtime.database.read(lambda tx: tx.offered.selling_currencies(upstreams))
+        return OfferFacts(settings.provider.currency, upstreams, selling, len(settings.pricing.rules))
 
     async def refresh(
         self, upstreams: list[str] | None = None, *, full: bool = False

@@ -15,8 +15,9 @@ from procurd import offers
 from procurd.alerts import alert_view
 from procurd.config import ProviderSettings, UpstreamSettings
 from procurd.core.instances import fold_stopped
+from procurd.core.offering import balance_below
 from procurd.core.orders import STATUS_MEANINGS, fulfillment_view, iso
-from procurd.core.provider import AmountError, cents_text, to_cents
+from procurd.core.provider import cents_text
 from procurd.core.rollup import DAY_COLUMNS, HOUR, VALUE_COLUMNS, hour_of, hours_from_rows, runway_hours
 from procurd.db.console_store import CatalogSlice, OrderSummary
 from procurd.db.stores import Tx
@@ -352,16 +353,6 @@ async def release_hold(operations: Operations, upstream: str, sku_id: int) -> st
 # --- provider ---------------------------------------------------------------------------------------------
 
 
-def below_threshold(balance: str, threshold: str | None) -> bool:
-    """Whether a wallet balance is below ``[provider] low_balance_threshold`` (never when it is off)."""
-    if not threshold:
-        return False
-    try:
-        return to_cents(balance) < to_cents(threshold)
-    except AmountError:
-        return False
-
-
 @dataclass(frozen=True, slots=True)
 class ProviderOverview:
     """The provider's part of the overview: the status report's ``provider`` with the accounts whose
@@ -376,7 +367,7 @@ def provider_overview(settings: ProviderSettings, facts: dict[str, Any]) -> Prov
     if not settings.enabled or not facts.get("enabled"):
         return None
     threshold = settings.low_balance_threshold or None
-    low = [entry["name"] for entry in facts["balances"] if below_threshold(entry["balance"], threshold)]
+    low = [entry["name"] for entry in facts["balances"] if balance_below(entry["balance"], threshold)]
     return ProviderOverview(facts, threshold, low)
 
 
@@ -392,7 +383,7 @@ async def provider_accounts(operations: Operations) -> ProviderAccounts:
     settings = operations.settings.provider
     threshold = settings.low_balance_threshold or None
     items = [
-        dict(view, low=below_threshold(view["balance"], threshold))
+        dict(view, low=balance_below(view["balance"], threshold))
         for view in await operations.provider.accounts.list()
     ]
     return ProviderAccounts(items, settings.currency, threshold)
@@ -461,7 +452,7 @@ async def provider_account(
     return ProviderAccountPage(
         account=view,
         ledger=Paged(ledger["items"], ledger["total"], page, page_size),
-        low=below_threshold(view["balance"], threshold),
+        low=balance_below(view["balance"], threshold),
         low_balance_threshold=threshold,
         levels=levels,
         charts=await account_pulse(operations, view),

@@ -394,7 +394,8 @@ def spend(facts: PulseFacts) -> Chart:
         "spend", title,
         bars_and_line(element_id(facts.name, "spend"), title, desc, series[0], series[1], points, ticks),
         series, tuple(figures),
-        ("Day (UTC)", facts.upstream_spent, "Paid", "With a selling price", "Sold for", "Margin"), tuple(rows),
+        ("Day (UTC)", facts.upstream_spent, "Paid", "With a selling price", "Sold for", "Margin"),
+        tuple(rows),
     )  # fmt: skip
 
 
