@@ -115,6 +115,39 @@ async def test_submit_repeat_and_conflict(shell: Shell) -> None:
     assert "order_conflict" in conflict.stderr
 
 
+async def test_submit_previews_and_refuses_what_the_mirror_says_is_out_of_stock(shell: Shell) -> None:
+    """``order submit --preview`` says what intake would do and takes nothing in (exit 0 when it would be
+    accepted, 1 when refused, with why); an item out of stock is refused insufficient_stock (exit 1) unless
+    ``--allow-backorder``, with a body from --body too."""
+    state = shell.stack.sandbox.state
+    state.set_sku_stock(shell.sku, 2)
+    await shell.stack.sync("main")
+    fine = await shell.run("order", "submit", "--preview", "--order-no", "B1", "--sku", str(shell.sku))
+    assert fine.exit_code == 0, fine.stderr
+    assert "order B1 would be accepted (202)" in fine.stdout
+    assert f"item 0: main SKU {shell.sku} x1: bought" in fine.stdout
+    assert "low_stock, 2" in fine.stdout
+    short = ("--order-no", "B2", "--sku", str(shell.sku), "--quantity", "3")
+    said = await shell.run("order", "submit", "--preview", *short)
+    assert said.exit_code == 1
+    assert "order B2 would be refused: 409 insufficient_stock: items.0: SKU" in said.stdout
+    as_json = parsed(await shell.run("order", "submit", "--preview", *short, "--json"))
+    assert as_json["preview"]["items"][0]["reason"] == "insufficient_stock"
+    assert await shell.stack.runtime.service.order("B1") is None
+    assert await shell.stack.runtime.service.order("B2") is None
+    refused = await shell.run("order", "submit", *short)
+    assert refused.exit_code == 1
+    assert "procurd: insufficient_stock: items.0: SKU" in refused.stderr
+    backorder = await shell.run("order", "submit", *short, "--allow-backorder", "--preview")
+    assert backorder.exit_code == 0, backorder.stdout
+    taken = await shell.run("order", "submit", *short, "--allow-backorder")
+    assert taken.exit_code == 0, taken.stderr
+    assert "accepted order B2" in taken.stdout
+    body = json.dumps({"order_no": "B3", "items": [{"sku_id": shell.sku, "quantity": 5}]})
+    from_body = await shell.run("order", "submit", "--body", "-", "--allow-backorder", stdin=body)
+    assert from_body.exit_code == 0, from_body.stderr
+
+
 async def test_submit_a_whole_body_from_stdin(shell: Shell) -> None:
     """``--body -`` reads the HTTP body from stdin and ``--json`` prints the answer, as on every command;
     amounts keep their exact text."""

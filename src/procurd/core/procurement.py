@@ -172,6 +172,7 @@ class MirroredSku:
     sell_currency: str | None = None
     stock_status: str | None = None
     stock_quantity: int | None = None
+    price_held: bool = False  # its selling price is held after a cost rise (kept at its old value)
 
     def stock_problem(self, quantity: int) -> tuple[str, str] | None:
         """``(code, message)`` when the mirror says the SKU cannot supply ``quantity`` units."""

@@ -208,6 +208,7 @@ _MIRRORED_SKUS = (
         mirror_skus.c.sell_currency,
         mirror_skus.c.stock_status,
         mirror_skus.c.stock_quantity,
+        mirror_skus.c.price_held_at,
         mirror_skus.c.is_active.label("sku_active"),
         mirror_skus.c.removed_at.label("sku_removed_at"),
         mirror_products.c.is_active.label("product_active"),
@@ -356,6 +357,7 @@ class ProcurementStore:
                 sell_currency=row["sell_currency"],
                 stock_status=row["stock_status"],
                 stock_quantity=row["stock_quantity"],
+                price_held=row["price_held_at"] is not None,
             )
             for row in rows
         }

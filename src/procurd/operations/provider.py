@@ -543,4 +543,6 @@ def _intake_refusal(exc: IntakeError) -> Refused:
         return Refused(401, "invalid_api_key", "API key is invalid or disabled")
     if exc.code in ("product_not_found", "product_inactive"):
         return Refused(400, "product_unavailable", "product is inactive or unavailable")
+    if exc.code == "insufficient_stock":
+        return Refused(409, "insufficient_stock", "stock is too low for this quantity")
     return bad_request(exc.message)
