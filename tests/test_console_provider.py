@@ -690,7 +690,7 @@ def test_order_page_tells_a_failing_and_a_given_up_callback_apart() -> None:
              "fulfillment": None, "created_at": "2026-11-23T10:00:00Z",
              "updated_at": "2026-11-23T10:00:00Z"}  # fmt: skip
     tries = [{"at": "2026-11-23T10:05:00Z", "status": "delivered", "http_status": None, "ok": False,
-              "message": None, "replay": True}]  # fmt: skip
+              "message": None, "replay": True, "outcome": "failed"}]  # fmt: skip
     states: dict[str, dict[str, Any]] = {
         "failing": {"pending": True, "attempts": 2, "next_attempt_at": "2026-11-23T10:06:00Z",
                     "delivered_at": None, "given_up_at": None},

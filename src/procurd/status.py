@@ -105,7 +105,6 @@ def _provider_facts(tx: Tx, scope: _ProviderScope) -> dict[str, Any]:
 def _facts(
     tx: Tx, upstreams: list[str], day_ago: datetime, provider: _ProviderScope | None, spend_from: datetime
 ) -> _Facts:
-    store = tx.procurements
     syncs = {}
     for name in upstreams:
         row = tx.mirror.last_run(name)
@@ -114,7 +113,7 @@ def _facts(
         queue=tx.charts.states(),  # from the hourly rollup, not a count of every procurement
         oldest=tx.charts.oldest_queued(upstreams),
         health=tx.health.all(),
-        events_pending=store.pending_events(),
+        events_pending=tx.outbox.pending_events(),
         syncs=syncs,
         exceptions=tx.charts.exception_reasons(upstreams),
         instances=tx.instances.all(),

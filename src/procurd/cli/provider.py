@@ -361,7 +361,7 @@ def print_order(view: Mapping[str, Any]) -> None:
         echo(f"callback: told {callback['status']}: {callback_state(callback)}")
     log = view.get("callback_log") or []
     if log:
-        rows = [[ago(a["at"]), a["status"], a["http_status"] or "-", "ok" if a["ok"] else "failed",
+        rows = [[ago(a["at"]), a["status"], a["http_status"] or "-", a["outcome"].replace("_", " "),
                  "replay" if a["replay"] else ""] for a in log]  # fmt: skip
         columns = [Column("when"), Column("status"), Column("HTTP"), Column("result"), Column("")]
         print_table(columns, rows, notes=[a["message"] for a in log], title="callback log")

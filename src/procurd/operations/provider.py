@@ -441,7 +441,7 @@ class ProviderOperations:
         }  # fmt: skip
         view["callback_log"] = [
             {"at": iso(a.at), "status": a.status, "http_status": a.http_status, "ok": a.ok,
-             "message": a.message, "replay": a.replay}
+             "message": a.message, "replay": a.replay, "outcome": a.outcome}
             for a in attempts
         ]  # fmt: skip
         return view
