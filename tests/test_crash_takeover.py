@@ -9,6 +9,9 @@ its predecessor dead at start-up (the heartbeat's takeover, by process id), rele
 logs each try in flight as of unknown outcome, and delivers both again. The receivers answer from then on.
 The test waits at most its deadline (``DEADLINE`` seconds), far below the claims' lease (60 s): only the
 takeover can deliver them in time.
+
+Until then, a live dispatcher facing an event another instance holds waits instead of looking again and
+again: the takeover wakes it.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass, field
+from datetime import timedelta
 from decimal import Decimal
 from pathlib import Path
 from types import TracebackType
@@ -23,15 +27,20 @@ from typing import Any, Self
 
 import aiohttp
 from aiohttp import web
+from pydantic import SecretStr
 from sqlalchemy import select
 
 from fault_processes import Incarnations
+from procurd.config import StorefrontSettings
+from procurd.db.database import Database
 from procurd.db.schema import outbox
+from procurd.db.types import utcnow
 from procurd.operations import open_operations
 from procurd.provider.callbacks import LEASE as CALLBACK_LEASE
 from procurd.sandbox import Sandbox, SandboxConfig
 from procurd.sandbox.testing import SignedClient
 from procurd.webhook import LEASE as EVENT_LEASE
+from procurd.webhook import WebhookDispatcher
 from provider_support import add_account, provider_config
 from scale_cluster import settings_of
 from support import AdminClient, mirror, sql_rows, wait_until
@@ -172,3 +181,21 @@ async def test_a_restart_after_a_kill_delivers_the_callback_and_the_event_in_fli
     # Taken over at start-up by the restarted process (the heartbeat's takeover), not by a claim expiring.
     [down] = b.log_events("instance.down")
     assert (down["events"], down["callbacks"]) == (1, 1)
+
+
+async def test_an_event_held_by_another_instance_leaves_the_dispatcher_idle(database: Database) -> None:
+    """An event due but claimed by another instance (live, or dead and not yet found) cannot be sent here:
+    the dispatcher waits until idle or woken (the takeover wakes it) instead of looking again at once, over
+    and over, until the claim expires."""
+    now = utcnow()
+    row = {"event_id": "e-1", "order_no": "H1", "event": "order.delivered", "payload": {"event": "x"},
+           "created_at": now, "attempts": 0, "next_attempt_at": now - timedelta(seconds=1)}  # fmt: skip
+    await database.write(lambda tx: tx.procurements.insert_events([row]))
+    claimed = await database.write(lambda tx: tx.outbox.claim_events("other:1", now, now + EVENT_LEASE, 5))
+    assert [event.event_id for event in claimed] == ["e-1"]
+    settings = StorefrontSettings(webhook_url="http://127.0.0.1:9/hook", webhook_secret=SecretStr("s" * 16))
+    dispatcher = WebhookDispatcher(database, settings, "me:2")
+    try:
+        assert await dispatcher.step() is None  # idle: nothing it may send is due
+    finally:
+        await dispatcher.close()
