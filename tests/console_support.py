@@ -8,11 +8,18 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 import aiohttp
 from multidict import CIMultiDict
+from sqlalchemy import update
 
+from procurd.db.database import Database
+from procurd.db.instance_store import Instance
+from procurd.db.schema import instances
+from procurd.db.stores import Tx
+from procurd.db.types import utcnow
 from procurd.http.testing import Stack
 
 ADMIN_TOKEN = "console-admin-token-5e1f"
@@ -141,3 +148,52 @@ async def sandbox_control(stack: Stack, method: str, path: str, body: Any = None
     answer = await stack.request(method, stack.sandbox.base_url + "/_sandbox" + path, data, headers)
     assert answer.status == 200, answer.text
     return answer.body
+
+
+# The instances :func:`record_instances` writes, and the state each is in.
+INSTANCE_STATES = {
+    "alive:1": "alive",
+    "stopped:2": "stopped",
+    "down:3": "down",
+    "stale:4": "down",
+    "old:5": "stopped",
+    "old:6": "stopped",
+    "old:7": "stopped",
+}
+STOPPED_LONG_AGO = ("old:5", "old:6", "old:7")
+
+
+async def record_instances(database: Database) -> None:
+    """Daemon instances as a cluster leaves them: one beating now, one stopped cleanly two hours ago, one
+    found down (a SIGKILL), one whose heartbeat went stale unnoticed, and three stopped days ago (ordinary
+    restarts of last week)."""
+    now = utcnow()
+
+    def write(tx: Tx) -> None:
+        for index, instance_id in enumerate(INSTANCE_STATES):
+            host, pid = instance_id.split(":")
+            beat = now if instance_id == "alive:1" else now - timedelta(minutes=10 + index)
+            started = beat - timedelta(days=5)
+            tx.instances.register(
+                Instance(
+                    id=instance_id,
+                    host=host,
+                    pid=int(pid),
+                    version="1.0.0",
+                    started_at=started,
+                    heartbeat_at=beat,
+                )
+            )
+        tx.instances.stopped("stopped:2", now - timedelta(hours=2))
+        for days, instance_id in enumerate(STOPPED_LONG_AGO, start=2):
+            tx.instances.stopped(instance_id, now - timedelta(days=days))
+        tx.instances.mark_down(now - timedelta(minutes=5), now, also=[])
+
+    await database.write(write)
+    # mark_down found both stale ones; keep one unnoticed (no down_at) as a cluster without a live
+    # instance would leave it.
+    await database.write(
+        lambda tx: tx.connection.execute(
+            update(instances).where(instances.c.id == "stale:4").values(down_at=None)
+        )
+    )

@@ -97,8 +97,10 @@ async def run_procurd(
     env: Mapping[str, str] | None = None,
     terminal_columns: int | None = None,
     timeout: float = 120,
+    cwd: Path | None = None,
 ) -> tuple[int, str, str]:
-    """``python -m procurd ARGS`` as a person runs it, while this test's loop keeps serving.
+    """``python -m procurd ARGS`` as a person runs it (in ``cwd`` when given), while this test's loop keeps
+    serving.
 
     On pipes by default: the exit code, stdout and stderr. With ``terminal_columns`` stdout and stderr are a
     terminal that wide (a pseudo-terminal), and everything written to it comes back as stdout.
@@ -107,7 +109,7 @@ async def run_procurd(
     if terminal_columns is None:
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "procurd", *args,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=environ,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=environ, cwd=cwd,
         )  # fmt: skip
         stdout, stderr = await asyncio.wait_for(process.communicate(), timeout)
         assert process.returncode is not None
@@ -118,7 +120,7 @@ async def run_procurd(
     try:
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "procurd", *args,
-            stdin=terminal, stdout=terminal, stderr=terminal, env=environ,
+            stdin=terminal, stdout=terminal, stderr=terminal, env=environ, cwd=cwd,
         )  # fmt: skip
     finally:
         os.close(terminal)

@@ -11,12 +11,17 @@ from procurd.cli.doctor import (
     check_alert_urls,
     check_configuration,
     check_database_ready,
+    check_provider,
     check_upstreams,
 )
+from procurd.config import Settings
+from procurd.core.offering import OfferFacts, why_nothing_is_offered
 from procurd.loopback import unused_ports
 from procurd.sandbox import Sandbox, SandboxConfig
-from support import run_procurd
+from provider_support import provider_config
+from support import mirror, run_procurd
 from test_alerts import receiving
+from test_cli_provider import to_toml
 
 SECRET = "sandbox-secret"
 
@@ -57,7 +62,9 @@ async def doctor(config: Path) -> tuple[int, list[str], str]:
 
 def test_the_checks_are_a_list_to_extend() -> None:
     """The checks doctor runs are one list of functions, in order (another check is appended there)."""
-    assert [check_configuration, check_database_ready, check_upstreams, check_alert_urls] == DOCTOR_CHECKS
+    assert [
+        check_configuration, check_database_ready, check_upstreams, check_provider, check_alert_urls
+    ] == DOCTOR_CHECKS  # fmt: skip
 
 
 async def test_a_ready_installation_passes(tmp_path: Path, database_url: str) -> None:
@@ -147,3 +154,86 @@ async def test_alert_urls_are_checked_without_sending(tmp_path: Path, database_u
     assert "[alerts] urls" in lines[lines.index(alert_lines[1]) + 1]
     assert receiver.messages == []
     assert "hunter2-secret" not in "\n".join(lines) + err
+
+
+def test_why_a_provider_offers_nothing_names_the_cause() -> None:
+    """A provider that can offer no SKU has one of three causes, each named with what to do: nothing
+    mirrored, no pricing rule, rules in another currency (or rules that price nothing)."""
+
+    def facts(selling: dict[str | None, int], rules: int = 1) -> OfferFacts:
+        return OfferFacts("CNY", ("main",), selling, rules)
+
+    assert why_nothing_is_offered(facts({"CNY": 3, None: 2})) is None
+    assert str(why_nothing_is_offered(facts({}))).startswith(
+        "no mirrored SKUs of the offered upstreams (main)"
+    )
+    unpriced = why_nothing_is_offered(facts({None: 5}, rules=0))
+    assert unpriced is not None
+    assert unpriced.cause.startswith("no pricing rule: a SKU is offered only with a selling price in CNY")
+    assert "add a [[pricing.rules]] block" in unpriced.fix
+    foreign = why_nothing_is_offered(facts({"USD": 4, None: 1}))
+    assert foreign is not None
+    assert foreign.cause == (
+        "the pricing rules price the mirrored SKUs in another currency than [provider] currency CNY "
+        "(4 in USD)"
+    )
+    assert 'set currency = "CNY"' in foreign.fix
+    nothing = why_nothing_is_offered(facts({None: 5}))
+    assert nothing is not None
+    assert nothing.cause.startswith("no pricing rule prices the 5 mirrored SKUs")
+
+
+def provider_file(tmp_path: Path, database_url: str, sandbox: Sandbox, **sections: object) -> Path:
+    data = provider_config(database_url, ("main", sandbox), **sections)  # type: ignore[arg-type]
+    path = tmp_path / "procurd.toml"
+    path.write_text(to_toml(data), encoding="utf-8")
+    return path
+
+
+async def test_doctor_and_status_check_the_provider(tmp_path: Path, database_url: str) -> None:
+    """With [provider] enabled: no pricing rule fails "provider products" naming the cause, and status warns
+    that nothing is offered; rules in another currency fail naming it; rules in CNY pass, and no account
+    yet or an account below the low-balance threshold are warnings (exit 0)."""
+    async with Sandbox(SandboxConfig(products=2)) as sandbox:
+        bare = provider_file(tmp_path, database_url, sandbox, pricing={"rules": []},
+                             provider={"low_balance_threshold": "100.00"})  # fmt: skip
+        await mirror(Settings(**provider_config(database_url, ("main", sandbox), pricing={"rules": []})))
+        code, lines, _ = await doctor(bare)
+        assert code == 1, lines
+        products = lines.index(next(line for line in lines if line.startswith("✗ provider products:")))
+        assert lines[products].startswith(
+            "✗ provider products: none to offer: no pricing rule: a SKU is offered"
+        )
+        assert lines[products + 1].startswith("    → add a [[pricing.rules]] block")
+        assert "⚠ provider accounts: none yet: no downstream site can buy" in lines
+        status_code, status, _ = await run_procurd(
+            "--config", str(bare), "status", env=without_procurd_variables()
+        )
+        assert status_code == 0
+        assert "WARNING: nothing is offered: no pricing rule" in " ".join(status.split())
+
+        foreign = provider_file(tmp_path, database_url, sandbox, pricing={"rules": [{"currency": "USD"}]},
+                                provider={"low_balance_threshold": "100.00"})  # fmt: skip
+        assert (await run_procurd("--config", str(foreign), "catalog", "reprice"))[0] == 0
+        code, lines, _ = await doctor(foreign)
+        assert code == 1, lines
+        foreign_cause = (
+            "✗ provider products: none to offer: the pricing rules price the mirrored SKUs in another "
+            "currency than [provider] currency CNY"
+        )
+        assert any(line.startswith(foreign_cause) for line in lines), lines
+        assert "✗ provider pricing currency: no pricing rule sells in CNY: #1 for main in USD" in lines
+
+        priced = provider_file(tmp_path, database_url, sandbox, provider={"low_balance_threshold": "100.00"})
+        assert (await run_procurd("--config", str(priced), "catalog", "reprice"))[0] == 0
+        for command in (("account", "add", "shop-c"), ("topup", "shop-c", "5.00", "--note", "first")):
+            assert (await run_procurd("--config", str(priced), "provider", *command))[0] == 0
+        code, lines, _ = await doctor(priced)
+    assert code == 0, lines
+    assert any(
+        line.startswith("✔ provider products: ") and "priced in CNY to offer" in line for line in lines
+    )
+    assert "✔ provider pricing currency: the pricing rules sell in CNY" in lines
+    assert "✔ provider accounts: 1 account" in lines
+    assert "⚠ provider balances: below 100.00 CNY: shop-c 5.00 CNY" in lines
+    assert lines[-1].endswith("checks passed (1 warning)")

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
+from console_support import INSTANCE_STATES, STOPPED_LONG_AGO, record_instances
 from procurd.cli import main
 from procurd.config import CALLBACK_PATH
 from procurd.db.instance_store import Instance
@@ -112,6 +113,39 @@ async def test_submit_repeat_and_conflict(shell: Shell) -> None:
     )
     assert conflict.exit_code == 1
     assert "order_conflict" in conflict.stderr
+
+
+async def test_submit_previews_and_refuses_what_the_mirror_says_is_out_of_stock(shell: Shell) -> None:
+    """``order submit --preview`` says what intake would do and takes nothing in (exit 0 when it would be
+    accepted, 1 when refused, with why); an item out of stock is refused insufficient_stock (exit 1) unless
+    ``--allow-backorder``, with a body from --body too."""
+    state = shell.stack.sandbox.state
+    state.set_sku_stock(shell.sku, 2)
+    await shell.stack.sync("main")
+    fine = await shell.run("order", "submit", "--preview", "--order-no", "B1", "--sku", str(shell.sku))
+    assert fine.exit_code == 0, fine.stderr
+    assert "order B1 would be accepted (202)" in fine.stdout
+    assert f"item 0: main SKU {shell.sku} x1: bought" in fine.stdout
+    assert "low_stock, 2" in fine.stdout
+    short = ("--order-no", "B2", "--sku", str(shell.sku), "--quantity", "3")
+    said = await shell.run("order", "submit", "--preview", *short)
+    assert said.exit_code == 1
+    assert "order B2 would be refused: 409 insufficient_stock: items.0: SKU" in said.stdout
+    as_json = parsed(await shell.run("order", "submit", "--preview", *short, "--json"))
+    assert as_json["preview"]["items"][0]["reason"] == "insufficient_stock"
+    assert await shell.stack.runtime.service.order("B1") is None
+    assert await shell.stack.runtime.service.order("B2") is None
+    refused = await shell.run("order", "submit", *short)
+    assert refused.exit_code == 1
+    assert "procurd: insufficient_stock: items.0: SKU" in refused.stderr
+    backorder = await shell.run("order", "submit", *short, "--allow-backorder", "--preview")
+    assert backorder.exit_code == 0, backorder.stdout
+    taken = await shell.run("order", "submit", *short, "--allow-backorder")
+    assert taken.exit_code == 0, taken.stderr
+    assert "accepted order B2" in taken.stdout
+    body = json.dumps({"order_no": "B3", "items": [{"sku_id": shell.sku, "quantity": 5}]})
+    from_body = await shell.run("order", "submit", "--body", "-", "--allow-backorder", stdin=body)
+    assert from_body.exit_code == 0, from_body.stderr
 
 
 async def test_submit_a_whole_body_from_stdin(shell: Shell) -> None:
@@ -348,6 +382,21 @@ async def test_status_says_in_words_when_no_daemon_runs(shell: Shell) -> None:
     assert [(i["id"], i["alive"]) for i in data["instances"]] == [("old:1", False)]
     words = await shell.run("status")
     assert "the last heartbeat was" in words.stdout.splitlines()[1]
+
+
+async def test_status_tells_alive_stopped_and_down_apart_as_the_console_does(shell: Shell) -> None:
+    """``procurd status`` names each instance in the state the status report and the console give it: the
+    one alive as running, those down as down (found down, or no heartbeat and no clean shutdown), those
+    stopped cleanly within a day by name and the older ones as a count."""
+    await record_instances(shell.stack.runtime.database)
+    report = parsed(await shell.run("status", "--json"))
+    assert {i["id"]: i["state"] for i in report["instances"]} == INSTANCE_STATES
+    words = " ".join((await shell.run("status")).stdout.split())
+    assert "daemon: running: alive:1 (procurd 1.0.0" in words
+    assert "instance down:3 went down without a clean shutdown" in words
+    assert "instance stale:4 is down: no heartbeat since" in words
+    assert "stopped cleanly: stopped:2 2 h ago, 3 instances more than a day ago" in words
+    assert all(name not in words for name in STOPPED_LONG_AGO)
 
 
 async def test_unmigrated_database_and_bad_configuration(shell: Shell, tmp_path: Path) -> None:

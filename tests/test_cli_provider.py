@@ -253,6 +253,11 @@ async def test_topup_debit_and_the_ledger(shell: Shell) -> None:
     for amount in ("abc", "0", "-5", "1.001", "NaN", "1e2", "1_000", "\u0661"):
         for movement in ("topup", "debit"):  # after --, "-5" is not an option
             await shell.refused("invalid_amount", "provider", movement, "--note", "x", "shop-b", "--", amount)
+    for movement in ("topup", "debit"):  # without --, a negative amount is still read as the amount
+        negative = await shell.refused("invalid_amount", "provider", movement, "shop-b", "-5", "--note", "x")
+        assert "amount must be positive" in negative.stderr, negative.stderr
+    zero = await shell.refused("invalid_amount", "provider", "topup", "shop-b", "0", "--note", "x")
+    assert "amount must be positive (above zero)" in zero.stderr
     await shell.refused("note_required", "provider", "topup", "shop-b", "1.00", "--note", "  ")
     await shell.refused("account_not_found", "provider", "topup", "nobody", "1.00", "--note", "x")
     missing_note = await shell.run("provider", "topup", "shop-b", "1.00")
@@ -420,6 +425,14 @@ async def test_orders_order_show_and_replay(shell: Shell) -> None:
             ("shop-b", "B-2", "delivered"),
             ("shop-b", "B-1", "delivered"),
         ]
+        # An order refused payment was bought nowhere: no local order number to look up.
+        assert "- (payment refused)" in listed.stdout.splitlines()[1]
+        assert first["order_no"] in listed.stdout.splitlines()[3]
+        refused = (await shell.json("provider", "orders", "--account", "shop-c"))["items"][0]
+        assert refused["procured"] is False
+        await shell.refused("order_not_found", "order", "show", refused["order_no"])
+        refused_shown = await shell.ok("provider", "order", "show", str(refused["id"]))
+        assert "not bought (payment refused)" in refused_shown.stdout
         assert "3 orders; page 1 of 1" in listed.stdout
         of_c = await shell.json("provider", "orders", "--account", "shop-c")
         assert [(o["downstream_order_no"], o["status"]) for o in of_c["items"]] == [("C-1", "canceled")]
@@ -434,13 +447,16 @@ async def test_orders_order_show_and_replay(shell: Shell) -> None:
         shown = await shell.ok("provider", "order", "show", str(first["order_id"]))
         assert f"provider order {first['order_id']} of shop-b: delivered" in shown.stdout
         assert f"procurement: order {first['order_no']} delivered (delivered)" in shown.stdout
-        assert "callback: delivered delivered, 1 try" in shown.stdout
+        assert "callback: told delivered: taken by the downstream" in shown.stdout
+        assert "(1 try)" in shown.stdout
+        assert "delivered delivered" not in shown.stdout
         assert "callback log" in shown.stdout
         assert secret not in shown.stdout
 
         pushes = len(receiver.received)
         replayed = await shell.ok("provider", "order", "replay", str(first["order_id"]))
-        assert "callback: delivered delivered, 2 tries" in replayed.stdout
+        assert "callback: told delivered: taken by the downstream" in replayed.stdout
+        assert "(2 tries)" in replayed.stdout
         assert "replay" in replayed.stdout
         assert len(receiver.received) == pushes + 1
         assert receiver.received[-1].signature_valid

@@ -43,9 +43,9 @@ def sqlite_url(path: Path | str) -> str:
     return f"sqlite+aiosqlite:///{path}"
 
 
-async def one_line(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
+async def one_line(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> tuple[int, str]:
     """The exit code and the one line a command printed on a terminal (it printed nothing else)."""
-    code, output, _ = await run_procurd(*args, env=env or environment(), terminal_columns=400)
+    code, output, _ = await run_procurd(*args, env=env or environment(), terminal_columns=400, cwd=cwd)
     lines = [line for line in screen_lines(output) if line]
     assert len(lines) == 1, lines
     return code, lines[0]
@@ -80,6 +80,34 @@ async def test_a_database_never_set_up_is_named_and_not_created(tmp_path: Path) 
         f"database migrated from empty to revision {HEAD_REVISION}",
     )
     assert database.exists()
+
+
+async def test_a_relative_database_path_is_said_to_be_relative_to_the_working_directory(
+    tmp_path: Path,
+) -> None:
+    """A relative SQLite path that finds no file from where the command runs (the database is beside the
+    configuration, the command runs elsewhere) is named as relative to the working directory, with the
+    absolute path it resolved to and how to name the real one, before `procurd db upgrade` is suggested."""
+    beside = tmp_path / "etc"
+    beside.mkdir()
+    config = write_config(beside, "sqlite+aiosqlite:///procurd.db")
+    assert await one_line("--config", str(config), "db", "upgrade", cwd=beside) == (
+        0,
+        f"database migrated from empty to revision {HEAD_REVISION}",
+    )
+    elsewhere = tmp_path / "home"
+    elsewhere.mkdir()
+    code, line = await one_line("--config", str(config), "status", cwd=elsewhere)
+    assert (code, line) == (
+        1,
+        f"procurd: the database {elsewhere / 'procurd.db'} does not exist ([database] url names the relative "
+        f"path procurd.db, which is relative to the working directory {elsewhere}; if the database is "
+        "elsewhere, run procurd from its directory or give its absolute path, "
+        "sqlite+aiosqlite:////absolute/path.db with four slashes): run `procurd db upgrade` to create it",
+    )
+    assert list(elsewhere.iterdir()) == []
+    code, _, _ = await run_procurd("--config", str(config), "status", env=environment(), cwd=beside)
+    assert code == 0
 
 
 async def test_a_sqlite_file_that_cannot_be_used_is_named_with_the_reason(tmp_path: Path) -> None:

@@ -72,6 +72,26 @@ async def test_ping_explains_a_wrong_secret(tmp_path: Path, database_url: str, s
     assert "wrong-secret-value" not in out + err
 
 
+async def test_a_base_url_with_the_api_path_gets_the_hint(
+    tmp_path: Path, database_url: str, sandbox: Sandbox
+) -> None:
+    """A base_url that ends in /api/v1/upstream (procurd appends it) finds no endpoint: ping and doctor
+    say to check that base_url is the site root, exit 1."""
+    config = tmp_path / "procurd.toml"
+    good = write_config(tmp_path, database_url, sandbox).read_text(encoding="utf-8")
+    doubled = sandbox.base_url + "/api/v1/upstream"
+    config.write_text(good.replace(f'"{sandbox.base_url}"', f'"{doubled}"'), encoding="utf-8")
+    hint = "check that base_url of main is the site root without /api/v1/upstream"
+    code, _, err = await procurd("--config", str(config), "ping")
+    assert code == 1
+    assert "endpoint_not_found" in err
+    assert hint in err
+    code, out, _ = await procurd("--config", str(config), "doctor")
+    assert code == 1
+    assert "✗ upstream main: no answer: HTTP 404 endpoint_not_found" in out
+    assert f"→ {hint}" in out
+
+
 async def test_catalog_sync_mirrors_the_sandbox(
     tmp_path: Path, database_url: str, sandbox: Sandbox, database: Database
 ) -> None:

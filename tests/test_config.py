@@ -168,6 +168,22 @@ def test_errors_name_file_key_and_reason(tmp_path: Path, change: str, expected: 
     assert expected in str(caught.value)
 
 
+def test_a_threshold_written_as_a_whole_number_is_its_decimal_text(tmp_path: Path) -> None:
+    """``low_balance_threshold = 100`` (a TOML integer, exact) is the amount "100", at an upstream and for
+    the provider; a number with a fraction (a binary float) is refused with the string to write instead."""
+    whole = MINIMAL + "low_balance_threshold = 100\n[provider]\nlow_balance_threshold = 25\n"
+    settings = load_settings(write(tmp_path, whole), environ={})
+    assert settings.upstream("main").low_balance_threshold == "100"
+    assert settings.provider.low_balance_threshold == "25"
+    fraction = MINIMAL + "[provider]\nlow_balance_threshold = 100.5\n"
+    with pytest.raises(ConfigError) as caught:
+        load_settings(write(tmp_path, fraction), environ={})
+    assert str(caught.value) == (
+        f"{tmp_path / 'procurd.toml'}: [provider] low_balance_threshold: must be a decimal string such as "
+        '"100.50": a number with a fraction is read as a binary float, which cannot hold every amount exactly'
+    )
+
+
 def test_missing_secret_file_is_named(tmp_path: Path) -> None:
     """A secret file that does not exist is reported by key and path."""
     text = MINIMAL.replace('api_secret = "secret-value-1"', 'api_secret_file = "/nonexistent/secret"')

@@ -22,10 +22,13 @@ from sqlalchemy import select
 from console_support import (
     ADMIN_TOKEN,
     CSP,
+    INSTANCE_STATES,
+    STOPPED_LONG_AGO,
     ConsoleClient,
     Page,
     delivered_order,
     order,
+    record_instances,
     sandbox_control,
 )
 from procurd import offers
@@ -420,12 +423,14 @@ async def test_delivered_goods_stay_hidden_until_revealed(shop: Shop) -> None:
 
 
 async def test_order_page_shows_items_numbers_attempts_errors_and_audit(shop: Shop) -> None:
-    """An order's page lists each procurement with its state, numbers, attempts, error and reason, and the
-    audit trail with its sources."""
+    """An order's page says what its status means in the order view's words (an item refused before
+    anything was bought: ``paid``, with an exception), and lists each procurement with its state, numbers,
+    attempts, error and reason, and the audit trail with its sources."""
     procurement_id = await exception(shop, "D-1")
     await shop.client.login()
     page = await shop.client.get("/ui/orders/D-1")
     text = html.unescape(page.text)
+    assert "<strong>paid</strong>: accepted; nothing bought upstream yet; an item needs a person" in text
     assert f'id="procurement-{procurement_id}"' in page.text
     assert "price_above_limit" in text
     assert "mirrored unit price 9.90" in text
@@ -622,6 +627,30 @@ async def test_overview_shows_instances_and_the_low_balance_threshold(database_u
                 assert re.search(r"Low-balance threshold</dt>\s*<dd>50.00</dd>", page.text), page.text
             finally:
                 await client.close()
+
+
+async def test_overview_tells_alive_stopped_and_down_apart_and_folds_old_stops(shop: Shop) -> None:
+    """Each instance is alive, stopped (a clean shutdown) or down (gone without one), in the overview as in
+    GET /api/v1/status; instances stopped cleanly more than a day ago are folded into one line that opens
+    (no script: a <details>), the others are listed with their state."""
+    await record_instances(shop.stack.runtime.database)
+    report = await shop.stack.admin("GET", "/api/v1/status")
+    assert {i["id"]: i["state"] for i in report.body["instances"]} == INSTANCE_STATES
+    assert {i["id"]: i["alive"] for i in report.body["instances"]} == {
+        name: state == "alive" for name, state in INSTANCE_STATES.items()
+    }
+    await shop.client.login()
+    page = await shop.client.get("/ui/")
+    section = page.text[page.text.index("<h2>Instances</h2>") :]
+    listed, _, folded = section.partition('<details class="stopped-earlier">')
+    rows = dict(re.findall(r'<code>([a-z]+:\d)</code>.*?<td data-label="State"><span class="badge[ a-z]*">'
+                           r"([a-z]+)</span>", listed, re.S))  # fmt: skip
+    assert rows == {name: state for name, state in INSTANCE_STATES.items() if name not in STOPPED_LONG_AGO}
+    assert "<summary>3 instances stopped cleanly more than a day ago</summary>" in folded
+    assert re.findall(r"<code>([a-z]+:\d)</code>", folded) == list(STOPPED_LONG_AGO)
+    assert '<span class="badge stopped">stopped</span>' in listed
+    assert '<span class="badge bad">down</span>' in listed
+    assert "<script" not in page.text
 
 
 async def test_reconcile_page_lists_findings(shop: Shop) -> None:

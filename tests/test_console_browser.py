@@ -24,7 +24,15 @@ import pytest_asyncio
 from aiohttp import web
 from playwright.async_api import Browser, ConsoleMessage, Dialog, Page, ViewportSize, async_playwright, expect
 
-from console_support import ADMIN_TOKEN, delivered_order, order, sandbox_control
+from console_support import (
+    ADMIN_TOKEN,
+    INSTANCE_STATES,
+    STOPPED_LONG_AGO,
+    delivered_order,
+    order,
+    record_instances,
+    sandbox_control,
+)
 from procurd.http.testing import Stack, procurd_stack, serve
 from procurd.status import ping_upstream
 from test_console_provider import Chain, delivered, place, provider_chain
@@ -220,6 +228,37 @@ async def test_sign_in_with_a_wrong_then_the_right_token_and_see_the_overview(
     await expect(page.get_by_role("heading", name="Sign in")).to_be_visible()
     await page.goto(console.url("/ui/orders"))
     await expect(page).to_have_url(re.compile(r"/ui/login\?next="))
+    assert console.errors == []
+
+
+async def test_the_overview_tells_alive_stopped_and_down_and_folds_old_stops(console: Console) -> None:
+    """The overview shows each instance alive, stopped or down in words and colours of their own (a clean
+    restart is not red); the three stopped days ago are one closed line that opens on a click, without a
+    script; on a phone the section is no wider than the screen."""
+    page = console.page
+    await record_instances(console.stack.runtime.database)
+    await console.sign_in()
+    section = page.locator("section", has=page.get_by_role("heading", name="Instances"))
+    for name, state in INSTANCE_STATES.items():
+        if name in STOPPED_LONG_AGO:
+            await expect(section.get_by_text(name, exact=True)).to_be_hidden()
+            continue
+        row = section.locator("tr", has=page.get_by_text(name, exact=True))
+        await expect(row.locator("td[data-label=State] .badge")).to_have_text(state)
+    stopped = section.locator("tr", has=page.get_by_text("stopped:2", exact=True)).locator(".badge")
+    down = section.locator("tr", has=page.get_by_text("down:3", exact=True)).locator(".badge")
+    assert await stopped.evaluate("e => getComputedStyle(e).color") != await down.evaluate(
+        "e => getComputedStyle(e).color"
+    )
+    folded = section.get_by_text("3 instances stopped cleanly more than a day ago")
+    await folded.click()
+    for name in STOPPED_LONG_AGO:
+        row = section.locator("tr", has=page.get_by_text(name, exact=True))
+        await expect(row.locator(".badge")).to_have_text("stopped")
+    await page.set_viewport_size(PHONE)
+    widths = await page.evaluate("[document.documentElement.scrollWidth, window.innerWidth]")
+    assert widths[0] <= widths[1], widths
+    await page.set_viewport_size(LAPTOP)
     assert console.errors == []
 
 

@@ -187,6 +187,31 @@ async def test_an_empty_provider_says_so_once(database_url: str) -> None:
         assert "<table" not in orders.text
 
 
+async def test_the_overview_says_why_a_provider_offers_nothing(database_url: str) -> None:
+    """A provider whose pricing rules price nothing in its currency offers no product: the overview's
+    provider part says so beside the count, with the cause, as procurd status and doctor do."""
+    config = SandboxConfig(products=2, skus_per_product=1, manual_ratio=0)
+    async with Sandbox(config) as sandbox:
+        settings = provider_settings(
+            database_url, ("main", sandbox), server={"admin_token": ADMIN_TOKEN},
+            pricing={"rules": [{"currency": "USD"}]},
+        )  # fmt: skip
+        await mirror(settings)
+        async with running_daemon(settings) as daemon:
+            client = ConsoleClient(f"http://127.0.0.1:{daemon.admin_port}")
+            try:
+                await client.login()
+                home = await client.get("/ui/")
+            finally:
+                await client.close()
+    part = html.unescape(home.text[home.text.index('id="provider"') :])
+    assert "0 products listed" in part
+    assert (
+        '<span class="badge bad">nothing offered</span> <span class="offer-problem">the pricing rules price '
+        "the mirrored SKUs in another currency than [provider] currency CNY (2 in USD)"
+    ) in part
+
+
 # --- accounts -----------------------------------------------------------------------------------------------
 
 
@@ -306,9 +331,9 @@ async def test_a_refused_wallet_action_shows_the_reason_on_the_page_and_changes_
     before = await account(chain)
     cases = [
         ("topup", {"amount": "ten", "note": "n"}, 400, "amount must be a decimal"),
-        ("topup", {"amount": "0", "note": "n"}, 400, "amount must be above zero"),
+        ("topup", {"amount": "0", "note": "n"}, 400, "amount must be positive (above zero)"),
         ("topup", {"amount": "1.005", "note": "n"}, 400, "amount must have at most two decimals"),
-        ("topup", {"amount": "-5", "note": "n"}, 400, "amount must be"),
+        ("topup", {"amount": "-5", "note": "n"}, 400, "amount must be positive"),
         ("topup", {"amount": "", "note": "n"}, 400, "amount must be a decimal"),
         ("topup", {"amount": "5.00", "note": "   "}, 400, "note must be a non-empty string"),
         ("debit", {"amount": "5.00"}, 400, "note must be a non-empty string"),
@@ -545,6 +570,57 @@ async def test_replay_callback_says_how_the_downstream_answered(chain: Chain) ->
     assert len(chain.receiver.received) == 3
 
 
+async def test_an_order_refused_payment_links_to_no_local_order(chain: Chain) -> None:
+    """An order refused for the account's balance was bought nowhere: its row in the orders list says so
+    instead of linking to a local order that does not exist (that page is 404), and its page says there
+    is no local order."""
+    poor = await add_account(chain.daemon.operations, "shop-poor", balance="0")
+    async with SignedClient(poor.base_url, poor.api_key, poor.api_secret) as signed:
+        answer = (await signed.create_order(chain.sku, 1, downstream_order_no="NP-1")).json()
+    assert answer["error_code"] == "payment_failed"
+    _, [refused] = await chain.daemon.operations.provider.orders("shop-poor", None, 1, 10)
+    assert (refused["status"], refused["procured"]) == ("canceled", False)
+    paid = await place(chain, "NP-2")
+    await chain.client.login()
+    page = await chain.client.get("/ui/provider/orders")
+    row = page.text[page.text.index(f'id="provider-order-{refused["id"]}"') :].split("</tr>")[0]
+    assert "not bought (payment refused)" in row
+    assert "/ui/orders/" not in row
+    paid_no = (await order_detail(chain, paid))["order_no"]
+    assert f'<a href="/ui/orders/{paid_no}">{paid_no}</a>' in page.text
+    assert (await chain.client.get(f"/ui/orders/{refused['order_no']}")).status == 404
+    detail = await chain.client.get(f"/ui/provider/orders/{refused['id']}")
+    assert "No local order: nothing was bought for it" in detail.text
+
+
+async def test_a_replay_of_a_status_never_told_shows_as_told(chain: Chain) -> None:
+    """An order still ``paid`` has had nothing to tell its downstream; once *Replay callback* told it, the
+    page shows the status told by the replay and how the downstream took it, not "nothing to tell yet"
+    beside the replay in the delivery log."""
+    chain.sandbox.faults.hold_delivery_next()
+    order_id = await place(chain, "RP-1")
+    await wait_until(lambda: _procurement_submitted(chain, order_id))
+    await chain.client.login()
+    before = await chain.client.get(f"/ui/provider/orders/{order_id}")
+    assert "nothing to tell yet" in before.text
+    replayed = await chain.client.post(f"/ui/provider/orders/{order_id}/callback")
+    page = await chain.client.get(replayed.location)
+    assert page.flash is not None
+    assert page.flash[0] == "ok", page.flash
+    assert "nothing to tell yet" not in page.text
+    callback = page.text[page.text.index('id="callback"') : page.text.index('id="delivery-log"')]
+    assert '<dt>Last status told</dt><dd><span class="badge state-paid">paid</span>' in callback
+    assert '<span class="meta">by a replay</span>' in callback
+    assert '<span class="badge ok">taken</span>' in callback
+    [push] = await chain.receiver.wait_for(1)
+    assert push.json()["status"] == "paid"
+
+
+async def _procurement_submitted(chain: Chain, order_id: int) -> bool:
+    procurement = (await order_detail(chain, order_id))["procurement"]
+    return procurement is not None and procurement["procurements"][0]["state"] == "submitted"
+
+
 # --- overview -----------------------------------------------------------------------------------------------
 
 
@@ -634,7 +710,7 @@ def test_order_page_tells_a_failing_and_a_given_up_callback_apart() -> None:
              "fulfillment": None, "created_at": "2026-11-23T10:00:00Z",
              "updated_at": "2026-11-23T10:00:00Z"}  # fmt: skip
     tries = [{"at": "2026-11-23T10:05:00Z", "status": "delivered", "http_status": None, "ok": False,
-              "message": None, "replay": True}]  # fmt: skip
+              "message": None, "replay": True, "outcome": "failed"}]  # fmt: skip
     states: dict[str, dict[str, Any]] = {
         "failing": {"pending": True, "attempts": 2, "next_attempt_at": "2026-11-23T10:06:00Z",
                     "delivered_at": None, "given_up_at": None},

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from decimal import Decimal
 from typing import Any
 
@@ -228,9 +229,12 @@ async def test_many_orders_are_each_bought_exactly_once(sandbox: Sandbox, admin:
     assert all(len(sandbox.orders_for(number)) == 1 for number in numbers)
 
 
-async def test_storefront_events_are_signed_and_in_order(database_url: str, sandbox: Sandbox) -> None:
-    """With a webhook configured, order events arrive signed, in order, and are retried until accepted."""
-    received: list[dict[str, Any]] = []
+@asynccontextmanager
+async def storefront_hook(
+    database_url: str, sandbox: Sandbox, received: list[dict[str, Any]], *, refuse_first: bool = False
+) -> AsyncIterator[AdminClient]:
+    """A daemon whose storefront events go to a webhook on loopback that checks each signature and records
+    the events in ``received`` (refusing the first with 503 when ``refuse_first``)."""
     refused_once: list[bool] = []
 
     async def hook(request: web.Request) -> web.Response:
@@ -244,7 +248,7 @@ async def test_storefront_events_are_signed_and_in_order(database_url: str, sand
             body,
             headers["Service-Signature"],
         )
-        if not refused_once:
+        if refuse_first and not refused_once:
             refused_once.append(True)
             return web.Response(status=503)
         received.append(await request.json())
@@ -269,14 +273,37 @@ async def test_storefront_events_are_signed_and_in_order(database_url: str, sand
         )
         await mirror(settings)
         async with running_daemon(settings), aiohttp.ClientSession() as session:
-            admin = AdminClient(settings, session)
-            await admin.submit("W1", auto_item(sandbox))
-            await admin.wait_status("W1", "delivered")
-            await wait_until(lambda: any(e["event"] == "order.delivered" for e in received))
+            yield AdminClient(settings, session)
     finally:
         await runner.cleanup()
+
+
+async def test_storefront_events_are_signed_and_in_order(database_url: str, sandbox: Sandbox) -> None:
+    """With a webhook configured, order events arrive signed, in order, and are retried until accepted."""
+    received: list[dict[str, Any]] = []
+    async with storefront_hook(database_url, sandbox, received, refuse_first=True) as admin:
+        await admin.submit("W1", auto_item(sandbox))
+        await admin.wait_status("W1", "delivered")
+        await wait_until(lambda: any(e["event"] == "order.delivered" for e in received))
     events = [e["event"] for e in received if e["order"]["order_no"] == "W1"]
     # paid -> fulfilling may be skipped when the callback settles the order before the worker's answer.
     assert events in (["order.status_changed", "order.delivered"], ["order.delivered"])
     assert received[-1]["order"]["status"] == "delivered"
     assert len({e["event_id"] for e in received}) == len(received)
+
+
+async def test_an_order_refused_before_anything_was_bought_stays_paid(database_url: str) -> None:
+    """An upstream that refuses the callback address (``invalid_callback_url``: nothing bought) leaves the
+    order ``paid`` with ``exception`` true, as the order view's rule says, and the storefront is told once,
+    ``order.exception``, with that status: no ``order.status_changed`` to a ``fulfilling`` that never was."""
+    received: list[dict[str, Any]] = []
+    strict = SandboxConfig(products=4, balance=Decimal("1000"), allow_private_callbacks=False)
+    async with Sandbox(strict) as sandbox, storefront_hook(database_url, sandbox, received) as admin:
+        await admin.submit("V1", auto_item(sandbox))
+        order = await admin.wait_state("V1", "exception")
+        await wait_until(lambda: received)
+    assert order["procurements"][0]["exception_reason"] == "invalid_callback_url"
+    assert (order["status"], order["exception"]) == ("paid", True)
+    assert [(e["event"], e["order"]["status"], e["order"]["exception"]) for e in received] == [
+        ("order.exception", "paid", True)
+    ]

@@ -8,11 +8,14 @@ import logging
 import pathlib
 import re
 from collections.abc import Iterator
+from datetime import UTC, date, datetime, timedelta, timezone
+from decimal import Decimal
 
 import pytest
 import structlog
 
 import procurd
+from procurd.core.procurement import State
 from procurd.logs import REDACTED, bind, configure_logging, register_secret
 
 
@@ -120,3 +123,33 @@ def test_every_log_event_is_named_in_one_style() -> None:
     }
     assert len(names) > 50
     assert {name: path for name, path in names.items() if not style.fullmatch(name)} == {}
+
+
+def test_values_are_written_as_json_never_as_a_python_repr(output: io.StringIO) -> None:
+    """Whatever an event logs is JSON's own: a datetime as ISO 8601 in UTC (what ``catalog.sync_started``
+    logs as ``updated_after``), a Decimal as its exact text, an enum as its value, a set as a list, nested
+    values too; no line holds a repr such as ``datetime.datetime(``."""
+    moment = datetime(2026, 11, 25, 9, 30, 5, tzinfo=UTC)
+    structlog.get_logger("procurd.test").info(
+        "values.logged",
+        updated_after=moment,
+        local=moment.astimezone(timezone(timedelta(hours=8))),
+        day=date(2026, 11, 25),
+        amount=Decimal("9.90"),
+        state=State.SUBMITTED,
+        reasons={"b", "a"},
+        nested={"at": [moment], "price": Decimal("0.10")},
+        wait=timedelta(seconds=1.5),
+    )
+    (line,) = lines(output, "values.logged")
+    assert line["updated_after"] == line["local"] == "2026-11-25T09:30:05Z"
+    assert (line["day"], line["amount"], line["state"], line["wait"]) == (
+        "2026-11-25",
+        "9.90",
+        "submitted",
+        1.5,
+    )
+    assert line["reasons"] == ["a", "b"]
+    assert line["nested"] == {"at": ["2026-11-25T09:30:05Z"], "price": "0.10"}
+    assert "datetime.datetime(" not in output.getvalue()
+    assert "Decimal(" not in output.getvalue()

@@ -400,6 +400,34 @@ def test_order_status_derivation() -> None:
     assert derive_status([delivered, exception]) == ("partially_delivered", True)
 
 
+def test_an_order_where_nothing_was_bought_stays_paid() -> None:
+    """An order is ``fulfilling`` only once the upstream holds, or may hold, a live order for an item: an
+    item being sent for the first time, or refused before any live upstream order (a business refusal,
+    ``payment_failed`` with the canceled order's ids), leaves it ``paid`` (with ``exception`` after the
+    refusal); a request whose answer never came, or an accepted one, makes it ``fulfilling``."""
+    claimed = decide(NEW, Claim("w1", 60), NOW, POLICY).procurement
+    assert derive_status([claimed]) == ("paid", False)
+    for refusal in (
+        SubmitRejected("w1", "business", "insufficient_stock", "sold out"),
+        SubmitRejected("w1", "business", "invalid_callback_url", "host 127.0.0.1 is a loopback address"),
+        SubmitRejected("w1", "payment_failed", "payment_failed", "no money", order_id=101, order_no="DJ1"),
+    ):
+        refused = decide(claimed, refusal, NOW, POLICY).procurement
+        assert refused.state is State.EXCEPTION
+        assert derive_status([refused]) == ("paid", True), refusal
+        retried = decide(refused, Retry(), NOW, POLICY).procurement
+        assert derive_status([retried]) == ("paid", False), refusal
+    lost = decide(claimed, SubmitUnavailable("w1", "timeout", "no answer"), NOW, POLICY).procurement
+    assert derive_status([lost]) == ("fulfilling", False)
+    never_left = SubmitUnavailable("w1", "connection_refused", "refused", request_sent=False)
+    assert derive_status([decide(claimed, never_left, NOW, POLICY).procurement]) == ("paid", False)
+    bought = decide(claimed, accepted(), NOW, POLICY).procurement
+    assert derive_status([bought]) == ("fulfilling", False)
+    canceled_upstream = decide(bought, report("canceled"), NOW, POLICY).procurement
+    assert canceled_upstream.exception_reason == "upstream_canceled"
+    assert derive_status([canceled_upstream]) == ("paid", True)
+
+
 def test_storefront_event_names() -> None:
     """Each change of status or exception flag maps to one storefront event."""
     assert event_for(("paid", False), ("paid", False)) is None

@@ -183,11 +183,12 @@ class Chain:
         return body["order"]  # type: ignore[no-any-return]
 
     async def tries(self, order_id: int, count: int) -> dict[str, Any]:
-        """The order's detail once its delivery log holds ``count`` tries."""
+        """The order's detail once its delivery log holds ``count`` tries that ended (not in flight)."""
 
         async def logged() -> dict[str, Any] | None:
             detail = await self.detail(order_id)
-            return detail if len(detail["callback_log"]) >= count else None
+            ended = [t for t in detail["callback_log"] if t["outcome"] != "in_flight"]
+            return detail if len(ended) >= count else None
 
         return await wait_until(logged)
 
@@ -301,7 +302,7 @@ async def test_a_delivered_order_is_pushed_signed_with_the_seed_fields_and_its_f
             latest = detail["callback_log"][0]
             assert latest == {
                 "at": latest["at"], "status": "delivered", "http_status": 200, "ok": True,
-                "message": "received", "replay": False,
+                "message": "received", "replay": False, "outcome": "ok",
             }  # fmt: skip
             state = detail["callback"]
             assert state["status"] == "delivered"
@@ -343,9 +344,12 @@ async def test_failed_tries_are_logged_and_retried_on_the_backoff_until_the_down
 
         await chain.due_now(order_id)
         await asyncio.wait_for(downstream.holding.wait(), 20)
-        # In flight: not logged yet, its state unchanged, not sent a second time meanwhile.
+        # In flight: in the log as in flight (so that a crash now leaves it there), its state unchanged, not
+        # sent a second time meanwhile.
         in_flight = await chain.detail(order_id)
-        assert len(in_flight["callback_log"]) == 1
+        assert [(t["outcome"], t["http_status"], t["message"]) for t in in_flight["callback_log"]] == [
+            ("in_flight", None, "in flight: no answer yet"), ("failed", 500, "internal trouble"),
+        ]  # fmt: skip
         assert in_flight["callback"]["attempts"] == 1
         assert len(downstream.of_status("delivered")) == 2
 
@@ -524,8 +528,8 @@ async def test_a_newer_status_replaces_an_older_one_being_retried(database_url: 
 
 async def test_a_downstream_that_holds_its_callback_does_not_hold_up_the_others(database_url: str) -> None:
     """While one downstream holds the connection of its callback (a try in flight until the sender's
-    timeout), another order's callback to another downstream is sent and delivered; the held try is logged
-    once it ends."""
+    timeout), another order's callback to another downstream is sent and delivered; the held try is in the
+    log as in flight, and gets its outcome once it ends."""
     async with (
         provider_chain(database_url, auto_deliver=False) as chain,
         Downstream() as slow,
@@ -541,7 +545,8 @@ async def test_a_downstream_that_holds_its_callback_does_not_hold_up_the_others(
         await wait_until(lambda: other.of_status("delivered"))
         detail = await chain.tries(meanwhile, 1)
         assert detail["callback"]["delivered_at"]
-        assert (await chain.detail(held))["callback_log"] == []  # still in flight
+        [flying] = (await chain.detail(held))["callback_log"]  # still in flight
+        assert flying["outcome"] == "in_flight"
 
         slow.release.set()
         detail = await chain.tries(held, 1)

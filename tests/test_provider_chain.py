@@ -450,7 +450,7 @@ async def test_a_failure_at_the_top_resolved_at_b_refunds_and_tells_c(chain: Cha
     assert c_procurement["exception_reason"] == "upstream_canceled"
     c_order = await chain.c_admin.order(order_no)
     assert c_order["exception"] is True
-    assert c_order["status"] == "fulfilling"
+    assert c_order["status"] == "paid"  # nothing bought: B canceled and refunded
     audit = await chain.c.operations.orders.audit(order_no)
     assert [entry["source"] for entry in audit if entry["event"] == "upstream_canceled"] == ["callback"]
     status, alerts = await chain.c_admin.call("GET", "/api/v1/alerts")

@@ -314,7 +314,7 @@ async def test_a_downstream_accounts_page_has_the_charts_of_its_orders_and_walle
         assert taken == 3
         for day, row in days_of(charts, "spend").items():
             spent, paid, priced, _sold, margin = found.money(day, day + timedelta(days=1))
-            assert Decimal(row["Spent"].split()[0]) == spent
+            assert Decimal(row["Paid upstream for its orders"].split()[0]) == spent
             assert (whole(row["Paid"]), whole(row["With a selling price"])) == (paid, priced)
             if priced:
                 assert Decimal(row["Margin"].split()[0]) == margin
@@ -324,6 +324,12 @@ async def test_a_downstream_accounts_page_has_the_charts_of_its_orders_and_walle
         figures = chart(charts, "balance").figures
         assert f"Balance: {account['balance']} {account['currency']}." in figures
         charged = Decimal("500.00") - Decimal(account["balance"])
-        assert f"Spent in the last 24 h: {charged:.2f} {account['currency']}" in figures[1]
+        # The page's two "spent" figures each say what they count: the wallet's charges, the upstream's price.
+        assert figures[1].startswith(
+            "Charged to the account's wallet for its orders in the last 24 h (refunds deducted): "
+            f"{charged:.2f} {account['currency']}"
+        )
+        assert chart(charts, "spend").figures[0].startswith("Paid upstream for its orders over 30 days: ")
+        assert "Spent" not in page.text
         hours = round(float(Decimal(account["balance"]) * 24 / charged), 1)
         assert figures[2].startswith(f"Runway: {hours:,.1f} h at that rate: the account's wallet is empty")

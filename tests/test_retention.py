@@ -45,9 +45,9 @@ async def filled(database_url: str) -> AsyncIterator[Stack]:
         database = stack.runtime.database
 
         def deliver_two(tx: Tx) -> None:
-            rows = tx.procurements.claim_events("test", utcnow(), utcnow() + timedelta(seconds=60), 2)
+            rows = tx.outbox.claim_events("test", utcnow(), utcnow() + timedelta(seconds=60), 2)
             for row in rows:
-                tx.procurements.event_delivered(row.id, utcnow())
+                tx.outbox.event_delivered(row.id, utcnow())
 
         await database.write(deliver_two)
         await stack.runtime.alerts.raise_(

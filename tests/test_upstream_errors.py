@@ -13,6 +13,7 @@ from procurd.upstream.errors import (
     AuthError,
     BusinessError,
     ClockSkew,
+    EndpointNotFound,
     PaymentFailed,
     ProtocolError,
     RateLimited,
@@ -198,9 +199,30 @@ def test_redirect_is_a_protocol_error() -> None:
     assert isinstance(classify(302, b""), ProtocolError)
 
 
-def test_html_4xx_is_a_protocol_error() -> None:
-    """A 404 HTML page (wrong base_url) is a protocol error, not a business refusal."""
-    assert isinstance(classify(404, b"<html>Not Found</html>", content_type="text/html"), ProtocolError)
+@pytest.mark.parametrize(
+    "body",
+    [b"<html>Not Found</html>", b"404 page not found", b'{"ok": false, "error_code": "not_found"}', b""],
+)
+def test_a_404_for_the_endpoint_itself_says_to_check_base_url(body: bytes) -> None:
+    """A 404 that is none of the protocol's own refusals (an HTML page, a router's text, a site's
+    ``not_found``: a base_url that ends in /api/v1/upstream, or is not the site root) is an endpoint the site
+    does not serve: not retried, and it says what to check, as the signature error does."""
+    error = classify(404, body, content_type="text/html")
+    assert isinstance(error, EndpointNotFound)
+    assert not error.retryable
+    assert error.code == "endpoint_not_found"
+    assert "base_url of main is the site root without /api/v1/upstream" in error.hint
+    signature = classify(401, b'{"ok": false, "error_code": "invalid_signature"}')
+    assert isinstance(signature, AuthError)
+    assert "base_url is the site root without /api/v1/upstream" in signature.hint
+
+
+@pytest.mark.parametrize("code", ["order_not_found", "product_not_found", "product_unavailable"])
+def test_a_404_with_the_protocols_own_code_is_that_refusal(code: str) -> None:
+    """An order or product the upstream does not have is its 404 refusal, not a missing endpoint."""
+    error = classify(404, json.dumps({"ok": False, "error_code": code}).encode())
+    assert type(error) is BusinessError
+    assert (error.code, error.hint) == (code, "")
 
 
 def test_clock_skew_hint_reports_the_measured_offset() -> None:

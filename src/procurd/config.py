@@ -57,8 +57,21 @@ class ConfigError(Exception):
     """A configuration problem; ``str()`` is the message for a person."""
 
 
-def _optional_amount(value: str) -> str:
-    """A decimal string such as ``"50.00"``, or ``""`` for none."""
+def _optional_amount(value: object) -> str:
+    """A decimal string such as ``"50.00"``, or ``""`` for none. A whole TOML number (``100``) is exact and
+    taken as its decimal text (``"100"``); a TOML number with a fraction is a binary float, which cannot
+    hold every amount: it is refused with the string to write instead."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    elif isinstance(value, float | Decimal):  # the file's floats are read as Decimal, an API's as float
+        number = Decimal(str(value)) if isinstance(value, float) else value
+        suggestion = f'"{number:.2f}"' if number.is_finite() else '"50.00"'
+        raise ValueError(
+            f"must be a decimal string such as {suggestion}: a number with a fraction is read as a binary "
+            "float, which cannot hold every amount exactly"
+        )
+    if not isinstance(value, str):
+        raise ValueError('must be a decimal string such as "50.00", or "" for none')
     if value == "":
         return value
     try:
@@ -68,6 +81,9 @@ def _optional_amount(value: str) -> str:
     if not amount.is_finite() or amount < 0:
         raise ValueError("must be a finite, non-negative amount")
     return value
+
+
+OptionalAmount = Annotated[str, BeforeValidator(_optional_amount)]
 
 
 def _http_url(value: str) -> str:
@@ -209,7 +225,7 @@ class UpstreamSettings(_Section):
     timeout_seconds: PositiveSeconds = 15
     max_requests_per_second: PositiveSeconds = 1
     ping_interval_seconds: PositiveSeconds = 300
-    low_balance_threshold: Annotated[str, AfterValidator(_optional_amount)] = ""
+    low_balance_threshold: OptionalAmount = ""
     # alert balance_runway when the wallet lasts fewer hours than this at the last 24 h's spend; "" = off
     runway_alert_hours: OptionalHours = 24
     incremental_sync: Literal["auto", "on", "off"] = "auto"
@@ -458,7 +474,7 @@ class ProviderSettings(_Section):
     rate_limit_per_minute: int = Field(default=60, ge=1, le=100_000)
     rate_limit_block_seconds: PositiveSeconds = 30
     allow_private_callback_url: bool = False
-    low_balance_threshold: Annotated[str, AfterValidator(_optional_amount)] = ""
+    low_balance_threshold: OptionalAmount = ""
     # After `account rotate`, the previous secret stays valid this long (hours).
     rotation_overlap_hours: float = Field(
         default=168, ge=0, le=MAX_ROTATION_OVERLAP_HOURS, allow_inf_nan=False

@@ -2,11 +2,12 @@
 alerts its watches found, and finds instances that vanished without a clean shutdown.
 
 An instance whose heartbeat is older than three ``heartbeat_seconds`` is down: an ``instance_down`` alert is
-raised, the submissions and polls it had claimed are released at once, so another instance takes them
-without waiting for the claims to expire, and the singletons it ran are freed for another instance to
-take. The heartbeat looks again right when the oldest heartbeat of the others turns stale, so a vanished
-instance is found about three beats after its last one. A daemon restarted on the same host recognises its
-dead predecessors at start-up, by their process ids.
+raised, everything it had claimed is released at once, so another instance takes it without waiting for the
+claim to expire (the submissions and polls; the storefront events and provider callbacks it was sending,
+their tries in flight logged as of unknown outcome), and the singletons it ran are freed for another
+instance to take. The heartbeat looks again right when the oldest heartbeat of the others turns stale, so a
+vanished instance is found about three beats after its last one. A daemon restarted on the same host
+recognises its dead predecessors at start-up, by their process ids.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import os
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 import structlog
@@ -106,6 +107,12 @@ class Heartbeat(Worker):
         if not down:
             return next_stale
         released = await runtime.service.release_claims([instance.id for instance in down])
+        # What they were telling the storefront and downstream sites is due again now, here or elsewhere.
+        wakeups = runtime.service.wakeups
+        if survey.events:
+            wakeups.events.set()
+        if survey.callbacks:
+            wakeups.provider_callbacks.set()
         occurrences = [
             Occurrence(
                 Kind.INSTANCE_DOWN,
@@ -113,8 +120,9 @@ class Heartbeat(Worker):
                 f"instance {instance.id} (procurd {instance.version}, started "
                 f"{instance.started_at.isoformat()}) stopped without a clean shutdown; last heartbeat "
                 f"{instance.heartbeat_at.isoformat()}. "
-                "Its claimed submissions and polls and its singleton jobs were released to the other "
-                "instances. "
+                "Its claimed submissions and polls, storefront events and provider callbacks, and its "
+                "singleton jobs were released to the other instances (a try in flight is logged as of "
+                "unknown outcome and sent again). "
                 "Check the host and the service's journal (journalctl -u procurd).",
             )
             for instance in down
@@ -123,6 +131,8 @@ class Heartbeat(Worker):
             "instance.down",
             instances=[instance.id for instance in down],
             released=len(released),
+            events=len(survey.events),
+            callbacks=len(survey.callbacks),
             leases=survey.freed_leases,
         )
         await runtime.alerts.raise_(*occurrences)
@@ -143,16 +153,23 @@ class _TakenOver:
     down: list[Instance]
     oldest_heartbeat: datetime | None  # of the instances still alive
     freed_leases: list[str]
+    events: list[int] = field(default_factory=list)  # storefront events released (outbox ids)
+    callbacks: list[int] = field(default_factory=list)  # provider callbacks released (order ids)
 
 
 def _mark_down(tx: Tx, stale_before: datetime, now: datetime, also: list[str]) -> _TakenOver:
-    """Mark the vanished instances down, free the leases they held and forget what they waited for, in one
-    transaction."""
+    """Mark the vanished instances down, free the leases they held, release the storefront events and
+    provider callbacks they were sending (their tries in flight logged as of unknown outcome) and forget
+    what they waited for, in one transaction."""
     survey = tx.instances.mark_down(stale_before, now, also)
     gone = [instance.id for instance in survey.down]
+    if not gone:
+        return _TakenOver([], survey.oldest_heartbeat, [])
     freed = tx.leases.release_held_by(gone)
     tx.rate_budget.forget(gone)
-    return _TakenOver(survey.down, survey.oldest_heartbeat, freed)
+    events = [row.id for row in tx.outbox.release(gone, now)]
+    callbacks = tx.provider.release_callbacks(gone, now)
+    return _TakenOver(survey.down, survey.oldest_heartbeat, freed, events, callbacks)
 
 
 def _process_alive(pid: int) -> bool:

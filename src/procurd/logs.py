@@ -7,6 +7,9 @@ and merged into every line. Two layers keep secrets out:
   their value;
 * every configured secret value (API secrets, admin token, webhook secret) is registered with
   :func:`register_secret` and masked wherever it appears inside any string, including exception text.
+
+Every value is written as JSON's own types (:func:`plain_values`): a datetime is ISO 8601, a Decimal its exact
+text, never a Python repr, whichever event logs it.
 """
 
 from __future__ import annotations
@@ -15,6 +18,9 @@ import logging
 import sys
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
+from datetime import UTC, date, datetime, time, timedelta
+from decimal import Decimal
+from enum import Enum
 from typing import Any, TextIO
 
 import structlog
@@ -77,6 +83,51 @@ def _redact_value(key: str, value: Any) -> Any:
     return value
 
 
+def plain(value: Any) -> Any:
+    """``value`` as JSON's own types, so that no log line carries a Python repr: a datetime as ISO 8601
+    (UTC with ``Z``), a date and a time of day as ISO 8601, a duration as seconds, a Decimal as its exact
+    text, an enum as its value, a mapping and a sequence element by element (a set sorted), anything else
+    as its text."""
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        return value
+    if isinstance(value, Enum):
+        return plain(value.value)
+    if isinstance(value, datetime):
+        if value.tzinfo is not None:
+            value = value.astimezone(UTC)
+        return value.isoformat().replace("+00:00", "Z")
+    if isinstance(value, date | time):
+        return value.isoformat()
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, Decimal):
+        return str(value)
+    if isinstance(value, Mapping):
+        return {str(key): plain(item) for key, item in value.items()}
+    if isinstance(value, set | frozenset):
+        return sorted((plain(item) for item in value), key=str)
+    if isinstance(value, list | tuple):
+        return [plain(item) for item in value]
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)
+
+
+def plain_values(_logger: WrappedLogger, _method: str, event_dict: EventDict) -> EventDict:
+    """structlog processor: every value as :func:`plain` makes it (before secrets are masked, so that the
+    text of any object is scrubbed too); what later processors read as it is (``exc_info``, ``stack_info``,
+    structlog's own ``_record`` ...) is left alone."""
+    return {
+        key: value if key in _PROCESSOR_KEYS or key.startswith("_") else plain(value)
+        for key, value in event_dict.items()
+    }
+
+
+_PROCESSOR_KEYS = frozenset({"exc_info", "stack_info"})
+
+
 def redact_secrets(_logger: WrappedLogger, _method: str, event_dict: EventDict) -> EventDict:
     """structlog processor: mask sensitive keys and registered secret values (runs last before rendering)."""
     return {key: _redact_value(key, value) for key, value in event_dict.items()}
@@ -120,6 +171,7 @@ def configure_logging(level: str = "info", fmt: str = "auto", stream: TextIO | N
             *shared,
             structlog.processors.StackInfoRenderer(),
             *exception_processors,
+            plain_values,
             redact_secrets,
             structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
         ],
@@ -129,7 +181,7 @@ def configure_logging(level: str = "info", fmt: str = "auto", stream: TextIO | N
     )
 
     formatter = structlog.stdlib.ProcessorFormatter(
-        foreign_pre_chain=[*shared, *exception_processors, redact_secrets],
+        foreign_pre_chain=[*shared, *exception_processors, plain_values, redact_secrets],
         processors=[
             structlog.stdlib.ProcessorFormatter.remove_processors_meta,
             renderer,

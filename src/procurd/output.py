@@ -21,6 +21,8 @@ from typing import Any
 
 import click
 
+from procurd.core.instances import fold_stopped
+
 
 def on_terminal() -> bool:
     return sys.stdout.isatty()
@@ -207,10 +209,23 @@ def print_status(report: dict[str, Any]) -> None:
             f"{ago(failed['last_at'])}: {failed['last_failure']}"
         )
         echo(wrapped(text, indent=10, first=" " * 8))
-    for instance in instances:
-        if instance.get("down_at") and not instance["alive"]:
+    shown, folded = fold_stopped(instances, parse_time(report["generated_at"]) or datetime.now(UTC))
+    for instance in shown:
+        if instance["state"] != "down":
+            continue
+        if instance.get("down_at"):
             gone = f"instance {instance['id']} went down without a clean shutdown {when(instance['down_at'])}"
-            echo(wrapped(gone, indent=8))
+        else:
+            gone = (
+                f"instance {instance['id']} is down: no heartbeat since {when(instance['heartbeat_at'])}, "
+                "and no clean shutdown"
+            )
+        echo(wrapped(gone, indent=8))
+    stopped = [f"{i['id']} {ago(i['stopped_at'])}" for i in shown if i["state"] == "stopped"]
+    if folded:
+        stopped.append(f"{count(len(folded), 'instance')} more than a day ago")
+    if stopped:
+        echo(wrapped(f"stopped cleanly: {', '.join(stopped)}", indent=8, first=" " * 8))
     for upstream in report["upstreams"]:
         echo()
         echo(f"upstream {upstream['name']}: {'healthy' if upstream['healthy'] else 'NOT HEALTHY'}")
@@ -291,12 +306,9 @@ def print_provider(provider: Mapping[str, Any]) -> None:
     fields.append(("callbacks", told))
     listed = int(provider.get("products_listed") or 0)
     offered = int(provider.get("products_offered") or 0)
-    fields.append(
-        (
-            "offered",
-            f"{count(listed, 'product')} on sale" + (f" ({offered} in all)" if offered != listed else ""),
-        )
-    )
+    on_sale = f"{count(listed, 'product')} on sale" + (f" ({offered} in all)" if offered != listed else "")
+    problem = provider.get("offer_problem")
+    fields.append(("offered", f"{on_sale}: WARNING: nothing is offered: {problem}" if problem else on_sale))
     print_fields(fields)
 
 

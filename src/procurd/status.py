@@ -18,6 +18,7 @@ from procurd.catalog.sync import SyncReport
 from procurd.config import UpstreamSettings
 from procurd.core.alerts import Alert, Kind
 from procurd.core.dialect import Learned, dialect_text
+from procurd.core.offering import OfferFacts, why_nothing_is_offered
 from procurd.core.orders import iso
 from procurd.core.procurement import State
 from procurd.core.provider import cents_text
@@ -57,10 +58,33 @@ class _Facts:
     daemon_failures: list[Alert]
 
 
-def _provider_facts(tx: Tx, currency: str) -> dict[str, Any]:
-    """The provider's accounts (with each balance), orders by status, callbacks, offered products."""
+@dataclass(frozen=True, slots=True)
+class _ProviderScope:
+    currency: str
+    upstreams: tuple[str, ...]
+    rules: int
+
+
+def _provider_facts(tx: Tx, scope: _ProviderScope) -> dict[str, Any]:
+    """The provider's accounts (with each balance), orders by status, callbacks, offered products; when it
+    lists none, why (``offer_problem``)."""
+    currency = scope.currency
     accounts = tx.provider.accounts()
     listed, offered = tx.offered.counts()
+    problem = None
+    if not listed:
+        facts = OfferFacts(
+            currency, scope.upstreams, tx.offered.selling_currencies(scope.upstreams), scope.rules
+        )
+        shortfall = why_nothing_is_offered(facts)
+        problem = (
+            str(shortfall)
+            if shortfall
+            else (
+                "the offered catalogue is not built yet: the daemon builds it when it starts and after each "
+                "catalogue pass (`procurd run`)"
+            )
+        )
     return {
         "enabled": True,
         "currency": currency,
@@ -76,13 +100,13 @@ def _provider_facts(tx: Tx, currency: str) -> dict[str, Any]:
         "callbacks": tx.provider.callback_counts(),
         "products_listed": listed,
         "products_offered": offered,
+        "offer_problem": problem,
     }  # fmt: skip
 
 
 def _facts(
-    tx: Tx, upstreams: list[str], day_ago: datetime, provider_currency: str | None, spend_from: datetime
+    tx: Tx, upstreams: list[str], day_ago: datetime, provider: _ProviderScope | None, spend_from: datetime
 ) -> _Facts:
-    store = tx.procurements
     syncs = {}
     for name in upstreams:
         row = tx.mirror.last_run(name)
@@ -92,14 +116,14 @@ def _facts(
         oldest=tx.charts.oldest_queued(upstreams),
         health=tx.health.all(),
         dialects=tx.dialects.all(),
-        events_pending=store.pending_events(),
+        events_pending=tx.outbox.pending_events(),
         syncs=syncs,
         exceptions=tx.charts.exception_reasons(upstreams),
         instances=tx.instances.all(),
         alerts_last_day=tx.alerts.count_since(day_ago),
         last_reconcile=tx.reconcile.last_finished(),
         mirror=tx.mirror.totals(),
-        provider=None if provider_currency is None else _provider_facts(tx, provider_currency),
+        provider=None if provider is None else _provider_facts(tx, provider),
         spend={name: tx.charts.spend_since(name, spend_from) for name in upstreams},
         daemon_failures=[
             alert
@@ -113,9 +137,15 @@ async def status_report(runtime: Runtime) -> dict[str, Any]:
     """Per configured upstream: health, last ping and sync, queue depths, open exceptions, callbacks."""
     now = utcnow()
     names = [upstream.name for upstream in runtime.settings.upstreams]
-    provider = runtime.settings.provider
-    currency = provider.currency if provider.enabled else None
-    facts = await runtime.database.read(_facts, names, now - timedelta(days=1), currency, window_start(now))
+    settings = runtime.settings
+    scope = (
+        _ProviderScope(
+            settings.provider.currency, tuple(settings.offered_upstreams()), len(settings.pricing.rules)
+        )
+        if settings.provider.enabled
+        else None
+    )
+    facts = await runtime.database.read(_facts, names, now - timedelta(days=1), scope, window_start(now))
     upstreams = []
     for upstream in runtime.settings.upstreams:
         status = _upstream_status(
@@ -201,8 +231,18 @@ def runway(upstream: UpstreamSettings, ping: dict[str, Any], spend: dict[str, De
     }
 
 
+def instance_state(instance: Instance, stale_before: datetime) -> str:
+    """One of :data:`procurd.core.instances.INSTANCE_STATES`; the status report, ``procurd status`` and the
+    console all read it."""
+    if instance.stopped_at is not None:
+        return "stopped"
+    if instance.down_at is None and instance.heartbeat_at >= stale_before:
+        return "alive"
+    return "down"
+
+
 def _instance(instance: Instance, stale_before: datetime) -> dict[str, Any]:
-    ended = instance.stopped_at is not None or instance.down_at is not None
+    state = instance_state(instance, stale_before)
     return {
         "id": instance.id,
         "host": instance.host,
@@ -210,7 +250,8 @@ def _instance(instance: Instance, stale_before: datetime) -> dict[str, Any]:
         "version": instance.version,
         "started_at": iso(instance.started_at),
         "heartbeat_at": iso(instance.heartbeat_at),
-        "alive": not ended and instance.heartbeat_at >= stale_before,
+        "state": state,
+        "alive": state == "alive",
         "stopped_at": iso(instance.stopped_at),
         "down_at": iso(instance.down_at),
     }
@@ -369,9 +410,10 @@ async def ping_upstream(runtime: Runtime, upstream: str) -> PingResult | Upstrea
 def describe_failure(error: BaseException) -> str:
     """One line about a failure, without secrets (upstream errors already describe themselves safely).
 
-    An authentication failure carries what to check, such as the clock and its measured offset.
+    A failure that says what to check carries it: for an authentication failure the clock and its measured
+    offset, for an endpoint the site does not serve the base_url.
     """
-    if isinstance(error, AuthError):
+    if isinstance(error, UpstreamError) and error.hint:
         return truncate(f"{error}; {error.hint}", 400)
     if isinstance(error, UpstreamError):
         return truncate(str(error), 300)

@@ -22,7 +22,7 @@ from procurd.background import Worker
 from procurd.config import StorefrontSettings
 from procurd.core.backoff import retry_delay
 from procurd.db.database import Database
-from procurd.db.procurement_store import OutboxRow
+from procurd.db.outbox_store import OutboxRow
 from procurd.db.stores import Tx
 from procurd.db.types import utcnow
 from procurd.signing import HeaderNames, signed_headers
@@ -36,11 +36,11 @@ BATCH = 20
 
 
 def _claim_events(tx: Tx, owner: str, now: datetime) -> list[OutboxRow]:
-    return tx.procurements.claim_events(owner, now, now + LEASE, BATCH)
+    return tx.outbox.claim_events(owner, now, now + LEASE, BATCH)
 
 
 def _delivered(tx: Tx, row_id: int, now: datetime) -> None:
-    tx.procurements.event_delivered(row_id, now)
+    tx.outbox.event_delivered(row_id, now)
 
 
 class WebhookDispatcher(Worker):
@@ -76,8 +76,13 @@ class WebhookDispatcher(Worker):
 
     async def step(self) -> float | None:
         await self.deliver_due()
-        due = await self.database.read(lambda tx: tx.procurements.next_event_due())
-        return None if due is None else (due - utcnow()).total_seconds()
+        due = await self.database.read(lambda tx: tx.outbox.next_event_due())
+        if due is None:
+            return None
+        delay = (due - utcnow()).total_seconds()
+        # Due but not claimed here: claimed by another instance (its answer, or its release when it is found
+        # dead, wakes or reaches this loop) or behind an earlier event of its order: look again when idle.
+        return delay if delay > 0 else None
 
     async def deliver_due(self) -> int:
         """Send every due event once; returns how many were delivered."""
@@ -106,7 +111,7 @@ class WebhookDispatcher(Worker):
     async def _reschedule(self, row: OutboxRow, error: str, delay: float | None, attempts: int = 1) -> None:
         wait = retry_delay(attempts, RETRY_BASE_SECONDS, RETRY_MAX_SECONDS) if delay is None else delay
         retry_at = utcnow() + timedelta(seconds=wait)
-        await self.database.write(lambda tx: tx.procurements.event_failed(row.id, error, retry_at))
+        await self.database.write(lambda tx: tx.outbox.event_failed(row.id, error, retry_at))
         if delay is None:
             log.warning(
                 "webhook.failed",

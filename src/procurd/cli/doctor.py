@@ -13,12 +13,14 @@ That budget lives in the database, so the upstreams are checked once the databas
 from __future__ import annotations
 
 import sys
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 from procurd.cli.base import CliState, common_options, main, pass_state, run_async
 from procurd.cli.ping import failure_text
 from procurd.config import ConfigError, Settings, UpstreamSettings
+from procurd.core.offering import OfferFacts, low_accounts, rule_currencies, why_nothing_is_offered
 from procurd.operations import DatabaseError, InstallationError, check_database, open_operations
 from procurd.operations.housekeeping import alert_url_problems
 from procurd.operations.upstreams import AuthError, PingResult, UpstreamError, dialect_text
@@ -34,7 +36,9 @@ class Finding:
     subject: str
     detail: str
     fix: str = ""
-    """What to do about it, when not ``ok``."""
+    """What to do about it, when not ``ok`` (or a warning)."""
+    warning: bool = False
+    """Passes, but deserves a look (shown ⚠ with what to do; the exit code stays 0)."""
 
 
 @dataclass
@@ -48,6 +52,8 @@ class Examination:
     config_error: str | None
     database_ready: bool = False
     """Set by the database check: the upstream checks need the database (the request budget is there)."""
+    upstream_currencies: dict[str, str] = field(default_factory=dict)
+    """Set by the upstream checks: the currency each upstream answered its ping with."""
 
 
 DoctorCheck = Callable[[Examination], Awaitable[list[Finding]]]
@@ -100,6 +106,8 @@ async def check_upstreams(exam: Examination) -> list[Finding]:
                 findings += upstream_findings(upstream, outcome)
                 learned = await operations.upstreams.dialect(upstream.name)
                 findings.append(Finding(True, f"upstream {upstream.name} dialect", dialect_text(learned)))
+                if isinstance(outcome, PingResult):
+                    exam.upstream_currencies[upstream.name] = outcome.currency
     except (InstallationError, DatabaseError) as exc:
         reason = exc.message if isinstance(exc, InstallationError) else exc.reason
         findings.append(Finding(False, "upstreams", f"not checked: {reason}", "make the database usable"))
@@ -112,7 +120,7 @@ def upstream_findings(upstream: UpstreamSettings, outcome: PingResult | Upstream
     if isinstance(outcome, AuthError):
         return [Finding(False, subject, f"authentication failed: {outcome.code}", outcome.hint)]
     if isinstance(outcome, UpstreamError):
-        fix = f"check base_url {upstream.base_url} and that this machine can reach it"
+        fix = outcome.hint or f"check base_url {upstream.base_url} and that this machine can reach it"
         return [Finding(False, subject, f"no answer: {failure_text(outcome)}", fix)]
     site = f" at {outcome.site_name}" if outcome.site_name else ""
     findings = [
@@ -159,10 +167,102 @@ async def check_alert_urls(exam: Examination) -> list[Finding]:
     return findings
 
 
+async def check_provider(exam: Examination) -> list[Finding]:
+    """With ``[provider] enabled``: products to offer (none is a failure naming the cause), the currency the
+    pricing rules sell in, accounts (none yet: a warning) and wallets below the low-balance threshold."""
+    settings = exam.settings
+    if settings is None or not settings.provider.enabled:
+        return []
+    if not exam.database_ready:
+        return [Finding(False, "provider", "not checked", "make the database usable first")]
+    async with open_operations(settings) as operations:
+        facts = await operations.provider.offer_facts()
+        accounts = await operations.provider.accounts.list()
+    return [
+        offer_finding(facts),
+        *currency_findings(settings, exam.upstream_currencies),
+        *account_findings(settings, accounts),
+    ]
+
+
+def offer_finding(facts: OfferFacts) -> Finding:
+    shortfall = why_nothing_is_offered(facts)
+    if shortfall is not None:
+        return Finding(False, "provider products", f"none to offer: {shortfall.cause}", shortfall.fix)
+    return Finding(
+        True,
+        "provider products",
+        f"{count(facts.sellable, 'SKU')} priced in {facts.currency} to offer "
+        f"(of {count(facts.skus, 'SKU')} mirrored on sale)",
+    )
+
+
+def currency_findings(settings: Settings, upstream_currencies: Mapping[str, str]) -> list[Finding]:
+    """What the pricing rules sell the offered upstreams' SKUs in, against ``[provider] currency``."""
+    currency = settings.provider.currency
+    rules = settings.pricing.compiled().rules
+    found = rule_currencies(rules, settings.offered_upstreams(), upstream_currencies)
+    if not found:
+        return []  # no rule prices them: the products' finding says so
+    subject = "provider pricing currency"
+    fix = f'set currency = "{currency}" (and its exchange_rate) on the rule'
+    others = [f for f in found if f.currency is not None and f.currency != currency]
+    unknown = [f for f in found if f.currency is None]
+    if len(others) == len(found):
+        sold = ", ".join(f"#{f.rule} for {f.upstream} in {f.currency}" for f in others)
+        return [Finding(False, subject, f"no pricing rule sells in {currency}: {sold}", fix + "s")]
+    findings = []
+    if others:
+        sold = ", ".join(f"#{f.rule} for {f.upstream} in {f.currency}" for f in others)
+        detail = f"rules selling in another currency than {currency}: {sold}; what they price is not offered"
+        findings.append(Finding(True, subject, detail, fix + " if the provider should sell it", warning=True))
+    if unknown:
+        named = ", ".join(f"#{f.rule} for {f.upstream}" for f in unknown)
+        detail = f"rules selling in the upstream's currency, not known (no successful ping): {named}"
+        findings.append(Finding(True, subject, detail, "make the upstream's ping succeed", warning=True))
+    if not findings:
+        findings.append(Finding(True, subject, f"the pricing rules sell in {currency}"))
+    return findings
+
+
+def account_findings(settings: Settings, accounts: Sequence[Mapping[str, Any]]) -> list[Finding]:
+    """Accounts (none yet: a warning) and the active ones below ``[provider] low_balance_threshold``."""
+    if not accounts:
+        return [
+            Finding(True, "provider accounts", "none yet: no downstream site can buy",
+                    "procurd provider account add NAME, then procurd provider topup NAME AMOUNT --note TEXT",
+                    warning=True)
+        ]  # fmt: skip
+    disabled = sum(1 for account in accounts if account["status"] != "active")
+    held = f" ({disabled} disabled)" if disabled else ""
+    findings = [Finding(True, "provider accounts", f"{count(len(accounts), 'account')}{held}")]
+    threshold = settings.provider.low_balance_threshold or None
+    currency = settings.provider.currency
+    if threshold is None:
+        findings.append(
+            Finding(True, "provider balances", "no [provider] low_balance_threshold: not watched")
+        )
+        return findings
+    low = low_accounts(accounts, threshold)
+    if low:
+        named = ", ".join(f"{entry['name']} {entry['balance']} {currency}" for entry in low)
+        findings.append(
+            Finding(True, "provider balances", f"below {threshold} {currency}: {named}",
+                    "ask the downstream to pay, then procurd provider topup NAME AMOUNT --note TEXT",
+                    warning=True)
+        )  # fmt: skip
+    else:
+        findings.append(
+            Finding(True, "provider balances", f"every active account at {threshold} {currency} or more")
+        )
+    return findings
+
+
 DOCTOR_CHECKS: list[DoctorCheck] = [
     check_configuration,
     check_database_ready,
     check_upstreams,
+    check_provider,
     check_alert_urls,
 ]
 """What ``procurd doctor`` checks, in order; append a check here to add one."""
@@ -192,8 +292,9 @@ async def run_checks(exam: Examination) -> list[Finding]:
 
 
 def print_finding(finding: Finding) -> None:
-    echo(f"{'✔' if finding.ok else '✗'} {finding.subject}: {finding.detail}")
-    if not finding.ok and finding.fix:
+    mark = "⚠" if finding.warning else "✔" if finding.ok else "✗"
+    echo(f"{mark} {finding.subject}: {finding.detail}")
+    if (finding.warning or not finding.ok) and finding.fix:
         echo(f"    → {finding.fix}")
 
 
@@ -205,7 +306,9 @@ def doctor(state: CliState) -> None:
     balance, clock); exit 0 only when every check passes."""
     findings = run_async(run_checks(examine(state)))
     failed = [finding for finding in findings if not finding.ok]
+    warned = sum(1 for finding in findings if finding.warning)
+    warnings = f" ({count(warned, 'warning')})" if warned else ""
     if failed:
-        echo(f"{count(len(failed), 'check')} of {len(findings)} failed")
+        echo(f"{count(len(failed), 'check')} of {len(findings)} failed{warnings}")
         sys.exit(1)
-    echo(f"all {count(len(findings), 'check')} passed")
+    echo(f"all {count(len(findings), 'check')} passed{warnings}")

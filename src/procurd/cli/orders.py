@@ -12,12 +12,22 @@ from __future__ import annotations
 
 import functools
 import json
+import sys
 from collections.abc import Callable, Mapping
 from typing import IO, Any
 
 import click
 
-from procurd.cli.base import CliState, common_options, emit_json, fail_usage, main, pass_state, run_command
+from procurd.cli.base import (
+    EXIT_FAILURE,
+    CliState,
+    common_options,
+    emit_json,
+    fail_usage,
+    main,
+    pass_state,
+    run_command,
+)
 from procurd.config import Settings
 from procurd.operations import open_operations
 from procurd.output import Column, cell, count, echo, print_fields, print_table, utc, when
@@ -145,6 +155,18 @@ PRINT_JSON = "\0print"  # what --json stands for when given alone (its old use t
     "orders (trace_id).",
 )
 @click.option(
+    "--allow-backorder",
+    is_flag=True,
+    help="Take in an item the mirror knows to be out of stock (or short of the quantity) anyway, and let "
+    'the upstream decide ("allow_backorder": true); without it such an item is refused insufficient_stock.',
+)
+@click.option(
+    "--preview",
+    is_flag=True,
+    help="Take nothing in: say what intake would do with this order now, item by item (exit 0 when it "
+    "would be accepted, 1 when refused), as POST /api/v1/orders/preview.",
+)
+@click.option(
     "--body",
     "body_file",
     type=click.File("rb"),
@@ -176,11 +198,14 @@ def order_submit(
     max_unit_price: str | None,
     form_data: str | None,
     trace_id: str | None,
+    allow_backorder: bool,
+    preview: bool,
     body_file: IO[bytes] | None,
     json_option_value: str | None,
     output: str | None,
 ) -> None:
-    """Accept a locally paid order for procurement (it is queued for the workers; nothing is bought here).
+    """Accept a locally paid order for procurement (it is queued for the workers; nothing is bought here),
+    or with --preview say what intake would do with it.
 
     Give --order-no with --sku or --offer (and the item options), or --body with a whole request body.
     """
@@ -216,7 +241,13 @@ def order_submit(
             body["trace_id"] = trace_id
         raw = json.dumps(body).encode()
     settings = state.settings()
-    run_command(_submit(settings, raw, as_json), as_json)
+    if preview:
+        accepted: list[bool] = []
+        run_command(_preview(settings, raw, allow_backorder, as_json, accepted), as_json)
+        if accepted != [True]:
+            sys.exit(EXIT_FAILURE)  # intake would refuse it (the preview says why)
+    else:
+        run_command(_submit(settings, raw, allow_backorder, as_json), as_json)
 
 
 def _form_data(value: str) -> dict[str, Any]:
@@ -229,15 +260,65 @@ def _form_data(value: str) -> dict[str, Any]:
     return data
 
 
-async def _submit(settings: Settings, raw: bytes, as_json: bool) -> None:
+async def _submit(settings: Settings, raw: bytes, allow_backorder: bool, as_json: bool) -> None:
     async with open_operations(settings) as operations:
-        result = await operations.orders.submit_json(raw)
+        result = await operations.orders.submit_json(raw, allow_backorder=allow_backorder)
     if as_json:
         emit_json({"ok": True, "created": result.created, "order": result.order})
         return
     order_no = result.order["order_no"]
     echo(f"accepted order {order_no}" if result.created else f"order {order_no} was already accepted")
     print_order(result.order)
+
+
+async def _preview(
+    settings: Settings, raw: bytes, allow_backorder: bool, as_json: bool, accepted: list[bool]
+) -> None:
+    async with open_operations(settings) as operations:
+        preview = await operations.orders.preview_json(raw, allow_backorder=allow_backorder)
+    if as_json:
+        emit_json({"ok": True, "preview": preview})
+    else:
+        print_preview(preview)
+    accepted.append(preview["accepted"])
+
+
+def print_preview(preview: Mapping[str, Any]) -> None:
+    """What intake would do with an order: its answer, then each item (source, prices, stock, limit)."""
+    answer = preview["answer"]
+    order_no = preview["order_no"]
+    if preview["repeat"]:
+        echo(f"order {order_no} was already accepted with this body (a repeat answers it, 200)")
+    elif preview["accepted"]:
+        echo(f"order {order_no} would be accepted (202)")
+    else:
+        echo(f"order {order_no} would be refused: {answer['status']} {answer['error_code']}: "
+             f"{answer['error_message']}")  # fmt: skip
+    for item in preview["items"]:
+        what = f"offer {item['offer']}" if item["offer"] else f"{item['upstream']} SKU {item['sku_id']}"
+        if item["accepted"]:
+            verdict = "bought" + (f" as {item['upstream']} SKU {item['sku_id']}" if item["offer"] else "")
+        elif item["outcome"] == "exception":
+            verdict = f"taken in as an exception {item['reason']}, not bought"
+        else:
+            verdict = f"refused {item['reason']}"
+        echo()
+        echo(f"item {item['position']}: {what} x{item['quantity']}: {verdict}")
+        fields: list[tuple[str, Any]] = []
+        if item["unit_price"] is not None:
+            sells = f" (sells at {item['sell_price']} {item['sell_currency']})" if item["sell_price"] else ""
+            fields.append(("unit price", f"{item['unit_price']}{sells}"))
+            stock = item["stock"]
+            fields.append(("stock", f"{stock['status']}, {stock['quantity']}"))
+            fields.append(("price held", item["price_held"]))
+        guard = f" (loss guard {item['loss_guard']})" if item["loss_guard"] else ""
+        fields.append(("limit", f"{item['unit_limit'] or 'none'}{guard}"))
+        for source in item.get("sources") or []:
+            state = "in use" if source["in_use"] else "available" if source["available"] else source["reason"]
+            fields.append(("source", f"{source['upstream']} SKU {source['sku_id']}: {state}"))
+        if item["message"]:
+            fields.append(("why", item["message"]))
+        print_fields(fields)
 
 
 @order_group.command("show")

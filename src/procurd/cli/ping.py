@@ -50,7 +50,8 @@ def show_ping(upstream: UpstreamSettings, outcome: PingResult | UpstreamError) -
         click.echo(f"{upstream.name}: authentication failed: {outcome.code}: {outcome.hint}", err=True)
         return False
     if isinstance(outcome, UpstreamError):
-        click.echo(f"{upstream.name}: {failure_text(outcome)}", err=True)
+        hint = f": {outcome.hint}" if outcome.hint else ""
+        click.echo(f"{upstream.name}: {failure_text(outcome)}{hint}", err=True)
         return False
     level = "none"
     if outcome.member_level is not None:

@@ -273,7 +273,8 @@ def _movement_command(name: str, topup: bool) -> None:
         else "Take AMOUNT from the account's wallet (never below zero)."
     )
 
-    @provider_group.command(name, help=help_text)
+    # A negative AMOUNT ("-5") is read as the amount, and refused as such, not as an unknown option.
+    @provider_group.command(name, help=help_text, context_settings={"ignore_unknown_options": True})
     @click.argument("account")
     @click.argument("amount")
     @click.option("--note", required=True, help="Why, for the ledger (required).")
@@ -348,7 +349,8 @@ async def _orders(
         return
     rows = [
         [o["id"], o["account"], o["downstream_order_no"] or "-", o["status"],
-         f"{o['amount']} {o['currency']}", o["order_no"], ago(o["created_at"])]
+         f"{o['amount']} {o['currency']}", o["order_no"] if o["procured"] else "- (payment refused)",
+         ago(o["created_at"])]
         for o in items
     ]  # fmt: skip
     columns = [Column("id", right=True), Column("account"), Column("downstream no"), Column("status"),
@@ -390,7 +392,8 @@ def print_order(view: Mapping[str, Any]) -> None:
         [("downstream no", view["downstream_order_no"] or "-"), ("trace id", view["trace_id"] or "-"),
          ("sku", bought),
          ("amount", f"{view['amount']} {view['currency']} (refunded {view['refunded']})"),
-         ("procured as", view["order_no"]), ("received", when(view["created_at"]))]
+         ("procured as", view["order_no"] if view["procured"] else "not bought (payment refused)"),
+         ("received", when(view["created_at"]))]
     )  # fmt: skip
     procurement = view.get("procurement")
     if procurement:
@@ -398,16 +401,25 @@ def print_order(view: Mapping[str, Any]) -> None:
         echo(f"procurement: order {procurement['order_no']} {procurement['status']} ({states})")
     callback = view.get("callback")
     if callback:
-        state = (
-            "delivered" if callback["delivered_at"] else "given up" if callback["given_up_at"] else "pending"
-        )
-        echo(f"callback: {callback['status']} {state}, {count(callback['attempts'], 'try')}")
+        echo(f"callback: told {callback['status']}: {callback_state(callback)}")
     log = view.get("callback_log") or []
     if log:
-        rows = [[ago(a["at"]), a["status"], a["http_status"] or "-", "ok" if a["ok"] else "failed",
+        rows = [[ago(a["at"]), a["status"], a["http_status"] or "-", a["outcome"].replace("_", " "),
                  "replay" if a["replay"] else ""] for a in log]  # fmt: skip
         columns = [Column("when"), Column("status"), Column("HTTP"), Column("result"), Column("")]
         print_table(columns, rows, notes=[a["message"] for a in log], title="callback log")
+
+
+def callback_state(callback: Mapping[str, Any]) -> str:
+    """Where the callback of a provider order stands, in words (as the console's order page says it)."""
+    tries = count(callback["attempts"], "try")
+    if callback["delivered_at"] and not callback["pending"]:
+        return f"taken by the downstream {when(callback['delivered_at'])} ({tries})"
+    if callback["given_up_at"] and not callback["pending"]:
+        return f"given up {when(callback['given_up_at'])} ({tries})"
+    if callback["attempts"]:
+        return f"failing, next try {when(callback['next_attempt_at'])} ({tries})"
+    return "pending, not tried yet"
 
 
 @order_group.command("replay")

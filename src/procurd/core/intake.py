@@ -12,6 +12,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StrictBool,
     StrictInt,
     StrictStr,
     ValidationError,
@@ -39,8 +40,8 @@ class IntakeError(Exception):
         self.details = details
 
 
-# Why intake refuses an order: the request itself is malformed, it cannot be bought as asked, or it
-# collides with an order taken in before.
+# Why intake refuses an order: the request itself is malformed, it cannot be bought as asked, it collides
+# with an order taken in before, or the mirror knows it cannot be filled now.
 MALFORMED = frozenset({"invalid_request", "manual_form_data_invalid"})
 UNPROCESSABLE = frozenset(
     {
@@ -55,6 +56,14 @@ UNPROCESSABLE = frozenset(
     }
 )
 CONFLICTS = frozenset({"order_conflict", "downstream_order_no_taken"})
+# The mirror knows an item cannot be filled now (unless the request allows a backorder): 409.
+UNAVAILABLE = frozenset({"insufficient_stock"})
+
+
+def refusal_status(code: str) -> int:
+    """The HTTP status intake answers a refusal with: 400 for a malformed request, 409 for one that collides
+    with an earlier order or that the mirror knows cannot be filled now, 422 otherwise."""
+    return 400 if code in MALFORMED else 409 if code in CONFLICTS | UNAVAILABLE else 422
 
 
 def _decimal_text(value: Any) -> str:
@@ -136,6 +145,9 @@ class OrderRequest(BaseModel):
     order_no: StrictStr
     trace_id: Annotated[StrictStr, Field(max_length=128)] | None = None
     items: Annotated[list[ItemRequest], Field(min_length=1, max_length=MAX_ITEMS)]
+    # Take in an item the mirror knows to be out of stock (or short of the quantity) anyway, and let the
+    # upstream decide: without it such an item is refused 409 insufficient_stock.
+    allow_backorder: StrictBool = False
 
     @field_validator("order_no")
     @classmethod
@@ -161,11 +173,16 @@ class OrderRequest(BaseModel):
                 del item["offer"]
             else:
                 del item["sku_id"], item["upstream"]
+        if not data["allow_backorder"]:
+            del data["allow_backorder"]
         return data
 
     def fingerprint(self) -> str:
-        """Digest of the canonical request: a repeat with the same body has the same fingerprint."""
+        """Digest of the canonical request: a repeat with the same body has the same fingerprint.
+        ``allow_backorder`` only decides whether the order is taken in: a repeat that says it (or not) is the
+        same order."""
         data = self.canonical()
+        data.pop("allow_backorder", None)
         for item in data["items"]:
             if item.get("max_unit_price") is not None:
                 item["max_unit_price"] = str(Decimal(item["max_unit_price"]).normalize())

@@ -30,13 +30,19 @@ OrderStatus = tuple[str, bool]
 
 
 def derive_status(items: Iterable[Procurement]) -> OrderStatus:
-    """``(status, exception)`` of an order from its procurements.
+    """``(status, exception)`` of an order from its procurements: the one rule, which the README's order view
+    and the console describe with :data:`STATUS_MEANINGS`.
 
-    * ``canceled``: every item canceled (or closed by hand without delivery, when nothing was delivered);
-    * ``delivered``: every item that is not canceled or closed is delivered;
+    An item is *open* until it is delivered, canceled or closed by a person; an open item is *under way
+    upstream* while the upstream holds, or may hold, a live order for it (:attr:`Procurement.under_way`).
+
+    * ``canceled``: no item open and none delivered;
+    * ``delivered``: no item open, at least one delivered;
     * ``partially_delivered``: some delivered, others still open;
-    * ``fulfilling``: something has gone upstream;
-    * ``paid``: accepted, nothing sent yet.
+    * ``fulfilling``: nothing delivered yet, and an open item is under way upstream;
+    * ``paid``: accepted, nothing bought: every open item waits to be sent, is being sent for the first
+      time, or was refused before any live upstream order (``insufficient_stock``, ``payment_failed``,
+      ``invalid_callback_url`` ...: then with ``exception``).
 
     ``exception`` is true while any item is in state ``exception``.
     """
@@ -53,9 +59,19 @@ def derive_status(items: Iterable[Procurement]) -> OrderStatus:
         return ("delivered" if delivered else "canceled"), exception
     if delivered:
         return "partially_delivered", exception
-    if any(item.attempted or item.state is State.SUBMITTED for item in open_items):
+    if any(item.under_way for item in open_items):
         return "fulfilling", exception
     return "paid", exception
+
+
+STATUS_MEANINGS = {
+    "paid": "accepted; nothing bought upstream yet",
+    "fulfilling": "bought (or possibly bought) upstream, waiting for the delivery",
+    "partially_delivered": "some items delivered, others still open",
+    "delivered": "every item delivered (items canceled or closed by hand aside)",
+    "canceled": "nothing delivered, and nothing left open",
+}
+"""What each order status means, in the words the console shows beside it."""
 
 
 def event_for(old: OrderStatus | None, new: OrderStatus) -> str | None:

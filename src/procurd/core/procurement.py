@@ -142,9 +142,11 @@ class Procurement:
         return self.state is State.QUEUED and self.lease_owner is not None
 
     @property
-    def attempted(self) -> bool:
-        """A submission was tried, or the upstream holds an order for it."""
-        return self.attempts > 0 or self.upstream_order_id is not None
+    def under_way(self) -> bool:
+        """The upstream holds, or may hold, a live order for it: submitted, or a request whose answer never
+        came, or an order recorded that the upstream has not canceled. Not while it waits to be sent, nor
+        after a refusal that proves nothing was bought (``payment_failed``, ``insufficient_stock`` ...)."""
+        return self.state is State.SUBMITTED or self.upstream_may_exist
 
     @property
     def holds_fulfillment(self) -> bool:
@@ -170,6 +172,7 @@ class MirroredSku:
     sell_currency: str | None = None
     stock_status: str | None = None
     stock_quantity: int | None = None
+    price_held: bool = False  # its selling price is held after a cost rise (kept at its old value)
 
     def stock_problem(self, quantity: int) -> tuple[str, str] | None:
         """``(code, message)`` when the mirror says the SKU cannot supply ``quantity`` units."""

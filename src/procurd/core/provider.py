@@ -60,11 +60,16 @@ def to_cents(amount: Decimal | str, *, what: str = "amount") -> int:
 def positive_cents(amount: str, *, what: str = "amount") -> int:
     """A wallet movement given by a person: a positive decimal string of at most two decimals (ASCII digits
     and a point: no sign, exponent, underscore or other script's digits, which ``Decimal`` would read)."""
-    if not isinstance(amount, str) or not PLAIN_AMOUNT.fullmatch(amount.strip()):
+    text = amount.strip() if isinstance(amount, str) else None
+    if text is not None and text.startswith("-") and PLAIN_AMOUNT.fullmatch(text[1:].strip()):
+        raise AmountError(
+            f'{what} must be positive (a decimal string such as "100.00"): a topup adds it, a debit takes it'
+        )
+    if text is None or not PLAIN_AMOUNT.fullmatch(text):
         raise AmountError(f'{what} must be a decimal string such as "100.00"')
-    cents = to_cents(amount.strip(), what=what)
+    cents = to_cents(text, what=what)
     if cents <= 0:
-        raise AmountError(f"{what} must be above zero")
+        raise AmountError(f"{what} must be positive (above zero)")
     return cents
 
 
@@ -145,7 +150,8 @@ class ProviderOrder:
 
     @property
     def charged(self) -> bool:
-        """The wallet paid for it (every order but one refused for the balance)."""
+        """The wallet paid for it, and a local order (under ``order_no``) buys it: every order but one
+        refused for the balance, which is recorded ``canceled`` and bought nowhere."""
         return self.status != CANCELED or self.refunded_cents > 0
 
     def summary(self) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, and_, bindparam, func, insert, or_, select, update
+from sqlalchemy import ColumnElement, Connection, and_, bindparam, case, func, insert, or_, select, update
 
 from procurd.db.dialect import insert_or_skip
 from procurd.db.schema import (
@@ -317,6 +317,29 @@ class OfferedStore:
             .first()
         )
         return None if row is None else OfferedRow(**dict(row))
+
+    def selling_currencies(self, upstreams: Sequence[str]) -> dict[str | None, int]:
+        """The live SKUs of ``upstreams`` (active, under an active product, neither removed) by the currency
+        of their selling price (``None``: no selling price): what the provider could offer, and why not."""
+        sku, product = mirror_skus.c, mirror_products.c
+        currency = case((sku.sell_price.is_(None), None), else_=sku.sell_currency).label("currency")
+        statement = (
+            select(currency, func.count())
+            .select_from(
+                mirror_skus.join(
+                    mirror_products, and_(product.upstream == sku.upstream, product.id == sku.product_id)
+                )
+            )
+            .where(
+                sku.upstream.in_(list(upstreams)),
+                sku.is_active.is_(True),
+                sku.removed_at.is_(None),
+                product.is_active.is_(True),
+                product.removed_at.is_(None),
+            )
+            .group_by(currency)
+        )
+        return {currency: int(count) for currency, count in self.connection.execute(statement)}
 
     def counts(self) -> tuple[int, int]:
         """Offered products listed, and in all."""

@@ -106,16 +106,6 @@ class AuditRow:
     last_at: datetime | None = None  # when the latest of them came (None while there is one)
 
 
-@dataclass(frozen=True, slots=True)
-class OutboxRow:
-    id: int
-    event_id: str
-    order_no: str
-    event: str
-    payload: Mapping[str, Any]
-    attempts: int
-
-
 def to_procurement(row: RowMapping) -> Procurement:
     values = dict(row)
     values["state"] = State(values["state"])
@@ -208,6 +198,7 @@ _MIRRORED_SKUS = (
         mirror_skus.c.sell_currency,
         mirror_skus.c.stock_status,
         mirror_skus.c.stock_quantity,
+        mirror_skus.c.price_held_at,
         mirror_skus.c.is_active.label("sku_active"),
         mirror_skus.c.removed_at.label("sku_removed_at"),
         mirror_products.c.is_active.label("product_active"),
@@ -356,6 +347,7 @@ class ProcurementStore:
                 sell_currency=row["sell_currency"],
                 stock_status=row["stock_status"],
                 stock_quantity=row["stock_quantity"],
+                price_held=row["price_held_at"] is not None,
             )
             for row in rows
         }
@@ -632,76 +624,6 @@ class ProcurementStore:
             .limit(limit)
         )
         return [to_procurement(row) for row in self.connection.execute(statement).mappings()]
-
-    # --- the storefront outbox -----------------------------------------------------------------------------
-
-    def claim_events(self, owner: str, now: datetime, lease_until: datetime, limit: int) -> list[OutboxRow]:
-        """Claim due events that are the oldest undelivered one of their order (in order per order)."""
-        earlier = outbox.alias("earlier")
-        blocked = (
-            select(earlier.c.id)
-            .where(
-                earlier.c.order_no == outbox.c.order_no,
-                earlier.c.id < outbox.c.id,
-                earlier.c.delivered_at.is_(None),
-            )
-            .exists()
-        )
-        due = (
-            select(outbox.c.id)
-            .where(
-                outbox.c.delivered_at.is_(None),
-                outbox.c.next_attempt_at <= now,
-                or_(outbox.c.lease_owner.is_(None), outbox.c.lease_expires_at < now),
-                ~blocked,
-            )
-            .order_by(outbox.c.id)
-            .limit(limit)
-            .with_for_update(skip_locked=True)
-        )
-        statement = (
-            update(outbox)
-            .where(outbox.c.id.in_(due.scalar_subquery()))
-            .values(lease_owner=owner, lease_expires_at=lease_until, attempts=outbox.c.attempts + 1)
-            .returning(
-                outbox.c.id,
-                outbox.c.event_id,
-                outbox.c.order_no,
-                outbox.c.event,
-                outbox.c.payload,
-                outbox.c.attempts,
-            )
-        )
-        rows = sorted(self.connection.execute(statement), key=lambda row: row.id)
-        return [
-            OutboxRow(row.id, row.event_id, row.order_no, row.event, row.payload, row.attempts)
-            for row in rows
-        ]
-
-    def event_delivered(self, event_row_id: int, now: datetime) -> None:
-        self.connection.execute(
-            update(outbox)
-            .where(outbox.c.id == event_row_id)
-            .values(delivered_at=now, lease_owner=None, lease_expires_at=None, last_error=None)
-        )
-
-    def event_failed(self, event_row_id: int, error: str, retry_at: datetime) -> None:
-        self.connection.execute(
-            update(outbox)
-            .where(outbox.c.id == event_row_id)
-            .values(next_attempt_at=retry_at, lease_owner=None, lease_expires_at=None, last_error=error[:500])
-        )
-
-    def pending_events(self) -> int:
-        statement = select(func.count()).select_from(outbox).where(outbox.c.delivered_at.is_(None))
-        return int(self.connection.execute(statement).scalar_one())
-
-    def next_event_due(self) -> datetime | None:
-        statement = select(
-            type_coerce(func.min(outbox.c.next_attempt_at), outbox.c.next_attempt_at.type)
-        ).where(outbox.c.delivered_at.is_(None))
-        value = self.connection.execute(statement).scalar_one_or_none()
-        return value if isinstance(value, datetime) else None
 
 
 def _exceptions_matching(upstream: str | None, reason: str | None) -> list[Any]:

@@ -68,11 +68,24 @@ class CallbackDue:
     status: str
     attempts: int
     first_attempt_at: datetime | None
+    attempt_id: int | None = None  # the try this claim recorded as in flight, in the delivery log
+
+
+# A try is in the delivery log from the claim that starts it ("in flight"), so that a crash before its
+# answer leaves it there; the instance that finds the claim dead marks it "outcome unknown".
+IN_FLIGHT = "in flight: no answer yet"
+UNKNOWN = "outcome unknown: "
+
+
+def unknown_outcome(why: str) -> str:
+    """The delivery log's message for a try whose answer never came back (the downstream may have it)."""
+    return f"{UNKNOWN}{why}; sent again"
 
 
 @dataclass(frozen=True, slots=True)
 class SettledTry:
-    """A try of telling ``status`` to the downstream of order ``order_id``, and what follows from it."""
+    """A try of telling ``status`` to the downstream of order ``order_id``, and what follows from it
+    (``attempt_id``: its row in the delivery log, recorded in flight by its claim; ``None`` for a replay)."""
 
     order_id: int
     status: str
@@ -82,6 +95,7 @@ class SettledTry:
     gave_up: bool
     error: str | None
     next_attempt_at: datetime | None
+    attempt_id: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +120,18 @@ class CallbackAttempt:
     ok: bool
     message: str | None
     replay: bool
+
+    @property
+    def outcome(self) -> str:
+        """``ok``, ``failed``, ``in_flight`` (no answer yet) or ``unknown`` (the instance sending it stopped
+        before its answer: the downstream may have been told)."""
+        if self.ok:
+            return "ok"
+        if self.http_status is None and self.message == IN_FLIGHT:
+            return "in_flight"
+        if self.http_status is None and (self.message or "").startswith(UNKNOWN):
+            return "unknown"
+        return "failed"
 
 
 _BY_DOWNSTREAM = select(provider_orders).where(
@@ -448,20 +474,79 @@ class ProviderStore:
         ids = list(self.connection.execute(due).scalars())
         if not ids:
             return []
+        # A try left in flight by a claim that expired (its instance gone unnoticed): its outcome is unknown.
+        self._mark_unknown(ids, "its claim expired before an answer was recorded")
         self.connection.execute(
             update(provider_callbacks)
             .where(provider_callbacks.c.order_id.in_(ids))
             .values(lease_owner=owner, lease_expires_at=lease_until)
         )
-        rows = self.connection.execute(
-            select(provider_callbacks).where(provider_callbacks.c.order_id.in_(ids))
-        ).mappings()
+        rows = list(
+            self.connection.execute(
+                select(provider_callbacks).where(provider_callbacks.c.order_id.in_(ids))
+            ).mappings()
+        )
+        # Each try is in the delivery log from now on, in flight until its answer settles it.
+        tries = self.connection.execute(
+            insert(provider_callback_attempts).returning(
+                provider_callback_attempts.c.id, sort_by_parameter_order=True
+            ),
+            [
+                {"order_id": row["order_id"], "at": now, "status": row["status"], "http_status": None,
+                 "ok": False, "message": IN_FLIGHT, "replay": False}
+                for row in rows
+            ],
+        )  # fmt: skip
         return [
             CallbackDue(
-                row["order_id"], row["account_id"], row["status"], row["attempts"], row["first_attempt_at"]
+                row["order_id"],
+                row["account_id"],
+                row["status"],
+                row["attempts"],
+                row["first_attempt_at"],
+                attempt_id,
             )
-            for row in rows
+            for row, attempt_id in zip(rows, tries.scalars(), strict=True)
         ]
+
+    def release_callbacks(self, instances: Sequence[str], now: datetime) -> list[int]:
+        """The callbacks claimed by ``instances`` (found dead), free for another dispatcher at once; their
+        tries in flight are marked ``outcome unknown`` in the delivery log. The orders concerned."""
+        if not instances:
+            return []
+        callbacks = provider_callbacks.c
+        ids = list(
+            self.connection.execute(
+                select(callbacks.order_id).where(callbacks.lease_owner.in_(list(instances))).with_for_update()
+            ).scalars()
+        )
+        if not ids:
+            return []
+        gone = ", ".join(sorted(instances))
+        self._mark_unknown(ids, f"the instance sending it ({gone}) stopped before its answer")
+        self.connection.execute(
+            update(provider_callbacks)
+            .where(callbacks.order_id.in_(ids), callbacks.lease_owner.in_(list(instances)))
+            .values(
+                lease_owner=None,
+                lease_expires_at=None,
+                last_error=unknown_outcome("the instance sending it stopped before its answer"),
+                updated_at=now,
+            )
+        )
+        return ids
+
+    def _mark_unknown(self, order_ids: Sequence[int], why: str) -> None:
+        attempts = provider_callback_attempts.c
+        self.connection.execute(
+            update(provider_callback_attempts)
+            .where(
+                attempts.order_id.in_(list(order_ids)),
+                attempts.http_status.is_(None),
+                attempts.message == IN_FLIGHT,
+            )
+            .values(message=unknown_outcome(why))
+        )
 
     def settle_callbacks(self, tries: Sequence[SettledTry], owner: str | None, now: datetime) -> None:
         """Log each try in its order's delivery log and settle its callback: delivered, given up, or retried
@@ -469,14 +554,29 @@ class ProviderStore:
         logged. A newer status that arrived meanwhile stays pending. A few statements for the whole batch."""
         if not tries:
             return
-        self.connection.execute(
-            insert(provider_callback_attempts),
-            [
-                {"order_id": t.order_id, "at": now, "status": t.status, "http_status": t.http_status,
-                 "ok": t.delivered, "message": t.message, "replay": owner is None}
-                for t in tries
-            ],
-        )  # fmt: skip
+        logged = [
+            {"order_id": t.order_id, "at": now, "status": t.status, "http_status": t.http_status,
+             "ok": t.delivered, "message": t.message, "replay": owner is None}
+            for t in tries
+            if t.attempt_id is None
+        ]  # fmt: skip
+        if logged:
+            self.connection.execute(insert(provider_callback_attempts), logged)
+        answered = [
+            {"b_id": t.attempt_id, "at": now, "http_status": t.http_status, "ok": t.delivered,
+             "message": t.message}
+            for t in tries
+            if t.attempt_id is not None
+        ]  # fmt: skip
+        if answered:
+            # The try recorded in flight by its claim gets its answer (even when another instance, taking
+            # over, marked it unknown meanwhile: now it is known).
+            self.connection.execute(
+                update(provider_callback_attempts)
+                .where(provider_callback_attempts.c.id == bindparam("b_id"))
+                .values({name: bindparam(name) for name in ("at", "http_status", "ok", "message")}),
+                answered,
+            )
         callbacks = provider_callbacks.c
         conditions = [
             callbacks.order_id == bindparam("b_order_id"),

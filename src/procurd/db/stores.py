@@ -18,6 +18,7 @@ from procurd.db.leases import LeaseStore
 from procurd.db.mirror_store import MirrorStore
 from procurd.db.offer_store import OfferStore
 from procurd.db.offered_store import OfferedStore
+from procurd.db.outbox_store import OutboxStore
 from procurd.db.procurement_store import ProcurementStore
 from procurd.db.provider_store import ProviderStore
 from procurd.db.rate_budget import RateBudgetStore, rate_budget_store
@@ -39,6 +40,10 @@ class Tx:
     @cached_property
     def procurements(self) -> ProcurementStore:
         return ProcurementStore(self.connection)
+
+    @cached_property
+    def outbox(self) -> OutboxStore:
+        return OutboxStore(self.connection)
 
     @cached_property
     def auth(self) -> AuthStore:

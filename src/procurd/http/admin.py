@@ -78,6 +78,13 @@ async def submit_order(request: web.Request) -> web.Response:
     return json_response({"ok": True, "order": result.order}, 202 if result.created else 200)
 
 
+async def preview_order(request: web.Request) -> web.Response:
+    """What ``POST /api/v1/orders`` would do with the same body now, per item; creates nothing."""
+    body = await json_object(request)
+    preview = await _operations(request).orders.preview(body)
+    return json_response({"ok": True, "preview": preview})
+
+
 async def get_order(request: web.Request) -> web.Response:
     view = await _operations(request).orders.view(request.match_info["order_no"])
     return json_response({"ok": True, "order": view})
@@ -333,6 +340,7 @@ def make_admin_app(operations: Operations) -> web.Application:
     setup_console(app, operations)
     router = app.router
     router.add_post("/api/v1/orders", submit_order)
+    router.add_post("/api/v1/orders/preview", preview_order)
     router.add_get("/api/v1/orders/{order_no}", get_order)
     router.add_post("/api/v1/orders/{order_no}/cancel", post_cancel)
     router.add_get("/api/v1/orders/{order_no}/audit", order_audit)

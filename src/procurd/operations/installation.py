@@ -61,6 +61,15 @@ def missing_database(settings: Settings) -> str | None:
     path = sqlite_file(settings.database.url)
     if path is None or path.exists():
         return None
+    if not path.is_absolute():
+        # A relative path is read from wherever the command runs: say so before anyone creates a second,
+        # empty database beside the first.
+        return (
+            f"the database {path.absolute()} does not exist ([database] url names the relative path {path}, "
+            f"which is relative to the working directory {Path.cwd()}; if the database is elsewhere, run "
+            f"procurd from its directory or give its absolute path, sqlite+aiosqlite:////absolute/path.db "
+            f"with four slashes): run `procurd db upgrade` to create it"
+        )
     return f"the database {path.absolute()} does not exist: run `procurd db upgrade` to create it"
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import structlog
 
 from procurd.core.exact import loads_exact
-from procurd.core.intake import CONFLICTS, MALFORMED, IntakeError, parse_order_request
+from procurd.core.intake import IntakeError, parse_order_request, refusal_status
 from procurd.core.json_limits import json_problem, text_problem
 from procurd.core.numbers import MAX_ID, ORDER_NO_PATTERN
 from procurd.core.procurement import NotAllowed, Resolve, Retry, Source
@@ -40,11 +40,19 @@ def decode_json(raw: bytes) -> Any:
     return body
 
 
+def _json_body(raw: bytes, allow_backorder: bool) -> dict[str, Any]:
+    body = decode_json(raw)
+    if not isinstance(body, dict):
+        raise Refused(400, "invalid_request", "the body must be a JSON object")
+    if allow_backorder:
+        body["allow_backorder"] = True
+    return body
+
+
 def intake_refusal(exc: IntakeError) -> Refused:
-    """400 for a malformed request, 409 for one that collides with an earlier order, 422 otherwise."""
-    status = 400 if exc.code in MALFORMED else 409 if exc.code in CONFLICTS else 422
+    """The refusal with the status :func:`procurd.core.intake.refusal_status` gives its code."""
     extra = {"details": exc.details} if exc.details else {}
-    return Refused(status, exc.code, exc.message, **extra)
+    return Refused(refusal_status(exc.code), exc.code, exc.message, **extra)
 
 
 def order_not_found(order_no: str) -> Refused:
@@ -101,12 +109,24 @@ class OrderOperations:
             self.runtime.metrics.orders_accepted.inc()
         return result
 
-    async def submit_json(self, raw: bytes) -> IntakeResult:
-        """:meth:`submit` of a raw JSON request body."""
-        body = decode_json(raw)
-        if not isinstance(body, dict):
-            raise Refused(400, "invalid_request", "the body must be a JSON object")
-        return await self.submit(body)
+    async def preview(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """What :meth:`submit` would do with the same body now (the same decision, nothing written): the
+        answer intake would give, and per item its source, prices, stock, hold, limit and loss guard, its
+        offer's sources, and whether it would be bought or why not. A malformed body is refused as intake
+        refuses it."""
+        try:
+            request = parse_order_request(dict(body))
+        except IntakeError as exc:
+            raise intake_refusal(exc) from None
+        return await self.runtime.service.preview(request)
+
+    async def submit_json(self, raw: bytes, *, allow_backorder: bool = False) -> IntakeResult:
+        """:meth:`submit` of a raw JSON request body (``allow_backorder``: as if the body said it)."""
+        return await self.submit(_json_body(raw, allow_backorder))
+
+    async def preview_json(self, raw: bytes, *, allow_backorder: bool = False) -> dict[str, Any]:
+        """:meth:`preview` of a raw JSON request body (``allow_backorder``: as if the body said it)."""
+        return await self.preview(_json_body(raw, allow_backorder))
 
     async def view(self, order_no: str) -> dict[str, Any]:
         """The order view; 404 ``order_not_found``."""

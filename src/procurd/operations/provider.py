@@ -24,6 +24,7 @@ from procurd.config import ProviderLevelSettings, private_url_reason
 from procurd.core.alerts import Kind, Occurrence
 from procurd.core.intake import MAX_QUANTITY, IntakeError, ItemRequest, OrderRequest
 from procurd.core.json_limits import json_problem, text_problem
+from procurd.core.offering import OfferFacts
 from procurd.core.orders import iso
 from procurd.core.pricing import SkuFacts, cost_limit, exchange_rate_of
 from procurd.core.procurement import MirroredSku, Source, required_form_fields
@@ -68,6 +69,7 @@ def order_view(order: ProviderOrder, account: str | None = None) -> dict[str, An
     return {
         "id": order.id,
         "order_no": order.order_no,
+        "procured": order.charged,
         "account": account,
         "account_id": order.account_id,
         "downstream_order_no": order.downstream_order_no,
@@ -122,6 +124,13 @@ class ProviderOperations:
         return self.settings.level(account.level)
 
     # --- the offered catalogue ------------------------------------------------------------------------
+
+    async def offer_facts(self) -> OfferFacts:
+        """What the mirror holds for the provider to offer (``procurd doctor`` asks why it offers nothing)."""
+        settings = self.runtime.settings
+        upstreams = tuple(settings.offered_upstreams())
+        selling = await self.runtime.database.read(lambda tx: tx.offered.selling_currencies(upstreams))
+        return OfferFacts(settings.provider.currency, upstreams, selling, len(settings.pricing.rules))
 
     async def refresh(
         self, upstreams: list[str] | None = None, *, full: bool = False
@@ -477,7 +486,7 @@ class ProviderOperations:
         }  # fmt: skip
         view["callback_log"] = [
             {"at": iso(a.at), "status": a.status, "http_status": a.http_status, "ok": a.ok,
-             "message": a.message, "replay": a.replay}
+             "message": a.message, "replay": a.replay, "outcome": a.outcome}
             for a in attempts
         ]  # fmt: skip
         return view
@@ -589,4 +598,6 @@ def _intake_refusal(exc: IntakeError) -> Refused:
         return Refused(401, "invalid_api_key", "API key is invalid or disabled")
     if exc.code in ("product_not_found", "product_inactive"):
         return Refused(400, "product_unavailable", "product is inactive or unavailable")
+    if exc.code == "insufficient_stock":
+        return Refused(409, "insufficient_stock", "stock is too low for this quantity")
     return bad_request(exc.message)

@@ -23,7 +23,8 @@ import structlog
 from procurd.config import Settings
 from procurd.core.claims import claim_problem
 from procurd.core.intake import OrderRequest
-from procurd.core.machine import Policy
+from procurd.core.machine import Policy, decide
+from procurd.core.numbers import item_number
 from procurd.core.orders import exception_view, iso, order_view
 from procurd.core.procurement import (
     ClaimRefused,
@@ -42,6 +43,7 @@ from procurd.db.database import Database
 from procurd.db.stores import Tx
 from procurd.db.types import utcnow
 from procurd.instance import instance_id
+from procurd.procurement.admission import admit_items, item_sources, preview_view
 from procurd.procurement.answers import report_of
 from procurd.procurement.transitions import (
     Applied,
@@ -208,6 +210,43 @@ class ProcurementService:
                 self._after(applied)
             log.info("order.accepted", order_no=request.order_no, items=len(request.items))
         return result
+
+    async def preview(self, request: OrderRequest) -> dict[str, Any]:
+        """What :meth:`submit` would do with ``request`` now, decided by the same code
+        (:func:`procurd.procurement.admission.admit_items` and the state machine's admission), writing
+        nothing: ``POST /api/v1/orders/preview``'s answer."""
+        default = self.upstream_names[0] if len(self.upstream_names) == 1 else None
+        request = request.with_upstream(default)
+        order_no = request.order_no
+
+        def read(tx: Tx) -> tuple[Any, Any, Any, str | None]:
+            offers = tx.offers.many(item.offer for item in request.items if item.offer is not None)
+            sku_keys: list[tuple[str, int]] = []
+            number_keys: list[tuple[str, str]] = []
+            for position, item in enumerate(request.items):
+                keys = item_sources(item, offers)
+                sku_keys += keys
+                number_keys += [(upstream, item_number(order_no, position)) for upstream, _ in keys]
+            store = tx.procurements
+            found = store.order(order_no)
+            existing = None if found is None else found[0].fingerprint
+            return offers, store.numbers(number_keys), store.mirrored_skus(sku_keys), existing
+
+        offers, numbers, skus, existing = await self.database.read(read)
+
+        def taken(upstream: str, number: str) -> bool:  # by another order: an order's own are its own
+            row = numbers.get((upstream, number))
+            return row is not None and row.order_no != order_no
+
+        rules = self.rules
+        admitted = admit_items(
+            request, taken=taken, skus=skus, offers=offers, upstreams=rules.upstreams, pricing=rules.pricing
+        )
+        now = self.clock()
+        decisions = [
+            None if item.admit is None else decide(None, item.admit, now, rules.policy) for item in admitted
+        ]
+        return preview_view(request, admitted, decisions, skus, rules.pricing, existing)
 
     async def apply(
         self, procurement_id: int, event: Event, source: Source, *, order_no: str | None = None

@@ -30,13 +30,12 @@ from datetime import datetime
 from typing import Any
 
 from procurd.core.alerts import Kind, Occurrence
-from procurd.core.intake import IntakeError, ItemRequest, OrderRequest
+from procurd.core.intake import IntakeError, OrderRequest
 from procurd.core.machine import Policy, decide, is_noop
 from procurd.core.numbers import item_number
 from procurd.core.orders import Order, OrderStatus, derive_status, event_for, order_view
 from procurd.core.pricing import PricingRule
 from procurd.core.procurement import (
-    Admit,
     Claim,
     ClaimAbandoned,
     Decision,
@@ -50,16 +49,15 @@ from procurd.core.procurement import (
     PollClaim,
     Procurement,
     Source,
-    SourceRef,
     UpstreamReport,
 )
 from procurd.core.provider import ProviderIntake, ProviderOrder
 from procurd.core.rollup import Deltas, difference
-from procurd.core.sources import default_limit, first_available, offer_limits, selling_terms
 from procurd.db.offer_store import Offer
 from procurd.db.procurement_store import AuditRow
 from procurd.db.reconcile_store import Finding
 from procurd.db.stores import Tx
+from procurd.procurement.admission import admit_items, item_sources
 from procurd.procurement.provider_orders import ProviderBatch
 
 ACCEPTED: OrderStatus = ("paid", False)  # an order as intake first records it
@@ -273,7 +271,7 @@ def apply_batch(tx: Tx, commands: Sequence[Command], rules: Rules) -> list[Resul
     sku_keys: list[tuple[str, int]] = []
     for intake in intakes:
         for position, item in enumerate(intake.request.items):
-            keys = _item_sources(item, offers)
+            keys = item_sources(item, offers)
             sku_keys += keys
             number = item_number(intake.request.order_no, position)
             number_keys += [(upstream, number) for upstream, _ in keys]
@@ -406,15 +404,6 @@ def _mirror_of(
     return {key: skus[key] for key in _source_keys(p) if key in skus}
 
 
-def _item_sources(item: ItemRequest, offers: Mapping[str, Offer]) -> list[tuple[str, int]]:
-    """The upstream SKUs an item may be bought as: its SKU, or its offer's sources."""
-    if item.offer is not None:
-        offer = offers.get(item.offer)
-        return [] if offer is None else list(offer.sources)
-    assert item.sku_id is not None
-    return [(item.upstream or "", item.sku_id)]
-
-
 def _report(
     batch: _Batch, command: Report, numbers: Mapping[tuple[str, str], Any]
 ) -> Callable[[dict[Key, int]], Result]:
@@ -507,87 +496,24 @@ def _admissions(
 ) -> list[tuple[None, Event]]:
     """Each item's first event, once every item is found buyable as asked (:class:`IntakeError` when one
     is not: nothing is written)."""
-    order_no = request.order_no
+
+    def taken(upstream: str, number: str) -> bool:
+        return (upstream, number) in numbers or any(
+            added[:2] == (upstream, number) for added in batch.numbers_added
+        )
+
+    admitted = admit_items(
+        request, taken=taken, skus=skus, offers=offers, upstreams=batch.rules.upstreams,
+        pricing=batch.rules.pricing,
+        charged=None if provider is None else (provider.unit_price, provider.currency),
+    )  # fmt: skip
     steps: list[tuple[None, Event]] = []
-    for position, item in enumerate(request.items):
-        number = item_number(order_no, position)
-        keys = _item_sources(item, offers)
-        if item.offer is not None:
-            if not keys:
-                raise IntakeError("offer_not_found", f"items.{position}.offer: no offer {item.offer!r}")
-            keys = [key for key in keys if key[0] in batch.rules.upstreams]
-            if not keys:
-                raise IntakeError(
-                    "offer_not_found",
-                    f"items.{position}.offer: offer {item.offer!r} has no source on a configured upstream",
-                )
-            in_use, _ = first_available(
-                [SourceRef(u, sku_id) for u, sku_id in keys], 0, skus, item.quantity, item.manual_form_data
-            )
-            sources = offer_limits(
-                keys, skus, None if in_use is None else keys[in_use], item.max_unit_price, batch.rules.pricing
-            )
-            reference = None if in_use is None else keys[in_use]
-        else:
-            sources = (_sku_source(batch, position, item, skus),)
-            reference = (sources[0].upstream, sources[0].sku_id)
-        charged = None if provider is None else (provider.unit_price, provider.currency)
-        sell = (
-            None
-            if reference is None
-            else selling_terms(reference[0], skus.get(reference), batch.rules.pricing, charged)
-        )
-        for upstream, _ in keys:
-            if (upstream, number) in numbers or any(
-                added[:2] == (upstream, number) for added in batch.numbers_added
-            ):
-                raise IntakeError(
-                    "downstream_order_no_taken",
-                    "a downstream order number derived from this order_no is already used by another order",
-                )
-        admit = Admit(
-            order_no=order_no,
-            position=position,
-            quantity=item.quantity,
-            manual_form_data=item.manual_form_data,
-            max_unit_price=item.max_unit_price,
-            trace_id=request.trace_id,
-            downstream_order_no=number,
-            sources=sources,
-            mirror={key: skus[key] for key in keys if key in skus},
-            offer_code=item.offer,
-            sell=sell,
-        )
-        steps.append((None, admit))
+    for item in admitted:
+        if item.refusal is not None:
+            raise item.refusal
+        assert item.admit is not None
+        steps.append((None, item.admit))
     return steps
-
-
-def _sku_source(
-    batch: _Batch, position: int, item: ItemRequest, skus: Mapping[tuple[str, int], MirroredSku]
-) -> SourceRef:
-    """The one source of a SKU item, refused at once when it cannot be bought as asked."""
-    upstream = item.upstream
-    if upstream is None:
-        raise IntakeError(
-            "upstream_required",
-            f"items.{position}.upstream: required when several upstreams are configured",
-        )
-    if upstream not in batch.rules.upstreams:
-        raise IntakeError("unknown_upstream", f"items.{position}.upstream: no upstream {upstream!r}")
-    assert item.sku_id is not None
-    sku = skus.get((upstream, item.sku_id))
-    if sku is None:
-        raise IntakeError(
-            "sku_not_found",
-            f"items.{position}: no such SKU in the mirrored catalogue (run a catalogue sync?)",
-        )
-    problem = sku.problem(item.manual_form_data)
-    if problem is not None:
-        raise IntakeError(problem[0], f"items.{position}: {problem[1]}")
-    limit = item.max_unit_price
-    if limit is None:
-        limit = default_limit(upstream, sku, batch.rules.pricing)
-    return SourceRef(upstream, item.sku_id, limit)
 
 
 def _apply(batch: _Batch, steps: Sequence[tuple[Procurement | None, Event]], source: Source) -> list[Applied]:

@@ -6,8 +6,10 @@ as seed 000 part 5 says, over the fixed path ``/api/v1/upstream/callback`` (what
 whatever the URL). A callback is delivered when the downstream answers HTTP 2xx with ``"ok": true``;
 otherwise it is tried again with backoff (30 s, then doubling up to 30 minutes) until
 ``[provider] callback_give_up_seconds`` after its first try, when it is given up (an operator can replay it).
-Every try is in the order's delivery log. The body always tells the order's current status, so ``GET
-/orders/:id`` agrees with the last callback, and a replay is idempotent for the receiver.
+Every try is in the order's delivery log, from its claim on (in flight until its answer): when the instance
+sending it stops first, the instance that takes its claims over marks it ``outcome unknown`` and the callback
+is sent again at once. The body always tells the order's current status, so ``GET /orders/:id`` agrees with
+the last callback, and a replay is idempotent for the receiver.
 """
 
 from __future__ import annotations
@@ -328,7 +330,7 @@ async def record_tries(
         SettledTry(
             order_id=attempt.order.id, status=attempt.status, http_status=attempt.delivery.http_status,
             message=attempt.delivery.message, delivered=attempt.delivery.ok, gave_up=gave_up, error=error,
-            next_attempt_at=next_at,
+            next_attempt_at=next_at, attempt_id=None if attempt.due is None else attempt.due.attempt_id,
         )
         for attempt, _, gave_up, error, next_at in plans
     ]  # fmt: skip

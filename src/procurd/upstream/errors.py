@@ -88,6 +88,11 @@ class UpstreamError(Exception):
     def __str__(self) -> str:
         return self._describe()
 
+    @property
+    def hint(self) -> str:
+        """What a person should check to fix this, when the failure says ("" when it does not)."""
+        return ""
+
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(code={self.code!r}, http_status={self.http_status!r}, "
@@ -216,9 +221,9 @@ class BusinessError(UpstreamError):
     default_code = "business_error"
 
     @property
-    def hint(self) -> str | None:
-        """What a person should check, for a refusal whose cause is on this side; ``None`` for the others."""
-        return BUSINESS_HINTS.get(self.code)
+    def hint(self) -> str:
+        """What a person should check, for a refusal whose cause is on this side ("" for the others)."""
+        return BUSINESS_HINTS.get(self.code, "")
 
     def described(self) -> str:
         """The upstream's message, with the hint when there is one (what the exception queue shows)."""
@@ -278,6 +283,22 @@ class OutcomeUnknown(UpstreamError):
 
     def _describe(self) -> str:
         return f"{super()._describe()} ({self.cause})"
+
+
+class EndpointNotFound(BusinessError):
+    """HTTP 404 for an endpoint of the protocol, without one of the protocol's own codes (such as
+    ``order_not_found``): the site does not serve the API where procurd asked, usually because ``base_url`` is
+    not the site root. Nothing was created; sending it again will not help until a person fixes it."""
+
+    default_code = "endpoint_not_found"
+
+    @property
+    def hint(self) -> str:
+        name = self.upstream or "this upstream"
+        return (
+            f"check that base_url of {name} is the site root without /api/v1/upstream (procurd appends that "
+            "path to it) and that the site serves the signed API there"
+        )
 
 
 class PaymentFailed(BusinessError):
@@ -400,6 +421,11 @@ def classify_response(
             retry_after=parse_retry_after(retry_after, local_time),
             **where,
         )
+    if http_status == 404 and _endpoint_missing(parsed):
+        said = _failure_text(parsed, sensitive) if isinstance(parsed, dict) else ""
+        code = parsed.get("error_code") if isinstance(parsed, dict) else None
+        what = f"{code}: {said}" if isinstance(code, str) and code and said else (said or code)
+        return EndpointNotFound(str(what) if what else _describe_body(body, content_type), **where)
     if not isinstance(parsed, dict):
         if http_status >= 500:
             return ServerError(_describe_body(body, content_type), **where)
@@ -461,6 +487,19 @@ def _parse_json(body: bytes, decode: Callable[[bytes], Any]) -> Any:
         return decode(body)
     except (ValueError, UnicodeDecodeError, RecursionError):
         return None
+
+
+def _endpoint_missing(parsed: Any) -> bool:
+    """A 404 whose body is not one of the protocol's own refusals (``order_not_found`` ...): the path
+    itself is not served."""
+    if not isinstance(parsed, dict):
+        return True
+    if parsed.get("ok") is True:  # not a refusal at all: an answer that breaks the protocol
+        return False
+    code = parsed.get("error_code")
+    return not (
+        isinstance(code, str) and code in BUSINESS_ERROR_CODES | AUTH_ERROR_CODES | SERVER_ERROR_CODES
+    )
 
 
 def _is_rate_limit_envelope(parsed: Any) -> bool:

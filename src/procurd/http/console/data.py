@@ -14,8 +14,10 @@ from typing import Any, Generic, TypeVar
 from procurd import offers
 from procurd.alerts import alert_view
 from procurd.config import ProviderSettings, UpstreamSettings
-from procurd.core.orders import fulfillment_view, iso
-from procurd.core.provider import AmountError, cents_text, to_cents
+from procurd.core.instances import fold_stopped
+from procurd.core.offering import balance_below
+from procurd.core.orders import STATUS_MEANINGS, fulfillment_view, iso
+from procurd.core.provider import cents_text
 from procurd.core.rollup import DAY_COLUMNS, HOUR, VALUE_COLUMNS, hour_of, hours_from_rows, runway_hours
 from procurd.db.console_store import CatalogSlice, OrderSummary
 from procurd.db.stores import Tx
@@ -29,7 +31,7 @@ from procurd.status import status_report
 
 T = TypeVar("T")
 
-ORDER_STATUSES = ("paid", "fulfilling", "partially_delivered", "delivered", "canceled")
+ORDER_STATUSES = tuple(STATUS_MEANINGS)
 AUDIT_PAGE_SIZE = 50
 HIDDEN_FULFILLMENT_FIELDS = ("payload", "delivery_data")
 
@@ -80,16 +82,18 @@ class Overview:
     upstreams: list[UpstreamOverview]
     storefront: dict[str, Any]
     alerts: list[dict[str, Any]]
-    instances: list[dict[str, Any]]  # every daemon instance with its heartbeat, as GET /api/v1/status
+    instances: list[dict[str, Any]]  # the daemon instances shown: alive, down, stopped within a day
     provider: ProviderOverview | None = None  # when [provider] enabled
+    stopped_earlier: list[dict[str, Any]] = field(default_factory=list)  # stopped more than a day ago
     charts: bool = True  # drawn (the page may be asked for without them: ?charts=off)
 
 
 async def overview(runtime: Runtime, *, charts: bool = True) -> Overview:
     """Per upstream: the status report (health, balance, runway, queue, oldest queued, last sync, callbacks)
     with its open exceptions by reason and (unless ``charts`` is off) its charts; recent alerts and the
-    instances alive."""
+    daemon instances (those stopped cleanly more than a day ago apart)."""
     report = await status_report(runtime)
+    shown, folded = fold_stopped(report["instances"], utcnow())
     pulses = await upstream_pulses(runtime, report["upstreams"]) if charts else {}
     upstreams = [
         UpstreamOverview(
@@ -106,7 +110,8 @@ async def overview(runtime: Runtime, *, charts: bool = True) -> Overview:
         upstreams=upstreams,
         storefront=report["storefront"],
         alerts=await recent_alerts(runtime, limit=10),
-        instances=list(report["instances"]),
+        instances=[dict(instance) for instance in shown],
+        stopped_earlier=[dict(instance) for instance in folded],
         provider=provider_overview(runtime.settings.provider, report["provider"]),
         charts=charts,
     )
@@ -348,16 +353,6 @@ async def release_hold(operations: Operations, upstream: str, sku_id: int) -> st
 # --- provider ---------------------------------------------------------------------------------------------
 
 
-def below_threshold(balance: str, threshold: str | None) -> bool:
-    """Whether a wallet balance is below ``[provider] low_balance_threshold`` (never when it is off)."""
-    if not threshold:
-        return False
-    try:
-        return to_cents(balance) < to_cents(threshold)
-    except AmountError:
-        return False
-
-
 @dataclass(frozen=True, slots=True)
 class ProviderOverview:
     """The provider's part of the overview: the status report's ``provider`` with the accounts whose
@@ -372,7 +367,7 @@ def provider_overview(settings: ProviderSettings, facts: dict[str, Any]) -> Prov
     if not settings.enabled or not facts.get("enabled"):
         return None
     threshold = settings.low_balance_threshold or None
-    low = [entry["name"] for entry in facts["balances"] if below_threshold(entry["balance"], threshold)]
+    low = [entry["name"] for entry in facts["balances"] if balance_below(entry["balance"], threshold)]
     return ProviderOverview(facts, threshold, low)
 
 
@@ -388,7 +383,7 @@ async def provider_accounts(operations: Operations) -> ProviderAccounts:
     settings = operations.settings.provider
     threshold = settings.low_balance_threshold or None
     items = [
-        dict(view, low=below_threshold(view["balance"], threshold))
+        dict(view, low=balance_below(view["balance"], threshold))
         for view in await operations.provider.accounts.list()
     ]
     return ProviderAccounts(items, settings.currency, threshold)
@@ -439,6 +434,8 @@ async def account_pulse(operations: Operations, account: Mapping[str, Any]) -> l
         balances=[None if cents is None else Decimal(cents_text(cents)) for cents in wallet],
         balance=balance, currency=account["currency"], spend_24h=spent,
         runway_hours=runway_hours(balance, spent), runway_alert_hours=None, wallet="account's wallet",
+        wallet_spent="Charged to the account's wallet for its orders in the last 24 h (refunds deducted)",
+        upstream_spent="Paid upstream for its orders",
     )  # fmt: skip
     return pulse.charts(facts)
 
@@ -455,7 +452,7 @@ async def provider_account(
     return ProviderAccountPage(
         account=view,
         ledger=Paged(ledger["items"], ledger["total"], page, page_size),
-        low=below_threshold(view["balance"], threshold),
+        low=balance_below(view["balance"], threshold),
         low_balance_threshold=threshold,
         levels=levels,
         charts=await account_pulse(operations, view),

@@ -68,6 +68,11 @@ class PulseFacts:
     runway_alert_hours: float | None
     wallet: str = "wallet"  # "wallet" at an upstream, "account's wallet" for a downstream account
     spend_currency: str | None = None  # the currency of upstream amounts (default: the wallet's)
+    # What each chart's "spent" counts, in its own words: at an upstream both are its wallet's spending;
+    # for a downstream account the wallet's is what its orders were charged, the spend chart's what procurd
+    # paid upstream to buy them.
+    wallet_spent: str = "Spent in the last 24 h"
+    upstream_spent: str = "Spent"
 
 
 def day_of(moment: datetime) -> datetime:
@@ -297,7 +302,7 @@ def balance(facts: PulseFacts) -> Chart:
         f"Balance: {_money(facts.balance, currency)}."
         if facts.balance is not None
         else "No balance known yet.",
-        f"Spent in the last 24 h: {_money(facts.spend_24h, currency)} (about {rate} an hour).",
+        f"{facts.wallet_spent}: {_money(facts.spend_24h, currency)} (about {rate} an hour).",
     ]
     if runway is None:
         figures.append("Runway: nothing was spent in the last 24 h, so the balance does not run down.")
@@ -357,8 +362,8 @@ def spend(facts: PulseFacts) -> Chart:
         )  # fmt: skip
     spent_all = from_micros(totals["spend_micros"])
     figures = [
-        f"Spent over 30 days: {_money(spent_all, currency)} on {_plural(totals['n_paid'], 'procurement')}; "
-        f"today so far: {rows[-1][1]}."
+        f"{facts.upstream_spent} over 30 days: {_money(spent_all, currency)} on "
+        f"{_plural(totals['n_paid'], 'procurement')}; today so far: {rows[-1][1]}."
     ]
     if totals["n_priced"]:
         sold = from_micros(totals["sold_micros"])
@@ -382,14 +387,15 @@ def spend(facts: PulseFacts) -> Chart:
         Tick(index, _day_label(day)) for index, day in enumerate(days) if (len(days) - 1 - index) % 7 == 0
     ]
     series = (
-        Series(f"spend{' (' + currency + ')' if currency else ''}", "spend"),
+        Series(f"{facts.upstream_spent.lower()}{' (' + currency + ')' if currency else ''}", "spend"),
         Series("margin", "margin"),
     )
     return Chart(
         "spend", title,
         bars_and_line(element_id(facts.name, "spend"), title, desc, series[0], series[1], points, ticks),
         series, tuple(figures),
-        ("Day (UTC)", "Spent", "Paid", "With a selling price", "Sold for", "Margin"), tuple(rows),
+        ("Day (UTC)", facts.upstream_spent, "Paid", "With a selling price", "Sold for", "Margin"),
+        tuple(rows),
     )  # fmt: skip
 
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Final
 from aiohttp import web
 
 from procurd import __version__
+from procurd.core.orders import STATUS_MEANINGS
 from procurd.http.console.context import CONSOLE, FLASH, SESSION, with_query
 
 if TYPE_CHECKING:
@@ -148,6 +149,7 @@ class Templates:
             ago=ago, utc=utc, iso=iso, title=title_text, duration=duration, plural=plural,
             pretty_json=pretty_json, compact_json=compact_json,
         )  # fmt: skip
+        environment.globals["status_meanings"] = STATUS_MEANINGS
         return environment
 
     def render(self, template: str, context: Mapping[str, Any]) -> str:
