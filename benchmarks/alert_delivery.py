@@ -25,13 +25,14 @@ from pathlib import Path
 
 import aiohttp
 
-from procurd.config import CALLBACK_PATH, Settings
+from procurd.config import Settings
 from procurd.daemon import Daemon
 from procurd.db import migrate
 from procurd.db.database import open_database
 from procurd.logs import configure_logging
 from procurd.loopback import unused_ports
 from procurd.operations import Operations
+from procurd.protocol.dujiao.callback import CALLBACK_PATH
 from procurd.runtime import Runtime
 from procurd.sandbox import Sandbox, SandboxConfig
 from procurd.systemd import Notifier

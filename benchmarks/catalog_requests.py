@@ -33,8 +33,8 @@ async def measure(
     from procurd.db import migrate
     from procurd.db.database import open_database
     from procurd.logs import configure_logging
+    from procurd.protocol.dujiao.client import UpstreamClient
     from procurd.sandbox import Sandbox, SandboxConfig
-    from procurd.upstream import UpstreamClient
 
     configure_logging("warning")
     config = SandboxConfig(

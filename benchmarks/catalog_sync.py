@@ -159,7 +159,7 @@ async def measure(
     from procurd.db.database import open_database
     from procurd.db.schema import mirror_changes
     from procurd.logs import configure_logging
-    from procurd.upstream import UpstreamClient
+    from procurd.protocol.dujiao.client import UpstreamClient
 
     configure_logging("warning")
     settings = UpstreamSettings(

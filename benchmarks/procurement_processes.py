@@ -23,14 +23,14 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from procurd.config import CALLBACK_PATH
 from procurd.logs import configure_logging
-from procurd.protocol.ratelimit import RateLimiter
+from procurd.protocol.dujiao.callback import CALLBACK_PATH
+from procurd.protocol.dujiao.ratelimit import RateLimiter
+from procurd.protocol.dujiao.signing import HeaderNames
 from procurd.sandbox import Sandbox, SandboxConfig, SandboxOrder
 from procurd.sandbox.callbacks import callback_body
 from procurd.sandbox.catalog import UNLIMITED
 from procurd.sandbox.state import FULFILLED_STATUSES
-from procurd.signing import HeaderNames
 
 API_KEY = "bench-key"
 API_SECRET = "bench-secret-0123456789"

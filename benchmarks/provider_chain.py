@@ -60,8 +60,8 @@ from procurement_processes import (
 )
 from sqlalchemy import create_engine, text
 
-from procurd.config import CALLBACK_PATH
 from procurd.loopback import unused_ports
+from procurd.protocol.dujiao.callback import CALLBACK_PATH
 
 TOP = "top"
 PROVIDER = "b"

@@ -12,10 +12,11 @@ import pytest
 from procurd.cli.base import known_secrets
 from procurd.config import ConfigError, Settings, load_settings
 from procurd.protocol.acgfaka import AcgFakaClient
+from procurd.protocol.dujiao.client import UpstreamClient
 from procurd.sandbox import Sandbox, SandboxConfig
 from procurd.sandbox.acgfaka import AcgFakaSandbox, ShopConfig
 from procurd.sandbox.acgfaka.testing import shop_settings
-from procurd.upstream import UpstreamClient, UpstreamError
+from procurd.upstream import UpstreamError
 from support import AdminClient, config_data, mirror, running_daemon, wait_until
 
 DUJIAO = """

@@ -15,8 +15,8 @@ from procurd.catalog.sync import PageMemory, SyncOptions, SyncReport, run_sync
 from procurd.config import UpstreamSettings
 from procurd.db.database import Database
 from procurd.db.schema import mirror_changes, mirror_products, mirror_skus
+from procurd.protocol.dujiao.client import UpstreamClient
 from procurd.sandbox import Sandbox, SandboxConfig
-from procurd.upstream import UpstreamClient
 
 UPSTREAM = "main"
 PRODUCTS = 120  # three pages of 50

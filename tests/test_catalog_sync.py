@@ -22,9 +22,9 @@ from procurd.db.schema import leases as leases_table
 from procurd.db.schema import mirror_categories, mirror_changes, mirror_products, mirror_skus, sync_runs
 from procurd.db.stores import Tx
 from procurd.db.types import utcnow
+from procurd.protocol.dujiao.client import UpstreamClient
+from procurd.protocol.dujiao.models import CatalogPage, PingResult, SeenPage
 from procurd.sandbox import Sandbox, SandboxConfig
-from procurd.upstream import UpstreamClient
-from procurd.upstream.models import CatalogPage, PingResult, SeenPage
 from procurd.upstream.ratelimit import Priority
 from support import lease_holder, wait_until
 

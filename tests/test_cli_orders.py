@@ -19,11 +19,11 @@ from click.testing import CliRunner, Result
 
 from console_support import INSTANCE_STATES, STOPPED_LONG_AGO, record_instances
 from procurd.cli import main
-from procurd.config import CALLBACK_PATH
 from procurd.db.instance_store import Instance
 from procurd.db.types import utcnow
 from procurd.http.testing import Stack, procurd_stack
 from procurd.logs import configure_logging
+from procurd.protocol.dujiao.callback import CALLBACK_PATH
 from support import run_procurd, screen_lines
 
 

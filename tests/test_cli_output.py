@@ -6,7 +6,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from procurd.output import ago, cell, count, when
+from procurd.core.times import count
+from procurd.output import ago, cell, when
 
 NOW = datetime(2026, 11, 23, 15, 12, 0, tzinfo=UTC)
 

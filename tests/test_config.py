@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from procurd.config import ConfigError, find_config_file, load_settings, private_url_reason
+from procurd.config import ConfigError, find_config_file, load_settings
+from procurd.core.addresses import private_url_reason
 
 MINIMAL = """
 [[upstreams]]

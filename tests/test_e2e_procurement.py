@@ -12,8 +12,8 @@ import pytest
 from aiohttp import web
 
 from procurd.config import Settings
+from procurd.protocol.dujiao.signing import signature_matches
 from procurd.sandbox import Sandbox, SandboxConfig
-from procurd.signing import signature_matches
 from support import AdminClient, mirror, running_daemon, settings_for, wait_until
 
 FAST_CALLBACKS = (0.1, 0.2, 0.3, 0.5)

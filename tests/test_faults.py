@@ -43,17 +43,18 @@ from fault_support import (
     single_item,
     take_ledger,
 )
-from procurd.config import CALLBACK_PATH, Settings
+from procurd.config import Settings
 from procurd.daemon import Daemon
 from procurd.db import database as database_module
 from procurd.db import migrate
 from procurd.db.database import open_database
 from procurd.db.errors import DatabaseUnavailable
 from procurd.db.stores import Tx
+from procurd.protocol.dujiao.callback import CALLBACK_PATH
+from procurd.protocol.dujiao.signing import sign
 from procurd.sandbox import Sandbox
 from procurd.sandbox.callbacks import callback_body
 from procurd.sandbox.testing import SignedClient
-from procurd.signing import sign
 from scale_cluster import POSTGRES_URL, DaemonProcess, instance_config, settings_of
 from support import AdminClient, mirror, running_daemon, settings_for, wait_until
 

@@ -40,7 +40,7 @@ from sqlalchemy import Table, select
 from yarl import URL
 
 from procurd.catalog.sync import run_sync
-from procurd.config import CALLBACK_PATH, Settings
+from procurd.config import Settings
 from procurd.db.schema import audit_log, orders, outbox, procurement_numbers, procurements
 from procurd.http.admin import make_admin_app
 from procurd.http.errors import MAX_BODY_BYTES
@@ -48,9 +48,10 @@ from procurd.http.public import make_public_app
 from procurd.http.testing import reserve_port, serve, submit_due, url_of
 from procurd.logs import configure_logging
 from procurd.operations import Operations
+from procurd.protocol.dujiao.callback import CALLBACK_PATH
+from procurd.protocol.dujiao.signing import HeaderNames, sign
 from procurd.runtime import Runtime
 from procurd.sandbox import Sandbox, SandboxConfig
-from procurd.signing import HeaderNames, sign
 from support import forget_cached_loggers, sql_rows, wait_until
 
 HOSTILE_EXAMPLES = int(os.environ.get("PROCURD_HOSTILE_EXAMPLES", "120"))

@@ -11,12 +11,12 @@ import pytest
 from aiohttp import web
 from sqlalchemy import text
 
-from procurd.config import CALLBACK_PATH
 from procurd.http.errors import MAX_BODY_BYTES
 from procurd.http.testing import Stack, procurd_stack, reserve_port, serve, url_of
+from procurd.protocol.dujiao.callback import CALLBACK_PATH
+from procurd.protocol.dujiao.signing import HeaderNames, sign
 from procurd.sandbox.callbacks import callback_body
 from procurd.sandbox.testing import ApiResponse, SignedClient
-from procurd.signing import HeaderNames, sign
 from support import captured_log, sql_execute
 
 

@@ -50,8 +50,8 @@ from procurd.db.schema import (
     provider_ledger,
     provider_orders,
 )
+from procurd.protocol.dujiao.signing import HeaderNames, sign
 from procurd.sandbox import Sandbox, SandboxConfig
-from procurd.signing import HeaderNames, sign
 from provider_support import ProviderSite, add_account, provider_settings
 from support import captured_log, running_daemon, sql_rows, wait_until
 from test_hostile_callbacks import (

@@ -19,10 +19,10 @@ import aiohttp
 import pytest
 
 from procurd.daemon import Daemon
-from procurd.protocol.ratelimit import RateLimiter
+from procurd.protocol.dujiao.ratelimit import RateLimiter
+from procurd.protocol.dujiao.signing import HeaderNames
 from procurd.sandbox import Sandbox, SandboxConfig
 from procurd.sandbox.testing import ApiResponse, ManualClock, SignedClient
-from procurd.signing import HeaderNames
 from provider_support import ProviderSite, add_account, provider_settings
 from support import running_daemon, wait_until
 from test_hostile_callbacks import check_slow_body_is_refused

@@ -26,15 +26,15 @@ import pytest_asyncio
 from aiohttp.abc import ResolveResult
 from sqlalchemy import update
 
-from procurd.config import CALLBACK_PATH
 from procurd.core.provider import ProviderOrder
 from procurd.daemon import Daemon
 from procurd.db.schema import provider_old_secrets
+from procurd.protocol.destinations import NotPublic, PublicResolver
+from procurd.protocol.dujiao.callback import CALLBACK_PATH
+from procurd.protocol.dujiao.signing import sign
 from procurd.provider.callbacks import CallbackSender
-from procurd.provider.destinations import NotPublic, PublicResolver
 from procurd.sandbox import Sandbox, SandboxConfig
 from procurd.sandbox.testing import CallbackReceiver, SignedClient
-from procurd.signing import sign
 from procurd.systemd import Notifier
 from provider_support import (
     NamedResolver,

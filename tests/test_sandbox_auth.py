@@ -7,9 +7,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from procurd.protocol.dujiao.signing import sign
 from procurd.sandbox import Sandbox, SandboxConfig
 from procurd.sandbox.testing import ManualClock, SignedClient
-from procurd.signing import sign
 
 VECTOR_SECRET = "your_api_secret"
 VECTOR_TIMESTAMP = 1772366400

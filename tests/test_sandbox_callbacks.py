@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
+from procurd.protocol.dujiao.signing import signature_matches
 from procurd.sandbox import Sandbox, SandboxConfig
 from procurd.sandbox.testing import CallbackReceiver, SignedClient, wait_until
-from procurd.signing import signature_matches
 
 FAST_RETRIES = (0.01, 0.01, 0.01, 0.01)
 

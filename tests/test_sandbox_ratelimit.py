@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from procurd.protocol.ratelimit import RateLimiter
+from procurd.protocol.dujiao.ratelimit import RateLimiter
 from procurd.sandbox import Sandbox, SandboxConfig
 from procurd.sandbox.testing import ApiResponse, ControlClient, ManualClock, SignedClient
 

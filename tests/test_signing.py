@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from procurd.signing import (
+from procurd.protocol.dujiao.signing import (
     HeaderNames,
     parse_timestamp,
     sign,

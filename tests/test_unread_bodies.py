@@ -26,10 +26,10 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
-from procurd.config import CALLBACK_PATH
 from procurd.daemon import Daemon
+from procurd.protocol.dujiao.callback import CALLBACK_PATH
+from procurd.protocol.dujiao.signing import HeaderNames
 from procurd.sandbox import Sandbox, SandboxConfig
-from procurd.signing import HeaderNames
 from provider_support import ProviderSite, add_account, provider_settings, settled
 from support import mirror, running_daemon
 from test_hostile_callbacks import RawAnswer, read_answer

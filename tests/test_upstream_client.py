@@ -21,12 +21,13 @@ from pytest_aiohttp import AiohttpServer
 from structlog.testing import capture_logs
 
 from procurd.config import UpstreamSettings
-from procurd.signing import signature_matches
+from procurd.protocol.dujiao.client import UpstreamClient
+from procurd.protocol.dujiao.models import CreateOrderRequest
+from procurd.protocol.dujiao.signing import signature_matches
 from procurd.upstream import (
     BusinessError,
     ClockSkew,
     ConnectFailed,
-    CreateOrderRequest,
     PaymentFailed,
     Priority,
     PriorityRateLimiter,
@@ -34,7 +35,6 @@ from procurd.upstream import (
     RateLimited,
     ServerError,
     TransportError,
-    UpstreamClient,
     UpstreamTimeout,
 )
 

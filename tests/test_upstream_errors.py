@@ -8,6 +8,8 @@ from typing import Any
 
 import pytest
 
+from procurd.protocol.dujiao.answers import classify_response, error_class_for
+from procurd.protocol.transport import clock_offset, parse_retry_after
 from procurd.upstream.errors import (
     DEFAULT_RETRY_AFTER_SECONDS,
     AuthError,
@@ -22,10 +24,6 @@ from procurd.upstream.errors import (
     UpstreamError,
     UpstreamTimeout,
     UpstreamUnavailable,
-    classify_response,
-    clock_offset,
-    error_class_for,
-    parse_retry_after,
 )
 
 SECRET = "s3cr3t-value"

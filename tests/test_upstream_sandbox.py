@@ -13,23 +13,21 @@ import pytest
 from pydantic import SecretStr
 
 from procurd.config import UpstreamSettings
+from procurd.protocol.dujiao.client import UpstreamClient
+from procurd.protocol.dujiao.models import CatalogPage, CreateOrderRequest, SeenPage, UpstreamOrder
 from procurd.sandbox import Sandbox, SandboxConfig
 from procurd.upstream import (
     AuthError,
     BusinessError,
     ClockSkew,
-    CreateOrderRequest,
     PaymentFailed,
     PriorityRateLimiter,
     ProtocolError,
     RateLimited,
     ServerError,
     TransportError,
-    UpstreamClient,
-    UpstreamOrder,
     UpstreamTimeout,
 )
-from procurd.upstream.models import CatalogPage, SeenPage
 
 DEADLINE_SECONDS = 5.0
 

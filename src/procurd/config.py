@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-import yarl
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -43,13 +42,12 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from procurd.core.addresses import host_problem
+from procurd.core.addresses import private_url_reason
 from procurd.core.pricing import Pricing, PricingRule, RuleError, build_rule, parse_amount
 
 ENV_PREFIX = "PROCURD_"
 RULES_LABEL = "[[pricing.rules]]"
 DEFAULT_LOCATIONS = (Path("procurd.toml"), Path("/etc/procurd/procurd.toml"))
-CALLBACK_PATH = "/api/v1/upstream/callback"
 MAX_ROTATION_OVERLAP_HOURS = 24 * 365  # the longest a previous secret may stay valid after a rotation
 
 
@@ -898,30 +896,6 @@ def is_loopback_host(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
-
-
-def private_url_reason(url: str) -> str | None:
-    """Why ``url`` is not an http(s) URL whose host is a public address or a DNS name (the address a site may
-    be asked to connect to on another site's word), or ``None``.
-
-    Names are not resolved here (a name that resolves to a private address passes): the host is judged as
-    written, and as an HTTP client would connect to it (full-width digits, enclosed digits and ideographic
-    full stops normalised), by :func:`procurd.core.addresses.host_problem`.
-    """
-    try:
-        parts = urlsplit(url)
-        host = parts.hostname or ""
-    except ValueError:  # a bracketed host that is not one ("http://[::1")
-        return "is not a URL"
-    if parts.scheme not in ("http", "https"):
-        return "not an http or https URL"
-    if not host:
-        return "has no host"
-    try:
-        normalised = yarl.URL(url).raw_host or ""
-    except (ValueError, UnicodeError):
-        return f"host {host!r} is not a valid host name"
-    return host_problem(host, normalised)
 
 
 # Addresses that listen on every interface of their family.

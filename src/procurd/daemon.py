@@ -43,12 +43,12 @@ from procurd.operations import Operations, Refused
 from procurd.operations.installation import database_problem, deliver_due_alerts, missing_database
 from procurd.procurement.poller import Poller
 from procurd.procurement.submitter import Submitter
+from procurd.protocol.dujiao.models import OrderCreated
 from procurd.provider.callbacks import CallbackDispatcher
 from procurd.runtime import Runtime
 from procurd.status import describe_failure
 from procurd.systemd import Notifier
 from procurd.upstream.errors import AuthError, BusinessError, UpstreamError
-from procurd.upstream.models import OrderCreated
 from procurd.webhook import WebhookDispatcher
 
 log = structlog.get_logger("procurd.daemon")

@@ -21,12 +21,13 @@ from rich.console import Console
 from rich.table import Table
 
 from procurd.config import Settings, load_settings
+from procurd.core.times import count
 from procurd.daemon import Daemon
 from procurd.db import migrate
 from procurd.db.database import open_database
 from procurd.logs import configure_logging
 from procurd.loopback import unused_ports
-from procurd.output import count, print_status
+from procurd.output import print_status
 from procurd.sandbox import Sandbox, SandboxConfig
 from procurd.status import ping_upstream, status_report
 from procurd.systemd import Notifier

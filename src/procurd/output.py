@@ -22,6 +22,7 @@ from typing import Any
 import click
 
 from procurd.core.instances import fold_stopped
+from procurd.core.times import count, parse_time, terse_ago, terse_duration, utc_text
 
 
 def on_terminal() -> bool:
@@ -33,62 +34,22 @@ def echo(line: str = "") -> None:
     click.echo(line)
 
 
-def count(number: int, noun: str) -> str:
-    """``1 exception``, ``2 exceptions``, ``0 exceptions``; ``2 mismatches``, ``2 categories``."""
-    if number == 1:
-        return f"{number} {noun}"
-    if noun.endswith("y") and noun[-2:-1] not in ("a", "e", "i", "o", "u"):
-        return f"{number} {noun[:-1]}ies"
-    return f"{number} {noun}{'es' if noun.endswith(('s', 'x', 'ch', 'sh')) else 's'}"
-
-
-def parse_time(value: str | datetime | None) -> datetime | None:
-    """An ISO 8601 time (or a datetime) in UTC; one without a zone is taken as UTC, as procurd stores it."""
-    if value is None:
-        return None
-    if isinstance(value, datetime):
-        parsed = value
-    else:
-        try:
-            parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-        except ValueError:
-            return None
-    return parsed.astimezone(UTC) if parsed.tzinfo else parsed.replace(tzinfo=UTC)
-
-
 def utc(value: str | datetime | None) -> str:
     """``2026-11-23 15:09:54`` in UTC (the zone every time is shown in); ``-`` when there is none."""
-    moment = parse_time(value)
-    if moment is None:
+    text = utc_text(value)
+    if text is None:
         return "-" if value is None else str(value)
-    return moment.strftime("%Y-%m-%d %H:%M:%S")
+    return text
 
 
 def duration(seconds: float) -> str:
     """A length of time for a person: ``12 s``, ``3 min``, ``2 h 5 min``, ``4 days``."""
-    seconds = abs(seconds)
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    minutes = seconds / 60
-    if minutes < 90:
-        return f"{minutes:.0f} min"
-    hours = minutes / 60
-    if hours < 48:
-        whole = int(hours)
-        rest = round((hours - whole) * 60)
-        return f"{whole} h {rest} min" if rest else f"{whole} h"
-    return count(round(hours / 24), "day")
+    return terse_duration(seconds)
 
 
 def ago(value: str | datetime | None, now: datetime | None = None) -> str:
     """How long ago ``value`` was: ``just now``, ``12 s ago``, ``3 min ago`` (``in 5 s`` when ahead)."""
-    moment = parse_time(value)
-    if moment is None:
-        return "never"
-    delta = ((now or datetime.now(UTC)) - moment).total_seconds()
-    if abs(delta) < 1:
-        return "just now"
-    return f"{duration(delta)} ago" if delta > 0 else f"in {duration(delta)}"
+    return terse_ago(value, now) or "never"
 
 
 def when(value: str | datetime | None, now: datetime | None = None) -> str:

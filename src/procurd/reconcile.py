@@ -31,7 +31,7 @@ from procurd.db.stores import Tx
 from procurd.db.types import utcnow
 from procurd.procurement.answers import answer_problem, report_of
 from procurd.procurement.service import ProcurementService
-from procurd.upstream.client import UpstreamClient
+from procurd.protocol.dujiao.client import UpstreamClient
 from procurd.upstream.errors import BusinessError, UpstreamError
 from procurd.upstream.ratelimit import Priority
 

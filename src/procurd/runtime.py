@@ -21,7 +21,7 @@ from procurd.db.types import utcnow
 from procurd.instance import instance_id
 from procurd.metrics import Metrics
 from procurd.procurement.service import ProcurementService, Wakeups
-from procurd.upstream.client import UpstreamClient
+from procurd.protocol.dujiao.client import UpstreamClient
 from procurd.upstream.errors import AuthError, UpstreamError
 from procurd.upstream.ratelimit import RateLimiter, SharedRateLimiter, sending_rate
 from procurd.watch import HealthWatch, RejectionWatch

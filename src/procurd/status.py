@@ -29,9 +29,9 @@ from procurd.db.reconcile_store import ReconcileRun
 from procurd.db.stores import Tx
 from procurd.db.types import utcnow
 from procurd.logs import scrub
+from procurd.protocol.dujiao.models import PingResult
 from procurd.runtime import Runtime
 from procurd.upstream.errors import AuthError, UpstreamError, truncate
-from procurd.upstream.models import PingResult
 from procurd.watch import balance_runway, low_balance
 
 log = structlog.get_logger("procurd.status")

@@ -17,8 +17,8 @@ from procurd.core.alerts import Kind, Occurrence
 from procurd.core.rollup import runway_hours, window_start
 from procurd.db.database import Database
 from procurd.db.types import utcnow
+from procurd.protocol.dujiao.models import PingResult
 from procurd.upstream.errors import AuthError, RateLimited, UpstreamError, UpstreamUnavailable
-from procurd.upstream.models import PingResult
 
 log = structlog.get_logger("procurd.watch")
 

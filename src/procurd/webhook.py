@@ -25,7 +25,7 @@ from procurd.db.database import Database
 from procurd.db.outbox_store import OutboxRow
 from procurd.db.stores import Tx
 from procurd.db.types import utcnow
-from procurd.signing import HeaderNames, signed_headers
+from procurd.protocol.dujiao.signing import HeaderNames, signed_headers
 
 log = structlog.get_logger("procurd.webhook")
 

@@ -19,8 +19,8 @@ from procurd.core.pricing import NewHold, Pricing, Repricing, reprice, unknown_c
 from procurd.db.database import Database
 from procurd.db.stores import Tx
 from procurd.db.types import utcnow
+from procurd.protocol.dujiao.models import PingResult
 from procurd.upstream.errors import UpstreamError
-from procurd.upstream.models import PingResult
 from procurd.upstream.ratelimit import Priority
 
 log = structlog.get_logger("procurd.catalog.pricing")

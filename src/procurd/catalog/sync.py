@@ -66,8 +66,8 @@ from procurd.db.stores import Tx
 from procurd.db.types import utcnow
 from procurd.instance import instance_id
 from procurd.logs import scrub
+from procurd.protocol.dujiao.models import CatalogPage, SeenPage
 from procurd.upstream.errors import UpstreamError, truncate
-from procurd.upstream.models import CatalogPage, SeenPage
 from procurd.upstream.ratelimit import Priority
 
 log = structlog.get_logger("procurd.catalog")

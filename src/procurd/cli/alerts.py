@@ -19,9 +19,10 @@ from procurd.cli.base import (
 )
 from procurd.cli.orders import json_option
 from procurd.config import Settings
+from procurd.core.times import count
 from procurd.operations import Refused, open_operations
 from procurd.operations.housekeeping import send_test_alert
-from procurd.output import Column, ago, count, echo, print_table
+from procurd.output import Column, ago, echo, print_table
 
 MAX_PAGE_SIZE = 100
 

@@ -14,9 +14,9 @@ import click
 
 from procurd.cli.base import EXIT_FAILURE, CliState, common_options, fail_usage, main, pass_state, run_command
 from procurd.config import Settings, UpstreamSettings
+from procurd.core.times import count
 from procurd.logs import log_stream
 from procurd.operations import open_operations
-from procurd.output import count
 
 if TYPE_CHECKING:
     from procurd.operations.catalog import SyncReport

@@ -21,10 +21,11 @@ from procurd.cli.base import CliState, common_options, main, pass_state, run_asy
 from procurd.cli.ping import failure_text
 from procurd.config import ConfigError, Settings, UpstreamSettings
 from procurd.core.offering import OfferFacts, low_accounts, rule_currencies, why_nothing_is_offered
+from procurd.core.times import count
 from procurd.operations import DatabaseError, InstallationError, check_database, open_operations
 from procurd.operations.housekeeping import alert_url_problems
 from procurd.operations.upstreams import AuthError, PingResult, UpstreamError, dialect_text
-from procurd.output import count, echo
+from procurd.output import echo
 
 # The upstream refuses a request whose timestamp is more than 60 s off its clock; warn well before that.
 CLOCK_TOLERANCE_SECONDS = 30.0

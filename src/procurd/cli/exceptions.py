@@ -10,9 +10,10 @@ import click
 from procurd.cli.base import CliState, common_options, emit_json, fail_usage, main, pass_state, run_command
 from procurd.cli.orders import json_option, print_procurement
 from procurd.config import Settings
+from procurd.core.times import count
 from procurd.operations import Operations, Refused, open_operations
 from procurd.operations.orders import DEFAULT_BULK_RETRY, MAX_BULK_RETRY
-from procurd.output import Column, ago, count, echo, print_table
+from procurd.output import Column, ago, echo, print_table
 
 MAX_PAGE_SIZE = 100
 

@@ -29,8 +29,9 @@ from procurd.cli.base import (
     run_command,
 )
 from procurd.config import Settings
+from procurd.core.times import count
 from procurd.operations import open_operations
-from procurd.output import Column, cell, count, echo, print_fields, print_table, utc, when
+from procurd.output import Column, cell, echo, print_fields, print_table, utc, when
 
 # --- shared by the order, exceptions and status commands -----------------------------------------------
 

@@ -13,9 +13,10 @@ from procurd.cli.base import EXIT_FAILURE, CliState, common_options, emit_json, 
 from procurd.cli.orders import json_option
 from procurd.cli.ping import failure_text
 from procurd.config import Settings, UpstreamSettings
+from procurd.core.times import count
 from procurd.operations import open_operations
 from procurd.operations.upstreams import AuthError, Probe
-from procurd.output import count, echo, print_fields
+from procurd.output import echo, print_fields
 
 
 @main.command("probe")

@@ -17,9 +17,10 @@ from procurd.cli.orders import json_option
 from procurd.config import Settings
 from procurd.core.orders import iso
 from procurd.core.provider import ORDER_STATUSES, Account
+from procurd.core.times import count
 from procurd.operations import open_operations
 from procurd.operations.provider_accounts import account_view
-from procurd.output import Column, ago, count, echo, print_fields, print_table, utc, when
+from procurd.output import Column, ago, echo, print_fields, print_table, utc, when
 
 MAX_PAGE_SIZE = 100
 OFF_NOTE = (

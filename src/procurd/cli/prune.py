@@ -5,9 +5,10 @@ from __future__ import annotations
 from procurd.cli.base import CliState, common_options, emit_json, main, pass_state, run_command
 from procurd.cli.orders import json_option
 from procurd.config import Settings
+from procurd.core.times import count
 from procurd.operations import open_operations
 from procurd.operations.housekeeping import TABLES
-from procurd.output import Column, count, echo, print_table
+from procurd.output import Column, echo, print_table
 
 
 @main.command("prune")

@@ -7,9 +7,10 @@ import click
 from procurd.cli.base import CliState, common_options, emit_json, main, pass_state, run_command
 from procurd.cli.orders import json_option
 from procurd.config import Settings
+from procurd.core.times import count
 from procurd.operations import open_operations
 from procurd.operations.upstreams import finding_view
-from procurd.output import Column, count, echo, print_table
+from procurd.output import Column, echo, print_table
 
 
 @main.command("reconcile")

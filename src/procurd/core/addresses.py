@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from urllib.parse import urlsplit
+
+import yarl
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -114,3 +117,27 @@ def host_problem(host: str, normalised: str | None = None) -> str | None:
     if bare in LOCAL_NAMES or bare.endswith(".localhost"):
         return f"host {bare} names this machine"
     return None
+
+
+def private_url_reason(url: str) -> str | None:
+    """Why ``url`` is not an http(s) URL whose host is a public address or a DNS name (the address a site may
+    be asked to connect to on another site's word), or ``None``.
+
+    Names are not resolved here (a name that resolves to a private address passes): the host is judged as
+    written, and as an HTTP client would connect to it (full-width digits, enclosed digits and ideographic
+    full stops normalised), by :func:`host_problem`.
+    """
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+    except ValueError:  # a bracketed host that is not one ("http://[::1")
+        return "is not a URL"
+    if parts.scheme not in ("http", "https"):
+        return "not an http or https URL"
+    if not host:
+        return "has no host"
+    try:
+        normalised = yarl.URL(url).raw_host or ""
+    except (ValueError, UnicodeError):
+        return f"host {host!r} is not a valid host name"
+    return host_problem(host, normalised)

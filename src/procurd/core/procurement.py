@@ -57,7 +57,19 @@ class Reason(StrEnum):
 FAILOVER_CODES = frozenset({"sku_unavailable", "product_unavailable", "insufficient_stock"})
 
 
-# Upstream statuses (seed 000 part 3, plus what real sites report).
+# Upstream order statuses: seed 000 part 3, and what real sites report besides. The one list every part that
+# reads or answers them uses (the state machine, the wire, the sandbox); a dialect without them maps to them.
+ORDER_STATUSES = (
+    "pending_payment",
+    "paid",
+    "fulfilling",
+    "partially_delivered",
+    "delivered",
+    "completed",
+    "canceled",
+    "refunded",
+    "partially_refunded",
+)
 COMPLETED_STATUS = "completed"  # the last status of a delivered order
 DELIVERED_STATUSES = frozenset({"delivered", COMPLETED_STATUS})
 CANCELED_STATUS = "canceled"

@@ -229,26 +229,6 @@ def provider_status(p: Procurement) -> str:
     return PAID
 
 
-def callback_event(status: str) -> str:
-    """The callback's ``event``, as the real sites name them."""
-    return "order.fulfilled" if status in (DELIVERED, COMPLETED_STATUS) else "order.status_changed"
-
-
-def callback_body(order: ProviderOrder, now: datetime) -> dict[str, Any]:
-    """The signed push of seed 000 4.8 telling a downstream site its order's current status."""
-    body: dict[str, Any] = {
-        "event": callback_event(order.status),
-        "order_id": order.id,
-        "order_no": order.order_no,
-        "downstream_order_no": order.downstream_order_no or "",
-        "status": order.status,
-        "timestamp": int(now.timestamp()),
-    }
-    if order.fulfillment is not None and order.status in (DELIVERED, COMPLETED_STATUS):
-        body["fulfillment"] = dict(order.fulfillment)
-    return body
-
-
 # --- member prices ------------------------------------------------------------------------------------------
 
 

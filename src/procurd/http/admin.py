@@ -29,7 +29,6 @@ from procurd.http.errors import (
     Handler,
     admin_error_body,
     healthz,
-    json_response,
     listener_app,
 )
 from procurd.http.inputs import (
@@ -47,6 +46,7 @@ from procurd.http.provider_admin import add_provider_admin_routes
 from procurd.http.throttle import THROTTLE, SignInThrottle, Throttled, throttled_error_text
 from procurd.operations import Operations
 from procurd.operations.orders import DEFAULT_BULK_RETRY, check_order_no
+from procurd.protocol.web import json_response
 from procurd.reconcile import runs_with_findings
 from procurd.runtime import Runtime
 from procurd.status import refresh_metrics

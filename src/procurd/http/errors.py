@@ -13,13 +13,10 @@ arrived within ``body_timeout_seconds`` is answered 408 and the connection close
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
-from decimal import Decimal
 from typing import Any
 
 import structlog
@@ -27,12 +24,19 @@ from aiohttp import http_exceptions, web
 from aiohttp.typedefs import Middleware
 from aiohttp.web_protocol import RequestPayloadError
 
-from procurd.bodies import BodyTooLarge, LengthUnknown, read_bounded, unknown_length_text
 from procurd.config import ServerSettings
 from procurd.core.refusals import Refused
 from procurd.db.errors import DatabaseUnavailable
 from procurd.metrics import Metrics
 from procurd.operations import Operations
+from procurd.protocol.web import (
+    BodyTooLarge,
+    ClientGone,
+    LengthUnknown,
+    json_response,
+    read_bounded,
+    unknown_length_text,
+)
 from procurd.runtime import Runtime
 
 log = structlog.get_logger("procurd.http")
@@ -77,10 +81,6 @@ class ApiError(Refused):
         self.close_connection = close_connection
 
 
-class ClientGone(Exception):
-    """The client closed its connection before its request's body arrived: nobody is left to answer."""
-
-
 # The status counted for a request whose client went away (nginx's "client closed request").
 CLIENT_CLOSED_REQUEST = 499
 
@@ -119,27 +119,6 @@ def listener_app(
     )
     app[LISTENER] = Listener(name, body, metrics, server.header_timeout_seconds, server.body_timeout_seconds)
     return app
-
-
-def _default(value: Any) -> Any:
-    if isinstance(value, Decimal):
-        return str(value)
-    if isinstance(value, datetime):
-        return value.isoformat()
-    raise TypeError(f"{type(value).__name__} is not JSON serializable")
-
-
-def dumps(data: Any) -> str:
-    """Compact JSON; exact decimals as their text."""
-    return json.dumps(data, default=_default, ensure_ascii=False, separators=(",", ":"))
-
-
-def json_response(
-    data: Mapping[str, Any], status: int = 200, headers: Mapping[str, str] | None = None
-) -> web.Response:
-    return web.Response(
-        text=dumps(data), status=status, content_type="application/json", charset="utf-8", headers=headers
-    )
 
 
 async def healthz(request: web.Request) -> web.Response:

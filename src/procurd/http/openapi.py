@@ -19,9 +19,10 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
-from procurd.config import CALLBACK_PATH, Settings
+from procurd.config import Settings
 from procurd.http.errors import RUNTIME
-from procurd.protocol import API_PREFIX
+from procurd.protocol.dujiao import API_PREFIX
+from procurd.protocol.dujiao.callback import CALLBACK_PATH
 
 DOCUMENT_PATH = "/openapi.yaml"
 CONTENT_TYPE = "application/yaml"

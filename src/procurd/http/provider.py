@@ -27,21 +27,21 @@ from procurd.core.provider import Account, cents_text
 from procurd.core.refusals import Refused
 from procurd.http.throttle import client_address, trusted_networks
 from procurd.operations import Operations
-from procurd.protocol import (
+from procurd.protocol.dujiao import (
     API_PREFIX,
     Backend,
     Caller,
     Credential,
+    ErrorAnswer,
     Listing,
     OrderSubmission,
     PreviousSecret,
     ProductQuery,
-    ProtocolError,
     SignedApi,
 )
-from procurd.protocol.errors import bad_request
-from procurd.protocol.ratelimit import RateLimiter
-from procurd.protocol.server import dump_json, json_response
+from procurd.protocol.dujiao.failures import bad_request
+from procurd.protocol.dujiao.ratelimit import RateLimiter
+from procurd.protocol.web import dump_json, json_response
 
 log = structlog.get_logger("procurd.provider")
 
@@ -64,8 +64,8 @@ def rate_limited(retry_after: float) -> web.Response:
     return response
 
 
-def protocol_error(refused: Refused) -> ProtocolError:
-    return ProtocolError(refused.status, refused.code, refused.message, refused.extra)
+def protocol_error(refused: Refused) -> ErrorAnswer:
+    return ErrorAnswer(refused.status, refused.code, refused.message, refused.extra)
 
 
 class ProviderBackend(Backend):
@@ -135,7 +135,7 @@ class ProviderBackend(Backend):
         return rate_limited(blocked) if blocked > 0 else None
 
     def authentication_failed(
-        self, request: web.Request, endpoint: str, api_key: str, error: ProtocolError
+        self, request: web.Request, endpoint: str, api_key: str, error: ErrorAnswer
     ) -> None:
         self._unverified(request, error.code)
 
@@ -234,9 +234,7 @@ class ProviderBackend(Backend):
             raise protocol_error(refused) from None
         if created and order.status == "canceled":
             fields = {"order_id": order.id, "order_no": order.order_no, "status": order.status}
-            raise ProtocolError(
-                200, "payment_failed", "wallet payment failed: the balance is too low", fields
-            )
+            raise ErrorAnswer(200, "payment_failed", "wallet payment failed: the balance is too low", fields)
         return order.summary()
 
     async def order(self, caller: Caller, order_id: int) -> Mapping[str, Any]:

@@ -17,7 +17,7 @@ from aiohttp import web
 
 from procurd.core.orders import iso
 from procurd.core.provider import ACCOUNT_NAME_RULE, Account
-from procurd.http.errors import OPERATIONS, ApiError, Handler, json_response
+from procurd.http.errors import OPERATIONS, ApiError, Handler
 from procurd.http.inputs import (
     DEFAULT_PAGE_SIZE,
     MAX_PAGE,
@@ -30,6 +30,7 @@ from procurd.http.inputs import (
 from procurd.operations import Operations
 from procurd.operations.provider import ProviderOperations
 from procurd.operations.provider_accounts import ACCOUNT_NAME, account_view
+from procurd.protocol.web import json_response
 
 PREFIX = "/api/v1/provider"
 

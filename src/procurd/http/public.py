@@ -19,26 +19,22 @@ A callback for an order procurd knows costs what it always did.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 import structlog
 from aiohttp import web
 
-from procurd.config import CALLBACK_PATH, UpstreamSettings
+from procurd.config import UpstreamSettings
 from procurd.core.alerts import Kind, Occurrence
 from procurd.core.procurement import Source
 from procurd.db.errors import DatabaseError
-from procurd.http.callback import Callback, CallbackBodyError, parse_callback
 from procurd.http.errors import (
     HEALTH_PATH,
     RUNTIME,
     ApiError,
     Handler,
     check_content_length,
-    dumps,
     healthz,
     listener_app,
     public_error_body,
@@ -46,9 +42,18 @@ from procurd.http.errors import (
 )
 from procurd.operations import Operations
 from procurd.procurement.service import ReportOutcome, ReportRejected
+from procurd.protocol.dujiao.callback import (
+    CALLBACK_PATH,
+    Callback,
+    CallbackBodyError,
+    CallbackKey,
+    CallbackRefused,
+    CallbackVerifier,
+    parse_callback,
+)
+from procurd.protocol.dujiao.models import UpstreamOrder
+from procurd.protocol.web import dumps
 from procurd.runtime import Runtime
-from procurd.signing import HeaderNames, parse_timestamp, signature_matches, timestamp_fresh
-from procurd.upstream.models import UpstreamOrder
 from procurd.upstream.ratelimit import Priority
 
 log = structlog.get_logger("procurd.callback")
@@ -56,26 +61,20 @@ log = structlog.get_logger("procurd.callback")
 RECEIVED = dumps({"ok": True, "message": "received"}).encode()
 
 
-@dataclass(frozen=True, slots=True)
-class _Credentials:
-    prefix: str
-    api_key: str
-    timestamp: str
-    signature: str = field(repr=False)
-
-
 class CallbackReceiver:
-    """Authenticates, parses and applies upstream callbacks."""
+    """Authenticates (:class:`CallbackVerifier`), parses and applies upstream callbacks."""
 
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
         settings = runtime.settings
         # Only Dujiao-Next upstreams push callbacks (an acg-faka shop has none).
         pushing = [upstream for upstream in settings.upstreams if upstream.protocol == "dujiao"]
-        self.upstreams = {upstream.api_key: upstream for upstream in pushing}
-        prefixes = dict.fromkeys(upstream.header_prefix for upstream in pushing)
-        self.header_names = [(prefix, HeaderNames.for_prefix(prefix)) for prefix in prefixes]
-        self.signed_paths = tuple(dict.fromkeys((CALLBACK_PATH, configured_callback_path(runtime))))
+        self.upstreams = {upstream.name: upstream for upstream in pushing}
+        keys = [
+            CallbackKey(upstream.name, upstream.api_key, upstream.header_prefix, upstream.secret())
+            for upstream in pushing
+        ]
+        self.verifier = CallbackVerifier(keys, (CALLBACK_PATH, configured_callback_path(runtime)))
         # Per upstream: ask it for an order a callback names that procurd has not recorded.
         self.confirmers = {
             upstream.name: _confirmer(runtime, upstream.name) for upstream in settings.upstreams
@@ -85,45 +84,27 @@ class CallbackReceiver:
         claimed: UpstreamSettings | None = None
         try:
             check_content_length(request)
-            credentials = self._credentials(request)
-            claimed = self._claimed_upstream(credentials)
-            _check_timestamp(credentials.timestamp)
-            if claimed is None:
-                raise ApiError(403, "invalid_api_key", "the API key belongs to no configured upstream")
-            raw = await read_body(request)  # only now: a refused callback's body is never read
-            self._check_signature(claimed, credentials, raw)
+            try:
+                credentials = self.verifier.credentials(request.headers)
+                key = self.verifier.key_of(credentials)
+                claimed = self.upstreams[key.upstream] if key is not None else None
+                self.verifier.check_timestamp(credentials.timestamp)
+                if key is None:
+                    raise CallbackRefused(
+                        403, "invalid_api_key", "the API key belongs to no configured upstream"
+                    )
+                raw = await read_body(request)  # only now: a refused callback's body is never read
+                self.verifier.check_signature(key, credentials, raw)
+            except CallbackRefused as refused:
+                raise ApiError(refused.status, refused.code, refused.message) from None
             callback = _parse(raw)
+            assert claimed is not None
             outcome = await self._apply(claimed, callback)
         except ApiError as error:
             self._rejected(request, claimed, error)
             raise
         self._accepted(claimed, callback, outcome)
         return web.Response(body=RECEIVED, content_type="application/json", charset="utf-8")
-
-    def _credentials(self, request: web.Request) -> _Credentials:
-        complete = []
-        for prefix, names in self.header_names:
-            values = [request.headers.get(name, "").strip() for name in (names.api_key, names.timestamp)]
-            signature = request.headers.get(names.signature, "").strip()
-            if all(values) and signature:
-                complete.append(_Credentials(prefix, values[0], values[1], signature))
-        if not complete:
-            raise ApiError(401, "missing_auth_headers", "the signature headers are missing")
-        # Several prefixes at once is odd; prefer the set whose key is configured under that prefix.
-        return next((c for c in complete if self._claimed_upstream(c) is not None), complete[0])
-
-    def _claimed_upstream(self, credentials: _Credentials) -> UpstreamSettings | None:
-        upstream = self.upstreams.get(credentials.api_key)
-        if upstream is None or upstream.header_prefix.lower() != credentials.prefix.lower():
-            return None
-        return upstream
-
-    def _check_signature(self, upstream: UpstreamSettings, credentials: _Credentials, raw: bytes) -> None:
-        secret = upstream.secret()
-        for path in self.signed_paths:
-            if signature_matches(secret, "POST", path, credentials.timestamp, raw, credentials.signature):
-                return
-        raise ApiError(401, "invalid_signature", "the signature does not match")
 
     async def _apply(self, upstream: UpstreamSettings, callback: Callback) -> ReportOutcome:
         try:
@@ -188,22 +169,6 @@ def _confirmer(runtime: Runtime, upstream: str) -> Callable[[int], Awaitable[Ups
         return await runtime.client(upstream).get_order(order_id, priority=Priority.CALLBACK)
 
     return confirm
-
-
-def _check_timestamp(raw: str) -> None:
-    timestamp = parse_timestamp(raw)
-    if timestamp is None:
-        raise ApiError(401, "invalid_timestamp", "the timestamp is not Unix seconds")
-    now = time.time()
-    if not timestamp_fresh(timestamp, now):
-        offset = timestamp - now
-        direction = "ahead of" if offset > 0 else "behind"
-        raise ApiError(
-            401,
-            "timestamp_expired",
-            f"the timestamp is {abs(offset):.0f} s {direction} our clock (60 s allowed): "
-            "a replayed request, or a clock that is off (check NTP on both sides)",
-        )
 
 
 def _parse(raw: bytes) -> Callback:

@@ -24,17 +24,18 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from procurd.catalog.sync import SyncReport
-from procurd.config import CALLBACK_PATH, Settings
+from procurd.config import Settings
 from procurd.http.admin import make_admin_app
 from procurd.http.errors import LISTENER, listener_runner
 from procurd.http.public import make_public_app
 from procurd.operations import Operations
 from procurd.procurement.submitter import Submitter
+from procurd.protocol.dujiao.callback import CALLBACK_PATH
+from procurd.protocol.dujiao.signing import HeaderNames, signed_headers
 from procurd.runtime import Runtime
 from procurd.sandbox import Sandbox, SandboxConfig
 from procurd.sandbox.config import DEFAULT_API_KEY, DEFAULT_API_SECRET
 from procurd.sandbox.testing import LARGE_BODY_BYTES, SignedClient
-from procurd.signing import HeaderNames, signed_headers
 from procurd.upstream.errors import AuthError
 
 T = TypeVar("T")

@@ -28,10 +28,10 @@ from procurd.core.dialect import (
     points,
 )
 from procurd.db.types import utcnow
+from procurd.protocol.dujiao.models import CatalogPage, PingResult
 from procurd.runtime import Runtime
 from procurd.status import describe_failure, ping_upstream
 from procurd.upstream.errors import BusinessError, UpstreamError
-from procurd.upstream.models import CatalogPage, PingResult
 from procurd.upstream.ratelimit import Priority
 
 log = structlog.get_logger("procurd.probe")

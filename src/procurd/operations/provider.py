@@ -20,7 +20,8 @@ from urllib.parse import urlsplit
 
 import structlog
 
-from procurd.config import ProviderLevelSettings, private_url_reason
+from procurd.config import ProviderLevelSettings
+from procurd.core.addresses import private_url_reason
 from procurd.core.alerts import Kind, Occurrence
 from procurd.core.intake import MAX_QUANTITY, IntakeError, ItemRequest, OrderRequest
 from procurd.core.json_limits import json_problem, text_problem
@@ -46,7 +47,7 @@ from procurd.db.offered_store import VERSION_QUERY
 from procurd.db.types import utcnow
 from procurd.operations.orders import OrderOperations
 from procurd.operations.provider_accounts import ProviderAccountOperations
-from procurd.protocol import listing_answer
+from procurd.protocol.dujiao import listing_answer
 from procurd.provider.callbacks import CallbackSender, record_try
 from procurd.provider.catalog import OfferedCatalog, RefreshReport
 from procurd.provider.pages import Page, PageCache

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from procurd.core.dialect import Learned, Point, dialect_text
 from procurd.operations.probe import Probe, probe
+from procurd.protocol.dujiao.models import PingResult
 from procurd.reconcile import ReconcileReport, finding_view, reconcile
 from procurd.runtime import Runtime
 from procurd.status import ping_upstream
 from procurd.upstream.errors import AuthError, UpstreamError
-from procurd.upstream.models import PingResult
 
 __all__ = [
     "AuthError",

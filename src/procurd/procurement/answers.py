@@ -4,7 +4,7 @@ the one that confirms a callback's claim)."""
 from __future__ import annotations
 
 from procurd.core.procurement import Procurement, UpstreamReport
-from procurd.upstream.models import UpstreamOrder
+from procurd.protocol.dujiao.models import UpstreamOrder
 
 
 def report_of(order: UpstreamOrder, *, polled: bool = True, verified: bool = False) -> UpstreamReport:

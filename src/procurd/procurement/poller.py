@@ -15,7 +15,7 @@ from procurd.background import Worker
 from procurd.core.procurement import Event, GiveUp, PollFailed, Procurement, Source
 from procurd.procurement.answers import answer_problem, report_of
 from procurd.procurement.service import ProcurementService
-from procurd.upstream.client import UpstreamClient
+from procurd.protocol.dujiao.client import UpstreamClient
 from procurd.upstream.errors import BusinessError, UpstreamError
 
 log = structlog.get_logger("procurd.poller")

@@ -62,8 +62,8 @@ from procurd.procurement.transitions import (
     Rules,
     apply_batch,
 )
+from procurd.protocol.dujiao.models import UpstreamOrder
 from procurd.upstream.errors import AUTH_ERROR_CODES, BUSINESS_ERROR_CODES, BusinessError, UpstreamError
-from procurd.upstream.models import UpstreamOrder
 
 log = structlog.get_logger("procurd.procurement")
 

@@ -25,7 +25,8 @@ from procurd.core.procurement import (
 )
 from procurd.db.errors import DatabaseUnavailable
 from procurd.procurement.service import ProcurementService
-from procurd.upstream.client import UpstreamClient
+from procurd.protocol.dujiao.client import UpstreamClient
+from procurd.protocol.dujiao.models import CreateOrderRequest, OrderCreated
 from procurd.upstream.errors import (
     AuthError,
     BusinessError,
@@ -34,7 +35,6 @@ from procurd.upstream.errors import (
     RateLimited,
     UpstreamError,
 )
-from procurd.upstream.models import CreateOrderRequest, OrderCreated
 
 log = structlog.get_logger("procurd.submitter")
 

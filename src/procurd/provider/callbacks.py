@@ -15,26 +15,22 @@ the last callback, and a replay is idempotent for the receiver.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-import aiohttp
 import structlog
 from aiohttp.abc import AbstractResolver
 
-from procurd import __version__
 from procurd.background import Worker
-from procurd.config import CALLBACK_PATH, ProviderSettings, private_url_reason
-from procurd.core.provider import Account, ProviderOrder, callback_body
+from procurd.config import ProviderSettings
+from procurd.core.provider import Account, ProviderOrder
 from procurd.db.database import Database
 from procurd.db.provider_store import CallbackDue, SettledTry
 from procurd.db.stores import Tx
 from procurd.db.types import utcnow
 from procurd.metrics import Metrics
-from procurd.provider.destinations import NotPublic, PublicResolver
-from procurd.signing import HeaderNames, signed_headers
+from procurd.protocol.dujiao.callback import MESSAGE_CHARS, CallbackPoster, Delivery, callback_body
 from procurd.upstream.errors import truncate
 
 log = structlog.get_logger("procurd.provider")
@@ -43,8 +39,6 @@ FIRST_RETRY_SECONDS = 30.0
 MAX_RETRY_SECONDS = 1800.0
 LEASE = timedelta(seconds=60)
 CONCURRENCY = 8  # tries in flight at a time
-MESSAGE_CHARS = 300
-ANSWER_BYTES = 64 * 1024  # of a downstream's answer, read
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,25 +69,12 @@ def retry_in(attempts: int) -> float:
     return float(min(MAX_RETRY_SECONDS, FIRST_RETRY_SECONDS * 2.0 ** max(0, attempts - 1)))
 
 
-@dataclass(frozen=True, slots=True)
-class Delivery:
-    """What one try of a callback got back (``refused``: not sent, its address is not public)."""
-
-    ok: bool
-    http_status: int | None
-    message: str | None
-    refused: bool = False
-
-
 class CallbackSender:
-    """Posts signed callbacks (one HTTP session, opened on first use), to public addresses only.
-
-    Unless ``[provider] allow_private_callback_url``, the URL's host is checked as written and a name is
-    resolved by ``resolver`` (the system's by default) through :class:`PublicResolver`, which hands the
-    connection only public addresses (:mod:`procurd.provider.destinations`); a refused try sends nothing, is
-    counted in ``procurd_provider_callbacks_refused_total`` and is logged in the order's delivery log like
-    any failed try. Redirects are never followed.
-    """
+    """Tells a provider order's current status to its ``callback_url``: the body of seed 000 4.8, signed with
+    the account's key and secret, posted by :class:`CallbackPoster` (one HTTP session), to public addresses
+    only unless ``[provider] allow_private_callback_url``. A refused try sends nothing, is counted in
+    ``procurd_provider_callbacks_refused_total`` and is logged in the order's delivery log like any failed
+    try."""
 
     def __init__(
         self,
@@ -103,56 +84,24 @@ class CallbackSender:
         resolver: AbstractResolver | None = None,
         metrics: Metrics | None = None,
     ) -> None:
-        self.names = HeaderNames.for_prefix(settings.header_prefix)
-        self.timeout_seconds = settings.callback_timeout_seconds
-        self.public_only = not settings.allow_private_callback_url
+        self.poster = CallbackPoster(
+            settings.header_prefix,
+            settings.callback_timeout_seconds,
+            public_only=not settings.allow_private_callback_url,
+            resolver=resolver,
+        )
         self.clock = clock
-        self.resolver = resolver
         self.metrics = metrics
-        self._session: aiohttp.ClientSession | None = None
 
     async def send(self, account: Account, order: ProviderOrder) -> Delivery:
         """Tell ``order``'s current status to its ``callback_url``."""
         assert order.callback_url
-        if self.public_only:
-            problem = private_url_reason(order.callback_url)
-            if problem is not None:
-                return self._refused(account, order, problem)
         now = self.clock()
-        body = json.dumps(callback_body(order, now), separators=(",", ":"), ensure_ascii=False).encode()
-        headers = signed_headers(
-            self.names, account.api_key, account.api_secret, "POST", CALLBACK_PATH, int(now.timestamp()), body
-        )
-        headers["Content-Type"] = "application/json"
-        try:
-            async with self._opened().post(
-                order.callback_url, data=body, headers=headers, allow_redirects=False
-            ) as response:
-                return _delivery(response.status, await _answer(response))
-        except TimeoutError:
-            return Delivery(False, None, f"no answer within {self.timeout_seconds:g} s")
-        except aiohttp.ClientConnectorError as exc:
-            if isinstance(exc.os_error, NotPublic):
-                return self._refused(account, order, str(exc.os_error))
-            return Delivery(False, None, f"cannot reach it: {type(exc).__name__}")
-        except (aiohttp.ClientError, OSError, ValueError) as exc:
-            return Delivery(False, None, f"cannot reach it: {type(exc).__name__}")
-
-    def _opened(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            resolver = self.resolver or aiohttp.ThreadedResolver()
-            connector = aiohttp.TCPConnector(
-                resolver=PublicResolver(resolver) if self.public_only else resolver,
-                use_dns_cache=False,  # each new connection resolves (and checks) the name afresh
-            )
-            self._session = aiohttp.ClientSession(
-                connector=connector,
-                timeout=aiohttp.ClientTimeout(total=self.timeout_seconds),
-                headers={"User-Agent": f"procurd/{__version__}"},
-            )
-        return self._session
-
-    def _refused(self, account: Account, order: ProviderOrder, problem: str) -> Delivery:
+        body = callback_body(order, now)
+        delivery = await self.poster.send(order.callback_url, account.api_key, account.api_secret, body, now)
+        if not delivery.refused:
+            return delivery
+        problem = delivery.message
         log.warning("provider.callback_refused", account=account.name, order_id=order.id, reason=problem)
         if self.metrics is not None:
             self.metrics.provider_callbacks_refused.labels(account.name).inc()
@@ -163,34 +112,7 @@ class CallbackSender:
         return Delivery(False, None, truncate(message, MESSAGE_CHARS), refused=True)
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-
-
-async def _answer(response: aiohttp.ClientResponse) -> bytes:
-    """The answer's body to its end, however many pieces it comes in, up to ``ANSWER_BYTES``."""
-    raw = b""
-    while len(raw) < ANSWER_BYTES:
-        piece = await response.content.read(ANSWER_BYTES - len(raw))
-        if not piece:
-            break
-        raw += piece
-    return raw
-
-
-def _delivery(status: int, raw: bytes) -> Delivery:
-    """HTTP 2xx with ``"ok": true`` is delivered; the answer's ``message`` (or why it is unusable) is kept."""
-    try:
-        answer = json.loads(raw) if raw.strip() else None
-    except (ValueError, RecursionError):
-        answer = None
-    if not isinstance(answer, dict):
-        return Delivery(False, status, "the answer is not a JSON object")
-    ok = answer.get("ok") is True and 200 <= status < 300
-    message = answer.get("message")
-    text = truncate(message if isinstance(message, str) else json.dumps(message), MESSAGE_CHARS)
-    return Delivery(ok, status, text if message is not None else None)
+        await self.poster.close()
 
 
 class CallbackDispatcher(Worker):

@@ -15,20 +15,21 @@ from typing import Any
 import structlog
 from aiohttp import web
 
-from procurd.protocol import (
+from procurd.protocol.dujiao import (
     API_PREFIX,
     Backend,
     Caller,
     Credential,
+    ErrorAnswer,
     Listing,
     OrderSubmission,
     ProductQuery,
-    ProtocolError,
     SignedApi,
 )
-from procurd.protocol.errors import internal_error
-from procurd.protocol.server import json_response, rate_limited_response
-from procurd.sandbox.catalog import dump_json, money_text
+from procurd.protocol.dujiao.failures import internal_error
+from procurd.protocol.dujiao.server import rate_limited_response
+from procurd.protocol.web import dump_json, json_response
+from procurd.sandbox.catalog import money_text
 from procurd.sandbox.faults import AFTER_KINDS, BEFORE_KINDS, RequestFault
 from procurd.sandbox.site import SandboxSite
 from procurd.sandbox.state import ApiUser
@@ -108,7 +109,7 @@ class SandboxBackend(Backend):
         return rate_limited_response(uuid.uuid4().hex, status=config.rate_limit_status)
 
     def authentication_failed(
-        self, request: web.Request, endpoint: str, api_key: str, error: ProtocolError
+        self, request: web.Request, endpoint: str, api_key: str, error: ErrorAnswer
     ) -> None:
         self.site.record_request(endpoint, api_key, False, authenticated=False)
 
@@ -153,7 +154,7 @@ class SandboxBackend(Backend):
                 body=fault.body, status=fault.status, headers={"Content-Type": fault.content_type}
             )
         message = "too many requests" if fault.status == 429 else "injected failure"
-        return json_response(ProtocolError(fault.status, fault.error_code, message).body(), fault.status)
+        return json_response(ErrorAnswer(fault.status, fault.error_code, message).body(), fault.status)
 
     async def after(self, request: web.Request, endpoint: str, response: web.Response) -> web.Response:
         fault = self.faults.take(endpoint, AFTER_KINDS)
@@ -196,9 +197,9 @@ class SandboxBackend(Backend):
     async def product(self, caller: Caller, product_id: int) -> bytes:
         product = self.state.visible_product(product_id)
         if product is None:
-            raise ProtocolError(404, "product_not_found", "product not found")
+            raise ErrorAnswer(404, "product_not_found", "product not found")
         if not product.is_active and self.config.inactive_detail == "404":
-            raise ProtocolError(404, "product_unavailable", "product is inactive")
+            raise ErrorAnswer(404, "product_unavailable", "product is inactive")
         return product.detail_json()
 
     async def existing_order(self, caller: Caller, downstream_order_no: str) -> Mapping[str, Any] | None:
@@ -214,9 +215,7 @@ class SandboxBackend(Backend):
             self.site.order_created(order)
         if result.payment_failed:
             fields = {"order_id": order.order_id, "order_no": order.order_no, "status": order.status}
-            raise ProtocolError(
-                200, "payment_failed", "wallet payment failed: the balance is too low", fields
-            )
+            raise ErrorAnswer(200, "payment_failed", "wallet payment failed: the balance is too low", fields)
         return order.summary()
 
     async def order(self, caller: Caller, order_id: int) -> Mapping[str, Any]:

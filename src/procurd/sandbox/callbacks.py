@@ -12,12 +12,12 @@ from typing import Any
 import aiohttp
 import structlog
 
-from procurd.config import CALLBACK_PATH
-from procurd.sandbox.catalog import dump_json
+from procurd.protocol.dujiao.callback import CALLBACK_PATH, callback_event
+from procurd.protocol.dujiao.signing import HeaderNames, signed_headers
+from procurd.protocol.web import dump_json
 from procurd.sandbox.config import SandboxConfig
 from procurd.sandbox.faults import FaultPlan
-from procurd.sandbox.state import FULFILLED_STATUSES, SandboxOrder, SandboxState
-from procurd.signing import HeaderNames, signed_headers
+from procurd.sandbox.state import SandboxOrder, SandboxState
 
 log = structlog.get_logger("procurd.sandbox")
 
@@ -82,10 +82,6 @@ class TaskTracker:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-
-
-def callback_event(status: str) -> str:
-    return "order.fulfilled" if status in FULFILLED_STATUSES else "order.status_changed"
 
 
 def callback_body(order: SandboxOrder, timestamp: int) -> bytes:

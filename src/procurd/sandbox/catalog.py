@@ -10,7 +10,6 @@ while the sandbox runs stamps the product with the site's clock, to the microsec
 
 from __future__ import annotations
 
-import json
 import math
 import random
 from collections.abc import Callable
@@ -18,6 +17,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 from typing import Any
+
+from procurd.protocol.web import dump_json
 
 SITE_TIMEZONE = timezone(timedelta(hours=8))
 CENT = Decimal("0.01")
@@ -67,10 +68,6 @@ def stock_status(quantity: int) -> str:
     if quantity > 0:
         return "low_stock"
     return "out_of_stock"
-
-
-def dump_json(value: Any) -> bytes:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 @dataclass(eq=False)

@@ -8,7 +8,7 @@ from typing import Any
 
 from aiohttp import web
 
-from procurd.sandbox.api import json_response
+from procurd.protocol.web import json_response
 from procurd.sandbox.catalog import UNLIMITED, money_text
 from procurd.sandbox.config import DIALECTS
 from procurd.sandbox.control_fields import (

@@ -6,20 +6,10 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
+from procurd.core.procurement import DELIVERED_STATUSES
 from procurd.sandbox.catalog import money_text
 
-ORDER_STATUSES = (
-    "pending_payment",
-    "paid",
-    "fulfilling",
-    "partially_delivered",
-    "delivered",
-    "completed",
-    "canceled",
-    "refunded",
-    "partially_refunded",
-)
-FULFILLED_STATUSES = frozenset({"delivered", "completed"})
+FULFILLED_STATUSES = DELIVERED_STATUSES
 DELIVERABLE_STATUSES = frozenset({"paid", "fulfilling", "partially_delivered"})
 
 

@@ -9,7 +9,7 @@ from collections import Counter
 from collections.abc import Callable
 from decimal import Decimal
 
-from procurd.protocol.ratelimit import RateLimiter
+from procurd.protocol.dujiao.ratelimit import RateLimiter
 from procurd.sandbox.callbacks import CallbackAttempt, CallbackSender, TaskTracker
 from procurd.sandbox.config import SandboxConfig
 from procurd.sandbox.faults import FaultPlan

@@ -12,8 +12,9 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 from urllib.parse import urlsplit
 
-from procurd.config import private_url_reason
-from procurd.protocol import OrderSubmission, ProtocolError, bad_request
+from procurd.core.addresses import private_url_reason
+from procurd.core.procurement import ORDER_STATUSES
+from procurd.protocol.dujiao import ErrorAnswer, OrderSubmission, bad_request
 from procurd.sandbox.catalog import (
     SKU,
     UNLIMITED,
@@ -28,7 +29,6 @@ from procurd.sandbox.config import SandboxConfig
 from procurd.sandbox.orders import (
     DELIVERABLE_STATUSES,
     FULFILLED_STATUSES,
-    ORDER_STATUSES,
     Fulfillment,
     OrderItem,
     SandboxOrder,
@@ -392,7 +392,7 @@ class SandboxState:
         """The caller's own order, or ``order_not_found`` (another key's order is not found either)."""
         order = self.orders.get(order_id)
         if order is None or order.api_key != api_key:
-            raise ProtocolError(404, "order_not_found", "order not found")
+            raise ErrorAnswer(404, "order_not_found", "order not found")
         return order
 
     def callback_url_problem(self, url: str) -> str | None:
@@ -425,9 +425,9 @@ class SandboxState:
         sku = self.skus.get(submission.sku_id)
         product = self.visible_product(sku.product_id) if sku is not None else None
         if sku is None or product is None or not sku.is_active:
-            raise ProtocolError(400, "sku_unavailable", "sku is missing or inactive")
+            raise ErrorAnswer(400, "sku_unavailable", "sku is missing or inactive")
         if not product.is_active:
-            raise ProtocolError(400, "product_unavailable", "product is inactive or unavailable")
+            raise ErrorAnswer(400, "product_unavailable", "product is inactive or unavailable")
         quantity, form = submission.quantity, submission.manual_form_data
         if product.is_manual:
             missing = self._missing_form_fields(product, form)
@@ -437,15 +437,15 @@ class SandboxState:
         if callback_url:
             problem = self.callback_url_problem(callback_url)
             if problem is not None:
-                raise ProtocolError(400, "invalid_callback_url", f"callback_url is not allowed: {problem}")
+                raise ErrorAnswer(400, "invalid_callback_url", f"callback_url is not allowed: {problem}")
         self._check_purchase_limits(product, quantity)
         if not sku.in_stock(quantity):
-            raise ProtocolError(409, "insufficient_stock", "stock is too low for this quantity")
+            raise ErrorAnswer(409, "insufficient_stock", "stock is too low for this quantity")
         unit_price = sku.charged_price(quantity) if self.config.speaks_2026 else sku.unit_price
         amount = unit_price * quantity
         short = user.balance < amount
         if short and not flags.pending_payment and self.config.balance_failure == "insufficient_balance":
-            raise ProtocolError(402, "insufficient_balance", "wallet balance is too low")
+            raise ErrorAnswer(402, "insufficient_balance", "wallet balance is too low")
         order = self._new_order(
             user, product, sku, quantity, unit_price, downstream_no, submission.trace_id, callback_url
         )
@@ -470,7 +470,7 @@ class SandboxState:
         if (least is None or quantity >= least) and (most is None or quantity <= most):
             return
         if self.config.speaks_2026:
-            raise ProtocolError(500, "internal_error", "failed to create order")
+            raise ErrorAnswer(500, "internal_error", "failed to create order")
         limits = f"{least or 1} to {most}" if most is not None else f"at least {least}"
         raise bad_request(f"quantity must be {limits} for this product")
 
@@ -563,7 +563,7 @@ class SandboxState:
         """POST /orders/:id/cancel: only ``pending_payment`` orders can be canceled."""
         order = self.find_order(api_key, order_id)
         if order.status != "pending_payment":
-            raise ProtocolError(
+            raise ErrorAnswer(
                 409, "cancel_not_allowed", f"an order in status {order.status} cannot be canceled"
             )
         self._release_stock(order)

@@ -22,9 +22,9 @@ from typing import Any, Self
 import aiohttp
 from aiohttp import web
 
-from procurd.config import CALLBACK_PATH
+from procurd.protocol.dujiao.callback import CALLBACK_PATH
+from procurd.protocol.dujiao.signing import HeaderNames, parse_timestamp, sign, signature_matches
 from procurd.sandbox.config import DEFAULT_API_KEY, DEFAULT_API_SECRET
-from procurd.signing import HeaderNames, parse_timestamp, sign, signature_matches
 
 API_PREFIX = "/api/v1/upstream"
 LARGE_BODY_BYTES = 1024 * 1024  # aiohttp wants bigger bodies as a stream

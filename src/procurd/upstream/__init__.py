@@ -1,6 +1,7 @@
-"""Typed asyncio client of the upstream's signed procurement API (seed 000)."""
+"""The upstream interface every dialect's client meets: the ways a call can fail, and the request budget.
 
-from procurd.upstream.client import RequestObserver, UpstreamClient
+Each protocol's client lives with its wire in :mod:`procurd.protocol` (``dujiao``, ``acgfaka``)."""
+
 from procurd.upstream.errors import (
     AuthError,
     BusinessError,
@@ -16,56 +17,24 @@ from procurd.upstream.errors import (
     UpstreamError,
     UpstreamTimeout,
     UpstreamUnavailable,
-    classify_response,
-    error_class_for,
-)
-from procurd.upstream.models import (
-    CancelResult,
-    Category,
-    CreateOrderRequest,
-    Fulfillment,
-    MemberLevel,
-    OrderCreated,
-    OrderItem,
-    PingResult,
-    Product,
-    ProductPage,
-    Sku,
-    UpstreamOrder,
 )
 from procurd.upstream.ratelimit import Priority, PriorityRateLimiter
 
 __all__ = [
     "AuthError",
     "BusinessError",
-    "CancelResult",
-    "Category",
     "ClockSkew",
     "ConnectFailed",
-    "CreateOrderRequest",
-    "Fulfillment",
-    "MemberLevel",
-    "OrderCreated",
-    "OrderItem",
     "OutcomeUnknown",
     "PaymentFailed",
-    "PingResult",
     "PriceChanged",
     "Priority",
     "PriorityRateLimiter",
-    "Product",
-    "ProductPage",
     "ProtocolError",
     "RateLimited",
-    "RequestObserver",
     "ServerError",
-    "Sku",
     "TransportError",
-    "UpstreamClient",
     "UpstreamError",
-    "UpstreamOrder",
     "UpstreamTimeout",
     "UpstreamUnavailable",
-    "classify_response",
-    "error_class_for",
 ]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from datetime import UTC, datetime
+from datetime import datetime
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Final
 
@@ -17,75 +17,33 @@ from aiohttp import web
 
 from procurd import __version__
 from procurd.core.orders import STATUS_MEANINGS
+from procurd.core.times import iso_z, plural, utc_text, worded_ago, worded_duration
 from procurd.http.console.context import CONSOLE, FLASH, SESSION, with_query
 
 if TYPE_CHECKING:
     import jinja2
 
 TITLE_LANGUAGES = ("en-US", "en", "zh-CN", "zh-TW")
-_UNITS = (("day", 86_400), ("hour", 3_600), ("minute", 60))
-
-
-def parse_time(value: Any) -> datetime | None:
-    """An aware UTC datetime from a datetime or an ISO 8601 text (``...Z`` too); ``None`` otherwise."""
-    if isinstance(value, datetime):
-        moment = value
-    elif isinstance(value, str) and value:
-        try:
-            moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
-        except ValueError:
-            return None
-    else:
-        return None
-    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
-
-
-def plural(count: int, word: str, words: str | None = None) -> str:
-    """``1 minute``, ``2 minutes``, ``0 items``."""
-    return f"{count} {word if count == 1 else (words or word + 's')}"
 
 
 def duration(seconds: float | None) -> str:
     """A length of time in its largest two units: ``3 minutes 20 seconds``, ``2 days 1 hour``."""
-    if seconds is None:
-        return "—"
-    remaining = max(0, int(seconds))
-    if remaining < 60:
-        return plural(remaining, "second")
-    parts = []
-    for name, size in (*_UNITS, ("second", 1)):
-        if remaining >= size:
-            parts.append(plural(remaining // size, name))
-            remaining %= size
-        if len(parts) == 2 or (parts and remaining == 0):
-            break
-    return " ".join(parts)
+    return "—" if seconds is None else worded_duration(seconds)
 
 
 def ago(value: Any, now: datetime | None = None) -> str:
     """``just now``, ``5 minutes ago``, ``1 hour ago``, ``in 3 minutes``; "" for no time."""
-    moment = parse_time(value)
-    if moment is None:
-        return ""
-    seconds = int(((now or datetime.now(UTC)) - moment).total_seconds())
-    if abs(seconds) < 60:
-        return "just now"
-    for name, size in _UNITS:
-        if abs(seconds) >= size:
-            text = plural(abs(seconds) // size, name)
-            return f"{text} ago" if seconds > 0 else f"in {text}"
-    return "just now"
+    return worded_ago(value, now) or ""
 
 
 def utc(value: Any) -> str:
     """``2026-11-23 15:46:02 UTC``; "" for no time."""
-    moment = parse_time(value)
-    return moment.strftime("%Y-%m-%d %H:%M:%S UTC") if moment is not None else ""
+    text = utc_text(value)
+    return f"{text} UTC" if text is not None else ""
 
 
 def iso(value: Any) -> str:
-    moment = parse_time(value)
-    return moment.isoformat().replace("+00:00", "Z") if moment is not None else ""
+    return iso_z(value) or ""
 
 
 def title_text(value: Any) -> str:

@@ -19,6 +19,7 @@ from aiohttp import web
 
 from procurd.core.provider import ORDER_STATUSES as PROVIDER_ORDER_STATUSES
 from procurd.core.refusals import Refused
+from procurd.core.times import plural
 from procurd.http.console import data
 from procurd.http.console.context import (
     CONSOLE,
@@ -33,7 +34,7 @@ from procurd.http.console.context import (
     safe_next,
     set_session,
 )
-from procurd.http.console.render import plural, render
+from procurd.http.console.render import render
 from procurd.http.console.session import Flash
 from procurd.http.errors import ApiError
 from procurd.http.inputs import (

@@ -55,7 +55,7 @@ from procurd.protocol.acgfaka.goods import (
 from procurd.protocol.acgfaka.orders import TRADE_NO, QueryResult, TradeRequest, TradeResult
 from procurd.protocol.acgfaka.refusals import classify_refusal, classify_trade_refusal
 from procurd.protocol.acgfaka.signing import FieldValue, form_body, sign
-from procurd.upstream.client import RequestObserver, _describe_transport_failure
+from procurd.protocol.transport import RequestObserver, describe_transport_failure, parse_retry_after
 from procurd.upstream.errors import (
     AuthError,
     BusinessError,
@@ -68,7 +68,6 @@ from procurd.upstream.errors import (
     TransportError,
     UpstreamError,
     UpstreamTimeout,
-    parse_retry_after,
     redact,
 )
 from procurd.upstream.ratelimit import Priority, PriorityRateLimiter, RateLimiter
@@ -586,7 +585,7 @@ class AcgFakaClient:
             ) from None
         except (aiohttp.ClientError, OSError) as exc:
             failure = ConnectFailed if isinstance(exc, aiohttp.ClientConnectorError) else TransportError
-            raise failure(_describe_transport_failure(exc), http_status=status, **where) from None
+            raise failure(describe_transport_failure(exc), http_status=status, **where) from None
         finally:
             self._log.debug(
                 "upstream.request",

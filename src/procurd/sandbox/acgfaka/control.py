@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from procurd.protocol.acgfaka.ini import IniError, parse_ini
+from procurd.protocol.web import json_response
 from procurd.sandbox.acgfaka.catalogue import config_text, describe
 from procurd.sandbox.acgfaka.shop import Commodity, Member, ShopRefusal, parse_version
-from procurd.sandbox.api import json_response
 from procurd.sandbox.control import _is_loopback
 from procurd.sandbox.control_fields import ControlError, Kind, Money, bad_field, checked_fields, json_body
 

@@ -17,7 +17,7 @@ AUTH_FAILURE_STATUS = {
 }
 
 
-class ProtocolError(Exception):
+class ErrorAnswer(Exception):
     """A failure answer of the signed API: HTTP status, ``error_code``, ``error_message``, and fields the
     answer carries besides (a ``payment_failed`` answer's order, say)."""
 
@@ -32,13 +32,13 @@ class ProtocolError(Exception):
         return {"ok": False, **self.extra, "error_code": self.code, "error_message": self.message}
 
 
-def bad_request(message: str) -> ProtocolError:
-    return ProtocolError(400, "bad_request", message)
+def bad_request(message: str) -> ErrorAnswer:
+    return ErrorAnswer(400, "bad_request", message)
 
 
-def auth_failure(code: str, message: str) -> ProtocolError:
-    return ProtocolError(AUTH_FAILURE_STATUS[code], code, message)
+def auth_failure(code: str, message: str) -> ErrorAnswer:
+    return ErrorAnswer(AUTH_FAILURE_STATUS[code], code, message)
 
 
-def internal_error() -> ProtocolError:
-    return ProtocolError(500, "internal_error", "internal server error")
+def internal_error() -> ErrorAnswer:
+    return ErrorAnswer(500, "internal_error", "internal server error")

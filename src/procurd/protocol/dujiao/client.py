@@ -21,20 +21,8 @@ from procurd.config import UpstreamSettings
 from procurd.core.catalog import rfc3339
 from procurd.core.exact import loads_exact, loads_listing
 from procurd.core.problems import problems
-from procurd.signing import HeaderNames, signed_headers
-from procurd.upstream.errors import (
-    AuthError,
-    ConnectFailed,
-    ProtocolError,
-    RateLimited,
-    TransportError,
-    UpstreamError,
-    UpstreamTimeout,
-    classify_response,
-    clock_offset,
-    truncate,
-)
-from procurd.upstream.models import (
+from procurd.protocol.dujiao.answers import classify_response
+from procurd.protocol.dujiao.models import (
     CancelResult,
     CatalogPage,
     Category,
@@ -47,6 +35,18 @@ from procurd.upstream.models import (
     UpstreamModel,
     UpstreamOrder,
 )
+from procurd.protocol.dujiao.signing import HeaderNames, signed_headers
+from procurd.protocol.transport import RequestObserver, clock_offset, describe_transport_failure
+from procurd.upstream.errors import (
+    AuthError,
+    ConnectFailed,
+    ProtocolError,
+    RateLimited,
+    TransportError,
+    UpstreamError,
+    UpstreamTimeout,
+    truncate,
+)
 from procurd.upstream.ratelimit import Priority, PriorityRateLimiter, RateLimiter
 
 LOGGER_NAME = "procurd.upstream"
@@ -58,11 +58,6 @@ INCLUDE_INACTIVE = {"include_inactive": "true"}
 """Asked of every listing: a site that serves it lists inactive products too, and says so."""
 
 ModelT = TypeVar("ModelT", bound=UpstreamModel)
-
-
-RequestObserver = Callable[[str, str, str, float, "UpstreamError | None"], None]
-"""``observer(upstream, endpoint, outcome, seconds, error)``, once per request: ``outcome`` is ``"ok"``, the
-error code, ``"cancelled"``, or ``"error"`` for an unexpected exception; ``error`` is the upstream error."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -393,7 +388,7 @@ class UpstreamClient:
             # A connector error happens before the request goes out (a reused connection never raises it).
             failure = ConnectFailed if isinstance(exc, aiohttp.ClientConnectorError) else TransportError
             raise failure(
-                _describe_transport_failure(exc),
+                describe_transport_failure(exc),
                 upstream=self.name,
                 endpoint=call.endpoint,
                 http_status=status,
@@ -458,23 +453,3 @@ def _describe_validation(model: type[UpstreamModel], exc: ValidationError) -> st
     found = problems(exc, root="(body)")
     suffix = f" (and {len(found) - 3} more)" if len(found) > 3 else ""
     return truncate(f"invalid {model.__name__}: {'; '.join(found[:3])}{suffix}")
-
-
-def _describe_transport_failure(exc: BaseException) -> str:
-    if isinstance(exc, aiohttp.ClientConnectorCertificateError):
-        return f"TLS certificate not accepted: {type(exc.certificate_error).__name__}"
-    if isinstance(exc, aiohttp.ClientSSLError):
-        return f"TLS failure: {exc.os_error.strerror or type(exc.os_error).__name__}"
-    if isinstance(exc, aiohttp.ClientConnectorDNSError):
-        return f"cannot resolve the host: {exc.os_error.strerror or type(exc.os_error).__name__}"
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        return f"cannot connect: {exc.os_error.strerror or type(exc.os_error).__name__}"
-    if isinstance(exc, aiohttp.ServerDisconnectedError):
-        return "the server closed the connection without an answer"
-    if isinstance(exc, aiohttp.ClientPayloadError):
-        return "the answer was cut off"
-    if isinstance(exc, aiohttp.ClientResponseError):
-        return "the answer is not valid HTTP"
-    if isinstance(exc, OSError) and exc.strerror:
-        return exc.strerror
-    return type(exc).__name__

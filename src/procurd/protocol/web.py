@@ -1,4 +1,4 @@
-"""Request bodies read within bounds, on procurd's listeners and the signed API's.
+"""What every listener of procurd's shares: request bodies read within bounds, and JSON answers.
 
 aiohttp decodes a body sent with ``Content-Encoding: gzip`` or ``deflate`` as it is read (never further
 ahead than its buffer). :func:`read_bounded` stops reading, and so decompressing, as soon as more than
@@ -10,6 +10,12 @@ listeners close such a connection after the answer (:func:`procurd.http.errors.l
 """
 
 from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
 
 from aiohttp import hdrs, web
 
@@ -46,3 +52,38 @@ async def read_bounded(request: web.BaseRequest, limit: int) -> bytes:
             raise BodyTooLarge
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+class ClientGone(Exception):
+    """The client closed its connection before its request's body arrived: nobody is left to answer."""
+
+
+def _exact(value: Any) -> Any:
+    if isinstance(value, Decimal):
+        return str(value)
+    if isinstance(value, datetime):
+        return value.isoformat()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def dumps(data: Any) -> str:
+    """Compact JSON, non-ASCII as it is; exact decimals as their text, times in ISO 8601."""
+    return json.dumps(data, default=_exact, ensure_ascii=False, separators=(",", ":"))
+
+
+def dump_json(data: Any) -> bytes:
+    """:func:`dumps` as UTF-8 bytes."""
+    return dumps(data).encode()
+
+
+def json_response(data: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> web.Response:
+    return raw_json_response(dump_json(data), status, headers)
+
+
+def raw_json_response(
+    body: bytes, status: int = 200, headers: Mapping[str, str] | None = None
+) -> web.Response:
+    """An answer whose JSON is already serialized."""
+    return web.Response(
+        body=body, status=status, content_type="application/json", charset="utf-8", headers=headers
+    )

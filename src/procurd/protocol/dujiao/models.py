@@ -15,21 +15,6 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-KNOWN_ORDER_STATUSES = frozenset(
-    {
-        "pending_payment",
-        "paid",
-        "fulfilling",
-        "partially_delivered",
-        "delivered",
-        "completed",
-        "canceled",
-        "refunded",
-        "partially_refunded",
-    }
-)
-FINAL_ORDER_STATUSES = frozenset({"delivered", "completed", "canceled", "refunded"})
-
 
 def _decimal_text(value: Any) -> Any:
     if isinstance(value, bool):

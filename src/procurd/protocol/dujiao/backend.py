@@ -11,7 +11,7 @@ from typing import Any
 
 from aiohttp import web
 
-from procurd.protocol.errors import ProtocolError
+from procurd.protocol.dujiao.failures import ErrorAnswer
 
 MAX_PAGE_SIZE = 100
 DEFAULT_PAGE_SIZE = 20
@@ -151,7 +151,7 @@ class Backend:
         """A request of ``caller`` was signed with one of its previous secrets (for counting)."""
 
     def authentication_failed(
-        self, request: web.Request, endpoint: str, api_key: str, error: ProtocolError
+        self, request: web.Request, endpoint: str, api_key: str, error: ErrorAnswer
     ) -> None:
         """A request to ``endpoint`` failed authentication (for counting, or limiting its source)."""
 
@@ -187,7 +187,7 @@ class Backend:
         raise NotImplementedError
 
     async def product(self, caller: Caller, product_id: int) -> bytes:
-        """The serialized product; :class:`ProtocolError` ``product_not_found`` / ``product_unavailable``."""
+        """The serialized product; :class:`ErrorAnswer` ``product_not_found`` / ``product_unavailable``."""
         raise NotImplementedError
 
     async def existing_order(self, caller: Caller, downstream_order_no: str) -> Mapping[str, Any] | None:
@@ -195,7 +195,7 @@ class Backend:
         raise NotImplementedError
 
     async def create_order(self, caller: Caller, submission: OrderSubmission) -> Mapping[str, Any]:
-        """Create and pay an order: the success answer, or :class:`ProtocolError` (``payment_failed`` as
+        """Create and pay an order: the success answer, or :class:`ErrorAnswer` (``payment_failed`` as
         HTTP 200 with the canceled order's fields in ``extra``)."""
         raise NotImplementedError
 

@@ -27,22 +27,30 @@ import structlog
 from aiohttp import hdrs, web
 from aiohttp.web_protocol import RequestPayloadError
 
-from procurd.bodies import BodyTooLarge, LengthUnknown, read_bounded, unknown_length_text
 from procurd.core.json_limits import text_problem
-from procurd.protocol.backend import (
+from procurd.protocol.dujiao.backend import (
     Backend,
     Caller,
     OrderSubmission,
     ProductQuery,
 )
-from procurd.protocol.errors import (
+from procurd.protocol.dujiao.failures import (
     AUTH_FAILURE_STATUS,
-    ProtocolError,
+    ErrorAnswer,
     auth_failure,
     bad_request,
     internal_error,
 )
-from procurd.signing import HeaderNames, parse_timestamp, signature_matches, timestamp_fresh
+from procurd.protocol.dujiao.signing import HeaderNames, parse_timestamp, signature_matches, timestamp_fresh
+from procurd.protocol.web import (
+    BodyTooLarge,
+    ClientGone,
+    LengthUnknown,
+    json_response,
+    raw_json_response,
+    read_bounded,
+    unknown_length_text,
+)
 
 API_PREFIX = "/api/v1/upstream"
 PROTOCOL_VERSION = "1.0"
@@ -88,24 +96,6 @@ def allowed_methods(subpath: str) -> list[str]:
     return [route.method for route in ROUTES if route.pattern.fullmatch(subpath)]
 
 
-def dump_json(value: Any) -> bytes:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=_exact).encode()
-
-
-def _exact(value: Any) -> Any:
-    if isinstance(value, Decimal):
-        return str(value)
-    raise TypeError(f"{type(value).__name__} is not JSON serializable")
-
-
-def json_response(data: Any, status: int = 200) -> web.Response:
-    return raw_json_response(dump_json(data), status)
-
-
-def raw_json_response(body: bytes, status: int = 200) -> web.Response:
-    return web.Response(body=body, status=status, content_type="application/json", charset="utf-8")
-
-
 def listing_answer(
     items: Sequence[bytes], total: int, page: int, page_size: int, includes_inactive: bool | None = None
 ) -> bytes:
@@ -147,10 +137,6 @@ def rate_limited_response(
     if retry_after is not None:
         response.headers[hdrs.RETRY_AFTER] = str(max(1, round(retry_after)))
     return response
-
-
-class ClientGone(Exception):
-    """The client closed its connection before its request's body arrived."""
 
 
 def parse_instant(text: str) -> datetime | None:
@@ -230,10 +216,10 @@ class SignedApi:
             if route is None:
                 await self.backend.unrouted(request, lambda: self.signed(request))
                 if path_known:
-                    raise ProtocolError(405, "method_not_allowed", f"{request.method} is not allowed here")
-                raise ProtocolError(404, "not_found", "no such endpoint")
+                    raise ErrorAnswer(405, "method_not_allowed", f"{request.method} is not allowed here")
+                raise ErrorAnswer(404, "not_found", "no such endpoint")
             response, caller, outcome = await self._handle(request, route, params)
-        except ProtocolError as error:
+        except ErrorAnswer as error:
             response = json_response(error.body(), error.status)
             if error.status in (408, 413):
                 response.force_close()  # what is left of the body is not read: it would be the next request
@@ -242,7 +228,7 @@ class SignedApi:
             outcome = error.code
         except ClientGone:  # nobody is left to read an answer: one line, no traceback
             log.info("protocol.client_disconnected", path=request.path, endpoint=endpoint)
-            gone = ProtocolError(499, "client_closed_request", "the client closed the connection")
+            gone = ErrorAnswer(499, "client_closed_request", "the client closed the connection")
             response = json_response(gone.body(), gone.status)
             outcome = gone.code
         except Exception:  # any bug becomes the API's own 500 body, and is logged
@@ -265,7 +251,7 @@ class SignedApi:
             return early, None, "rate_limited"
         try:
             caller, body = await self.authenticate(request)
-        except ProtocolError as error:
+        except ErrorAnswer as error:
             if error.code in AUTH_FAILURE_STATUS:
                 backend.authentication_failed(request, endpoint, api_key, error)
             raise
@@ -278,7 +264,7 @@ class SignedApi:
         outcome = "ok"
         try:
             response = await self._handlers[endpoint](request, caller, params, body)
-        except ProtocolError as error:
+        except ErrorAnswer as error:
             response = json_response(error.body(), error.status)
             outcome = error.code
         return await backend.after(request, endpoint, response), caller, outcome
@@ -301,7 +287,7 @@ class SignedApi:
         if credential is None:
             raise auth_failure("invalid_api_key", "API key is invalid or disabled")
         if not credential.key_active:
-            raise ProtocolError(
+            raise ErrorAnswer(
                 self.backend.disabled_key_status, "invalid_api_key", "API key is invalid or disabled"
             )
         if not credential.user_active:
@@ -325,26 +311,26 @@ class SignedApi:
         checks of every request, whatever its path)."""
         try:
             await self.authenticate(request)
-        except ProtocolError:
+        except ErrorAnswer:
             return False
         return True
 
     async def _read_body(self, request: web.Request) -> bytes:
         """The body, decoded, at most the backend's ``max_body_bytes`` (declared, as sent or decoded): 413
-        beyond, the rest left unread (see :mod:`procurd.bodies`)."""
+        beyond, the rest left unread (see :mod:`procurd.protocol.web`)."""
         limit = self.backend.max_body_bytes
         deadline = self.backend.body_timeout_seconds
         try:
             async with asyncio.timeout(deadline):
                 return await read_bounded(request, limit)
         except BodyTooLarge:
-            raise ProtocolError(
+            raise ErrorAnswer(
                 413, "request_too_large", f"request body is larger than {limit} bytes"
             ) from None
         except LengthUnknown:
             raise bad_request(unknown_length_text(limit)) from None
         except TimeoutError:
-            raise ProtocolError(
+            raise ErrorAnswer(
                 408, "request_timeout", f"the body did not arrive within {deadline:g} s"
             ) from None
         except RequestPayloadError:  # a Content-Encoding its bytes do not match, or broken framing
@@ -430,7 +416,7 @@ class SignedApi:
         submission = self.order_submission(payload, downstream_no)
         try:
             answer = await self.backend.create_order(caller, submission)
-        except ProtocolError as error:
+        except ErrorAnswer as error:
             if error.code == "payment_failed":  # the order exists, canceled: HTTP 200, as seed 000 says
                 return json_response(error.body(), 200)
             raise
