@@ -301,8 +301,11 @@ class _SyncPass:
         self._remembered: dict[bytes, PackedPage] = {}
         self._failure = Failure()
         self._fetcher = PageFetcher(client, upstream, concurrency=options.concurrency, failure=self._failure)
-        self._listing = Listing(self._violation)
         self._totals = RunTotals()
+        # Not a method of the pass: the listing keeps it, and a cycle would keep the pass's snapshot alive
+        # after the pass, until the garbage collector finds it (with the next pass's snapshot beside it).
+        self._violation = _violations(self._totals, upstream)
+        self._listing = Listing(self._violation)
         self._written = Written()
         self._run_id = 0
         self._started_at = utcnow()
@@ -602,9 +605,15 @@ class _SyncPass:
             self._blocked_reason = guard.reason
         return closing.plans
 
-    def _violation(self, text: str) -> None:
-        if self._totals.violation(text):
-            log.warning("catalog.violation", upstream=self._upstream, violation=text)
+
+def _violations(totals: RunTotals, upstream: str) -> Callable[[str], None]:
+    """Where a pass's violations go: its totals (the first hundred) and the log."""
+
+    def violation(text: str) -> None:
+        if totals.violation(text):
+            log.warning("catalog.violation", upstream=upstream, violation=text)
+
+    return violation
 
 
 def _outcome(result: T | BaseException) -> T:
