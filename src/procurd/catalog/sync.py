@@ -51,6 +51,7 @@ from procurd.core.listing import (
     COMPLETE_STATUSES,
     MAX_PAGE_SIZE,
     Batch,
+    Closing,
     Listing,
     RunOutcome,
     RunTotals,
@@ -313,9 +314,7 @@ class _SyncPass:
         self._plan = PassPlan("full", None, "")
         self._initial = False
         self._ignored_updated_after = False
-        self._removals_blocked = 0
-        self._deactivations_blocked = 0
-        self._blocked_reason: str | None = None
+        self._blocked: Closing | None = None  # what the mass-removal guard held back
         self._new_holds: tuple[NewHold, ...] = ()
 
     @property
@@ -369,8 +368,8 @@ class _SyncPass:
                 await self._record_kind()
             await self._collect()
             closing = await self._closing_plans()
-            status: SyncStatus = "suspicious" if self._blocked_reason is not None else "ok"
-            error = self._blocked_reason
+            status: SyncStatus = "suspicious" if self._blocked is not None else "ok"
+            error = None if self._blocked is None else self._blocked.guard.reason
         except asyncio.CancelledError:
             await self._finish("failed", CANCELLED, (), reprice=False)
             raise
@@ -446,8 +445,7 @@ class _SyncPass:
         self._new_holds = tuple(repriced.new_holds)
 
     def _report(self, status: SyncStatus, error: str | None, finished_at: datetime) -> SyncReport:
-        totals = self._totals
-        listing = self._listing
+        totals, listing, blocked = self._totals, self._listing, self._blocked
         return SyncReport(
             run_id=self._run_id,
             upstream=self._upstream,
@@ -467,10 +465,10 @@ class _SyncPass:
             kind=self._plan.kind,
             restored=totals.restored,
             ignored_updated_after=self._ignored_updated_after,
-            removals_blocked=self._removals_blocked,
+            removals_blocked=blocked.products_removed if blocked else 0,
             new_holds=self._new_holds,
             unchanged_pages=self._fetcher.unchanged_pages,
-            deactivations_blocked=self._deactivations_blocked,
+            deactivations_blocked=blocked.products_deactivated if blocked else 0,
             includes_inactive=listing.includes_inactive,
             page_size_asked=self._page_size if listing.page_size else None,
             page_size_answered=listing.page_size or None,
@@ -600,9 +598,7 @@ class _SyncPass:
         if guard.reason is not None:
             log.warning("catalog.sync_mass_removal_blocked", upstream=self._upstream, reason=guard.reason)
         if guard.blocked:
-            self._removals_blocked = closing.products_removed
-            self._deactivations_blocked = closing.products_deactivated
-            self._blocked_reason = guard.reason
+            self._blocked = closing
         return closing.plans
 
 
