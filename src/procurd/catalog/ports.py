@@ -54,6 +54,8 @@ class CatalogClient(CurrencySource, Protocol):
 
 
 class StorageFailures(Protocol):
+    """How a failure of the storage is told apart from others (it is the storage's own exception)."""
+
     def failure(self, exc: BaseException) -> str | None:
         """``exc`` in one line when it is a failure of the storage (a pass records it, or logs it and goes on
         where it can), or None when it is something else."""

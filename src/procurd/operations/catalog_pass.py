@@ -184,6 +184,14 @@ def release_hold_of(
     return hold
 
 
+def last_run(tx: MirrorTx, upstream: str, finished: bool) -> Mapping[Any, Any] | None:
+    return tx.mirror.last_run(upstream, finished=finished)
+
+
+def held_skus(tx: MirrorTx, upstream: str | None) -> list[Mapping[Any, Any]]:
+    return list(tx.mirror.holds(upstream))
+
+
 # --- the ports ----------------------------------------------------------------------------------------------
 
 
@@ -285,10 +293,6 @@ async def last_sync(database: Database, upstream: str, *, finished: bool = False
     return None if row is None else SyncReport.from_row(row)
 
 
-def last_run(tx: MirrorTx, upstream: str, finished: bool) -> Mapping[Any, Any] | None:
-    return tx.mirror.last_run(upstream, finished=finished)
-
-
 async def release_hold(
     database: Database,
     upstream: str,
@@ -324,7 +328,3 @@ async def holds(database: Database, upstream: str | None = None) -> list[dict[st
         }
         for row in rows
     ]
-
-
-def held_skus(tx: MirrorTx, upstream: str | None) -> list[Mapping[Any, Any]]:
-    return list(tx.mirror.holds(upstream))
