@@ -28,11 +28,12 @@ AIM_PERCENT = 5.0
 async def measure(
     products: int, skus_per_product: int, changed_percent: float, dialect: str = "seed"
 ) -> None:
-    from procurd.catalog.sync import SyncOptions, SyncReport, run_sync
+    from procurd.catalog.sync import SyncOptions, SyncReport
     from procurd.config import UpstreamSettings
     from procurd.db import migrate
     from procurd.db.database import open_database
     from procurd.logs import configure_logging
+    from procurd.operations.catalog_pass import run_sync
     from procurd.protocol.dujiao.client import UpstreamClient
     from procurd.sandbox import Sandbox, SandboxConfig
 

@@ -154,11 +154,13 @@ def _rss_mb() -> float:
 async def measure(
     base_url: str, database_url: str, page_size: int, concurrency: int, with_pricing: bool
 ) -> Figures:
-    from procurd.catalog.sync import PageMemory, SyncOptions, run_sync
+    from procurd.catalog.pages import PageMemory
+    from procurd.catalog.sync import SyncOptions
     from procurd.config import PricingSettings, UpstreamSettings
     from procurd.db.database import open_database
     from procurd.db.schema import mirror_changes
     from procurd.logs import configure_logging
+    from procurd.operations.catalog_pass import run_sync
     from procurd.protocol.dujiao.client import UpstreamClient
 
     configure_logging("warning")

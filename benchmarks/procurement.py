@@ -55,7 +55,6 @@ from procurement_processes import (
 from sqlalchemy import Executable, Row, func, select
 from sqlalchemy.engine import make_url
 
-from procurd.catalog.sync import last_sync, run_sync
 from procurd.config import Settings, UpstreamSettings
 from procurd.daemon import Daemon
 from procurd.db import migrate
@@ -63,6 +62,7 @@ from procurd.db.database import Database, open_database
 from procurd.db.schema import procurements
 from procurd.logs import configure_logging
 from procurd.loopback import unused_ports
+from procurd.operations.catalog_pass import last_sync, run_sync
 from procurd.protocol.dujiao.callback import CALLBACK_PATH
 from procurd.protocol.dujiao.client import UpstreamClient
 from procurd.systemd import Notifier

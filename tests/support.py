@@ -22,7 +22,6 @@ from click.testing import CliRunner, Result
 from sqlalchemy import Executable, Row, select
 from structlog._config import BoundLoggerLazyProxy
 
-from procurd.catalog.sync import run_sync
 from procurd.cli import main
 from procurd.config import Settings
 from procurd.daemon import Daemon
@@ -31,6 +30,7 @@ from procurd.db.schema import leases
 from procurd.db.types import utcnow
 from procurd.logs import configure_logging
 from procurd.loopback import unused_ports
+from procurd.operations.catalog_pass import run_sync
 from procurd.runtime import Runtime
 from procurd.sandbox import SandboxConfig
 from procurd.systemd import Notifier

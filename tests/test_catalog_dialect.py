@@ -11,10 +11,12 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from procurd.catalog.sync import PageMemory, SyncOptions, SyncReport, run_sync
+from procurd.catalog.pages import PageMemory
+from procurd.catalog.sync import SyncOptions, SyncReport
 from procurd.config import UpstreamSettings
 from procurd.db.database import Database
 from procurd.db.schema import mirror_changes, mirror_products, mirror_skus
+from procurd.operations.catalog_pass import run_sync
 from procurd.protocol.dujiao.client import UpstreamClient
 from procurd.sandbox import Sandbox, SandboxConfig
 

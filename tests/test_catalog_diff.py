@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from catalog_records import product_records
+from catalog_records import product_payload, product_records, sku_payload
 from procurd.core.catalog import (
     CATEGORY_FIELDS,
     ENTITIES,
@@ -43,43 +43,6 @@ from procurd.db.schema import mirror_categories, mirror_products, mirror_skus
 
 BOOKKEEPING = {"upstream", "id", "synced_at", "removed_at", "extra", "content_hash"}
 SELLING = {"sell_price", "sell_currency", "price_held_at", "held_cost"}
-
-
-def product_payload(product_id: int = 1, **changes: Any) -> dict[str, Any]:
-    payload: dict[str, Any] = {
-        "id": product_id,
-        "slug": f"product-{product_id}",
-        "title": {"en": "Gift card", "zh-CN": "礼品卡"},
-        "description": {"en": "A card"},
-        "content": {"en": "<p>card</p>"},
-        "seo_meta": {},
-        "images": ["https://img.example/1.png"],
-        "tags": ["gift"],
-        "price_amount": "9.90",
-        "fulfillment_type": "auto",
-        "manual_form_schema": None,
-        "is_active": True,
-        "category_id": 11,
-        "created_at": "2026-01-01T00:00:00Z",
-        "updated_at": "2026-01-02T00:00:00Z",
-        "skus": [sku_payload(product_id * 10 + 1), sku_payload(product_id * 10 + 2)],
-    }
-    payload.update(changes)
-    return payload
-
-
-def sku_payload(sku_id: int, **changes: Any) -> dict[str, Any]:
-    payload: dict[str, Any] = {
-        "id": sku_id,
-        "sku_code": f"SKU-{sku_id}",
-        "spec_values": {"region": "EU"},
-        "price_amount": "9.90",
-        "stock_status": "in_stock",
-        "stock_quantity": 50,
-        "is_active": True,
-    }
-    payload.update(changes)
-    return payload
 
 
 def snapshot_of(*records: Record, removed: bool = False) -> Snapshot:

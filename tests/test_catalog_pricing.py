@@ -16,14 +16,14 @@ import aiohttp
 import pytest
 from sqlalchemy import select
 
-from procurd.catalog.pricing import holds, reprice_upstream
-from procurd.catalog.sync import SyncOptions, SyncReport, run_sync
+from procurd.catalog.sync import SyncOptions, SyncReport
 from procurd.config import PricingSettings, Settings
 from procurd.db.database import Database
 from procurd.db.schema import mirror_changes, mirror_products, mirror_skus
 from procurd.http.admin import make_admin_app
 from procurd.http.testing import serve
 from procurd.operations import Operations
+from procurd.operations.catalog_pass import holds, reprice_upstream, run_sync
 from procurd.runtime import Runtime
 from procurd.sandbox import Sandbox, SandboxConfig
 from support import settings_for, wait_until

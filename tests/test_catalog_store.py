@@ -19,8 +19,9 @@ from procurd.core.catalog import (
     diff_unlisted,
     log_changes,
 )
+from procurd.core.listing import RunOutcome, RunTotals
 from procurd.db.database import Database
-from procurd.db.mirror_store import INTERRUPTED_ERROR, RunOutcome, RunTotals
+from procurd.db.mirror_store import INTERRUPTED_ERROR
 from procurd.db.schema import mirror_changes, mirror_products, mirror_skus, sync_runs
 from procurd.db.stores import Tx
 from procurd.db.types import utcnow

@@ -14,7 +14,8 @@ import pytest
 from sqlalchemy import delete, func, select, text, update
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from procurd.catalog.sync import CANCELLED, SKIPPED_BUSY, PageMemory, SyncReport, last_sync, run_sync
+from procurd.catalog.pages import PageMemory
+from procurd.catalog.sync import CANCELLED, SKIPPED_BUSY, SyncReport
 from procurd.config import UpstreamSettings
 from procurd.db.database import Database
 from procurd.db.mirror_store import INTERRUPTED_ERROR
@@ -22,6 +23,7 @@ from procurd.db.schema import leases as leases_table
 from procurd.db.schema import mirror_categories, mirror_changes, mirror_products, mirror_skus, sync_runs
 from procurd.db.stores import Tx
 from procurd.db.types import utcnow
+from procurd.operations.catalog_pass import last_sync, run_sync
 from procurd.protocol.dujiao.client import UpstreamClient
 from procurd.protocol.dujiao.models import CatalogPage, PingResult, SeenPage
 from procurd.sandbox import Sandbox, SandboxConfig

@@ -39,7 +39,6 @@ from multidict import CIMultiDict
 from sqlalchemy import Table, select
 from yarl import URL
 
-from procurd.catalog.sync import run_sync
 from procurd.config import Settings
 from procurd.db.schema import audit_log, orders, outbox, procurement_numbers, procurements
 from procurd.http.admin import make_admin_app
@@ -48,6 +47,7 @@ from procurd.http.public import make_public_app
 from procurd.http.testing import reserve_port, serve, submit_due, url_of
 from procurd.logs import configure_logging
 from procurd.operations import Operations
+from procurd.operations.catalog_pass import run_sync
 from procurd.protocol.dujiao.callback import CALLBACK_PATH
 from procurd.protocol.dujiao.signing import HeaderNames, sign
 from procurd.runtime import Runtime

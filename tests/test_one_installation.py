@@ -30,7 +30,7 @@ from fault_support import (
     single_item,
     take_ledger,
 )
-from procurd.catalog.sync import LEASE_PREFIX
+from procurd.catalog.lease import LEASE_PREFIX
 from procurd.db.schema import alerts, leases, sync_runs
 from procurd.sandbox import Sandbox
 from scale_cluster import DaemonProcess, _child_environment, instance_config, settings_of, to_toml

@@ -14,10 +14,12 @@ from procurd.core.pricing import (
     Pricing,
     PricingRule,
     ProductFacts,
+    ReleasedHold,
     RuleError,
     SkuFacts,
     build_rule,
     price_of,
+    release,
     reprice,
     unknown_categories,
 )
@@ -268,6 +270,23 @@ def test_held_sku_keeps_its_price_and_unpriced_skus_are_not_held() -> None:
     assert [(s.id, s.sell_price, s.hold_cost) for s in result.skus] == [(2, "60.00", None)]
     assert result.new_holds == []
     assert result.changes == [PriceChange("sku", 2, None, "60.00")]
+
+
+def test_a_released_hold_prices_the_sku_and_its_product_from_the_current_cost() -> None:
+    """Released, a held SKU sells at what the rules make of its current cost, and its product at its cheapest
+    SKU's; a SKU that is not held has no hold to release."""
+    held = sku(1, "50.00", sell_price="12.00", sell_currency="CNY", held=True)
+    other = sku(2, "80.00", sell_price="96.00", sell_currency="CNY")
+    product = {100: ProductFacts(100, "12.00", "CNY")}
+    released = release("main", 1, [held, other], product, HOLD)
+    assert released is not None
+    repricing, hold = released
+    assert hold == ReleasedHold("main", 1, "60.00", "CNY")
+    assert repricing.changes == [
+        PriceChange("sku", 1, "12.00", "60.00"),
+        PriceChange("product", 100, "12.00", "60.00"),
+    ]
+    assert release("main", 2, [held, other], product, HOLD) is None
 
 
 def test_unknown_upstream_currency_keeps_the_stored_price() -> None:

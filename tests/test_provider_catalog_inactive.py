@@ -15,9 +15,10 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from procurd.catalog.sync import SyncOptions, SyncReport, run_sync
+from procurd.catalog.sync import SyncOptions, SyncReport
 from procurd.daemon import Daemon
 from procurd.db.schema import mirror_changes, mirror_products
+from procurd.operations.catalog_pass import run_sync
 from procurd.runtime import Runtime
 from procurd.sandbox import Sandbox, SandboxConfig
 from procurd.sandbox.testing import SignedClient

@@ -146,7 +146,7 @@ async def _upgrade(settings: Settings) -> None:
 
 
 async def _show_catalogue(daemon: Daemon, console: Console) -> None:
-    from procurd.catalog.sync import last_sync
+    from procurd.operations.catalog_pass import last_sync
 
     deadline = time.monotonic() + WAIT_SECONDS
     report = None

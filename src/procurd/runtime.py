@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import structlog
 
 from procurd.alerts import Alerts
-from procurd.catalog.sync import PageMemory
+from procurd.catalog.pages import PageMemory
 from procurd.config import Settings
 from procurd.db.database import Database, open_database
 from procurd.db.errors import DatabaseError

@@ -1,37 +1,29 @@
-"""Selling prices in the mirror: repricing from ``[pricing]`` and price holds, on the database.
+"""Selling prices in the mirror: repricing from ``[pricing]``, through the pricing port.
 
-The arithmetic is :mod:`procurd.core.pricing`; here are the transactions around it. Every repricing reads
-the SKUs it prices under row locks (PostgreSQL) in the same transaction that writes their new prices, so two
-instances, or a pass and a release, never write prices computed from costs that changed meanwhile.
+The arithmetic is :mod:`procurd.core.pricing`; here is the order of the steps around it: the upstream's
+currency (asked of it once when unknown), what the rules need to know of the mirror, and the products
+repriced a few hundred per transaction (:meth:`procurd.catalog.ports.PricingStorage.reprice`: every repricing
+reads the SKUs it prices under row locks in the transaction that writes their new prices, so two instances,
+or a pass and a release, never write prices computed from costs that changed meanwhile).
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field, replace
-from datetime import datetime
-from typing import Any, Protocol
+from dataclasses import dataclass, field
 
 import structlog
 
+from procurd.catalog.ports import CurrencySource, PriceWrite, PricingStorage
 from procurd.config import PricingSettings
-from procurd.core.pricing import NewHold, Pricing, Repricing, reprice, unknown_categories
-from procurd.db.database import Database
-from procurd.db.stores import Tx
-from procurd.db.types import utcnow
-from procurd.protocol.dujiao.models import PingResult
+from procurd.core.clock import utcnow
+from procurd.core.pricing import NewHold, Pricing, Repricing, unknown_categories
 from procurd.upstream.errors import UpstreamError
 from procurd.upstream.ratelimit import Priority
 
 log = structlog.get_logger("procurd.catalog.pricing")
 
 PRODUCTS_PER_TRANSACTION = 500
-
-
-class CurrencySource(Protocol):
-    """What repricing needs of an upstream client: a ping tells the upstream's currency."""
-
-    async def ping(self, *, priority: Priority = ...) -> PingResult: ...
 
 
 @dataclass(slots=True)
@@ -55,9 +47,11 @@ class RepriceReport:
         self.new_holds.extend(repricing.new_holds)
 
 
-async def upstream_currency(database: Database, upstream: str, client: CurrencySource | None) -> str | None:
+async def upstream_currency(
+    storage: PricingStorage, upstream: str, client: CurrencySource | None
+) -> str | None:
     """The upstream's currency from its last ping; pings it (and records the currency) when none is known."""
-    known = await database.read(lambda tx: tx.health.currency(upstream))
+    known = await storage.currency(upstream)
     if known is not None or client is None:
         return known
     try:
@@ -65,31 +59,12 @@ async def upstream_currency(database: Database, upstream: str, client: CurrencyS
     except UpstreamError as exc:
         log.warning("pricing.currency_unknown", upstream=upstream, error=str(exc))
         return None
-    now = utcnow()
-    await database.write(lambda tx: tx.health.update(upstream, {"currency": answer.currency}, now))
+    await storage.record_currency(upstream, answer.currency, utcnow())
     return answer.currency
 
 
-def reprice_products(
-    tx: Tx,
-    upstream: str,
-    pricing: Pricing,
-    product_ids: Collection[int] | None,
-    *,
-    cost_rises: Mapping[int, tuple[str, str]] | None = None,
-    run_id: int | None = None,
-    now: datetime,
-    log_changes: bool = True,
-) -> Repricing:
-    """Reprice the SKUs of ``product_ids`` (all of the upstream's when None) and those products, in ``tx``."""
-    skus, products = tx.mirror.pricing_facts(upstream, product_ids)
-    repricing = reprice(upstream, skus, products, pricing, cost_rises=cost_rises)
-    tx.mirror.write_prices(upstream, repricing, run_id=run_id, now=now, log=log_changes)
-    return repricing
-
-
-async def reprice_upstream(
-    database: Database,
+async def reprice_products(
+    storage: PricingStorage,
     upstream: str,
     settings: PricingSettings,
     *,
@@ -108,35 +83,24 @@ async def reprice_upstream(
     rules = pricing.for_upstream(upstream)
     if product_ids is not None and not product_ids:
         return report
-    if not rules and not await database.read(lambda tx: tx.mirror.has_prices(upstream)):
+    if not rules and not await storage.has_prices(upstream):
         return report
-    currency = None
-    if pricing.needs_upstream_currency(upstream):
-        currency = await upstream_currency(database, upstream, client)
-        if currency is None:
-            report.problems.append(
-                f"the currency of upstream {upstream} is not known yet (no successful ping): prices in it "
-                "are left as they were"
-            )
-    pricing = Pricing(pricing.rules, currency, pricing.hold_percent)
+    pricing = await with_currency(storage, upstream, pricing, client)
+    if pricing.upstream_currency is None and pricing.needs_upstream_currency(upstream):
+        report.problems.append(
+            f"the currency of upstream {upstream} is not known yet (no successful ping): prices in it are "
+            "left as they were"
+        )
     if any(rule.category_ids is not None and rule.upstream == upstream for rule in rules):
-        known = await database.read(lambda tx: tx.mirror.category_ids(upstream))
+        known = await storage.category_ids(upstream)
         report.problems.extend(unknown_categories(rules, upstream, known))
     if product_ids is None:
-        product_ids = await database.read(lambda tx: tx.mirror.product_ids(upstream))
+        product_ids = await storage.product_ids(upstream)
     ordered = sorted(product_ids)
     for start in range(0, len(ordered), PRODUCTS_PER_TRANSACTION):
         chunk = ordered[start : start + PRODUCTS_PER_TRANSACTION]
-        repricing = await database.write(
-            reprice_products,
-            upstream,
-            pricing,
-            chunk,
-            cost_rises=cost_rises,
-            run_id=run_id,
-            now=utcnow(),
-            log_changes=log_changes,
-        )
+        write = PriceWrite(utcnow(), cost_rises, run_id, log_changes)
+        repricing = await storage.reprice(upstream, pricing, chunk, write)
         report.add(repricing)
     for problem in report.problems:
         log.warning("pricing.problem", upstream=upstream, problem=problem)
@@ -153,70 +117,12 @@ async def reprice_upstream(
     return report
 
 
-@dataclass(frozen=True, slots=True)
-class ReleasedHold:
-    upstream: str
-    sku_id: int
-    sell_price: str | None
-    sell_currency: str | None
-
-
-async def release_hold(
-    database: Database,
-    upstream: str,
-    sku_id: int,
-    settings: PricingSettings,
-    *,
-    client: CurrencySource | None = None,
-) -> ReleasedHold | None:
-    """Release a SKU's price hold and price it from the rules and its current cost at once (one
-    transaction); None when the SKU is not held."""
-    pricing = settings.compiled()
+async def with_currency(
+    storage: PricingStorage, upstream: str, pricing: Pricing, client: CurrencySource | None
+) -> Pricing:
+    """``pricing`` with the upstream's currency, when a rule of the upstream prices in it (None while it is
+    not known)."""
     currency = None
     if pricing.needs_upstream_currency(upstream):
-        currency = await upstream_currency(database, upstream, client)
-    pricing = Pricing(pricing.rules, currency, pricing.hold_percent)
-    now = utcnow()
-
-    def release(tx: Tx) -> ReleasedHold | None:
-        product_id = tx.mirror.product_of_sku(upstream, sku_id)
-        if product_id is None:
-            return None
-        # The product's rows are locked first, in the order every repricing locks them.
-        skus, products = tx.mirror.pricing_facts(upstream, [product_id])
-        held = next((sku for sku in skus if sku.id == sku_id and sku.held), None)
-        if held is None:
-            return None
-        tx.mirror.release_hold(upstream, sku_id)
-        skus = [replace(sku, held=False) if sku.id == sku_id else sku for sku in skus]
-        repricing = reprice(upstream, skus, products, pricing)
-        tx.mirror.write_prices(upstream, repricing, run_id=None, now=now)
-        price = next((sku for sku in repricing.skus if sku.id == sku_id), None)
-        if price is not None:
-            return ReleasedHold(upstream, sku_id, price.sell_price, price.sell_currency)
-        return ReleasedHold(upstream, sku_id, held.sell_price, held.sell_currency)
-
-    released = await database.write(release)
-    if released is not None:
-        log.info("pricing.hold_released", upstream=upstream, sku_id=sku_id, sell_price=released.sell_price)
-    return released
-
-
-async def holds(database: Database, upstream: str | None = None) -> list[dict[str, Any]]:
-    """Held SKUs as JSON-ready dicts, oldest hold first."""
-    rows = await database.read(lambda tx: tx.mirror.holds(upstream))
-    return [
-        {
-            "upstream": row["upstream"],
-            "sku_id": row["sku_id"],
-            "product_id": row["product_id"],
-            "sku_code": row["sku_code"],
-            "title": row["title"],
-            "cost": row["cost"],
-            "held_cost": row["held_cost"],
-            "sell_price": row["sell_price"],
-            "sell_currency": row["sell_currency"],
-            "price_held_at": row["price_held_at"].isoformat() if row["price_held_at"] else None,
-        }
-        for row in rows
-    ]
+        currency = await upstream_currency(storage, upstream, client)
+    return Pricing(pricing.rules, currency, pricing.hold_percent)

@@ -4,7 +4,8 @@ A rule (``[[pricing.rules]]``) matches SKUs by upstream, category, product, SKU 
 matching rule prices a SKU as ``round_up(cost * exchange_rate * (1 + markup_percent / 100) + markup_fixed)``
 to a step (``"0.01"``, ``"0.1"``, ``"1"``, ``"5"`` ...) or to the next price ending in ``.99`` (``"x.99"``),
 in the rule's currency or the upstream's. :func:`reprice` applies the rules to SKUs as the mirror holds them:
-new selling prices, price holds on steep cost increases, the products' cheapest prices, and every change.
+new selling prices, price holds on steep cost increases, the products' cheapest prices, and every change;
+:func:`release` prices a held SKU once its hold is released.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import decimal
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import ROUND_CEILING, ROUND_DOWN, Decimal, InvalidOperation
 from typing import Final, Literal
 
@@ -399,6 +400,36 @@ def reprice(
             if price != product.sell_price:
                 result.changes.append(PriceChange("product", product.id, product.sell_price, price))
     return result
+
+
+@dataclass(frozen=True, slots=True)
+class ReleasedHold:
+    """A SKU whose price hold was released, and the price it sells at now."""
+
+    upstream: str
+    sku_id: int
+    sell_price: str | None
+    sell_currency: str | None
+
+
+def release(
+    upstream: str,
+    sku_id: int,
+    skus: Sequence[SkuFacts],
+    products: Mapping[int, ProductFacts],
+    pricing: Pricing,
+) -> tuple[Repricing, ReleasedHold] | None:
+    """SKU ``sku_id``'s hold released: the prices of its product (``skus``: every SKU of the product, as
+    stored) from the rules and its current cost; None when the SKU is not held."""
+    held = next((sku for sku in skus if sku.id == sku_id and sku.held), None)
+    if held is None:
+        return None
+    unheld = [replace(sku, held=False) if sku.id == sku_id else sku for sku in skus]
+    repricing = reprice(upstream, unheld, products, pricing)
+    price = next((sku for sku in repricing.skus if sku.id == sku_id), None)
+    if price is not None:
+        return repricing, ReleasedHold(upstream, sku_id, price.sell_price, price.sell_currency)
+    return repricing, ReleasedHold(upstream, sku_id, held.sell_price, held.sell_currency)
 
 
 def _hold(

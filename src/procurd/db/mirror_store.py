@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
 from itertools import chain
@@ -47,6 +47,7 @@ from procurd.core.catalog import (
     Record,
     Snapshot,
 )
+from procurd.core.listing import COMPLETE_STATUSES, RunOutcome
 from procurd.core.pricing import PriceChange, ProductFacts, Repricing, SkuFacts
 from procurd.db.schema import mirror_categories, mirror_changes, mirror_products, mirror_skus, sync_runs
 from procurd.db.types import JsonDocument
@@ -60,44 +61,6 @@ IN_CHUNK = 500  # ids per IN (...) list
 ROWS_PER_FETCH = 2000
 VARIABLES_PER_STATEMENT = 2000  # bound values per multi-row INSERT (SQLite and PostgreSQL allow 32766)
 INTERRUPTED_ERROR = "interrupted: the process running this sync stopped before it finished"
-COMPLETE_STATUSES = ("ok", "suspicious")  # passes whose listing was complete
-
-
-@dataclass(slots=True)
-class RunTotals:
-    """The counters of one sync run, as ``sync_runs`` stores them."""
-
-    pages: int = 0
-    categories: int = 0
-    products: int = 0
-    skus: int = 0
-    added: int = 0
-    restored: int = 0
-    changed: int = 0
-    removed: int = 0
-    rows_written: int = 0
-    violations: list[str] = field(default_factory=list)
-
-    def count(self, plans: Sequence[Plan]) -> None:
-        """Add the effect of written ``plans``."""
-        for plan in plans:
-            self.added += plan.added
-            self.restored += plan.restored
-            self.changed += plan.changed
-            self.removed += plan.removed
-            self.rows_written += plan.rows
-
-
-@dataclass(frozen=True, slots=True)
-class RunOutcome:
-    """How a run ended, as ``finish_run`` records it."""
-
-    status: str
-    kind: PassKind
-    finished_at: datetime
-    totals: RunTotals
-    error: str | None
-    ignored_updated_after: bool = False
 
 
 @dataclass(frozen=True, slots=True)

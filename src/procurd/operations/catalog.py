@@ -13,11 +13,13 @@ from typing import Any
 
 import structlog
 
-from procurd.catalog.pricing import ReleasedHold, RepriceReport, holds, release_hold, reprice_upstream
-from procurd.catalog.sync import CatalogAlert, SyncOptions, SyncReport, run_sync
+from procurd.catalog.pricing import RepriceReport
+from procurd.catalog.sync import CatalogAlert, SyncOptions, SyncReport
 from procurd.core.alerts import Kind, Occurrence
+from procurd.core.pricing import ReleasedHold
 from procurd.core.refusals import Refused
 from procurd.db.errors import DatabaseError
+from procurd.operations.catalog_pass import holds, release_hold, reprice_upstream, run_sync
 from procurd.runtime import Runtime
 
 log = structlog.get_logger("procurd.catalog")

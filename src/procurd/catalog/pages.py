@@ -1,83 +1,19 @@
-"""What a catalogue pass saw listed, page by page, and what a process remembers of its last full pass.
+"""The page memory: what a process remembers of an upstream's last full pass, page by page.
 
-A :class:`ListedProduct` is a listed product digested as a whole (only one that differs from the mirror keeps
-its decoded payload); a :class:`FetchedPage` is a page of them as the pass's writer takes it; a
-:class:`PackedPage` is a page kept between passes in one block of bytes, by the SHA-256 of its body, in the
-:class:`PageMemory` of one upstream. :class:`HeldBack` keeps what a pass takes off sale until its end.
+A :class:`FetchedPage` is a page of listed products (:class:`procurd.core.listing.ListedProduct`) as the
+pass's writer takes it; a :class:`PackedPage` is a page kept between passes in one block of bytes, by the
+SHA-256 of its body, in the :class:`PageMemory` of one upstream.
 """
 
 from __future__ import annotations
 
 import struct
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any, Final
+from dataclasses import dataclass
+from typing import Final
 
-from procurd.core.catalog import (
-    DIGEST_BYTES,
-    Entity,
-    Plan,
-    Record,
-    Snapshot,
-    diff_listed,
-    product_digest,
-    sku_digest,
-)
-
-
-@dataclass(frozen=True, slots=True)
-class Changes:
-    """What a sync needs of a listed product that differs from the mirror: its decoded payload and each
-    SKU's digest (None where the SKU's row is unchanged)."""
-
-    payload: dict[str, Any]
-    sku_digests: tuple[bytes | None, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class ListedProduct:
-    """A listed product, digested as a whole; only one that differs from the mirror keeps its payload
-    (pages wait for the writer in this form)."""
-
-    id: int
-    category_id: int | None
-    sku_ids: tuple[int, ...]
-    digest: bytes = b""
-    changes: Changes | None = None
-    problem: str | None = None
-
-    @classmethod
-    def of(cls, payload: dict[str, Any], snapshot: Mapping[Entity, Snapshot]) -> ListedProduct:
-        # A listed id's snapshot entry only changes when the writer stores that very listing, so what is
-        # unchanged now is still unchanged when the page is written.
-        identity: int = payload["id"]
-        category = payload.get("category_id")
-        category_id = category if type(category) is int else None
-        sku_payloads = payload.get("skus") or ()
-        sku_ids = tuple(sku["id"] for sku in sku_payloads)
-        try:
-            unchanged = cls(identity, category_id, sku_ids, product_digest(payload))
-            # A SKU the mirror lacks (one it could not store) sends the product down the long way, so the
-            # reason is reported again on every pass.
-            if unchanged.unchanged_in(snapshot):
-                return unchanged
-            skus = snapshot["sku"]
-            sku_digests = tuple(
-                digested if skus.needs_write(sku_id, digested) else None
-                for sku_id, digested in zip(
-                    sku_ids, (sku_digest(sku, identity) for sku in sku_payloads), strict=True
-                )
-            )
-        except TypeError as exc:
-            problem = f"product {identity} cannot be stored as JSON ({exc}): not mirrored"
-            return cls(identity, category_id, sku_ids, problem=problem)
-        return replace(unchanged, changes=Changes(payload, sku_digests))
-
-    def unchanged_in(self, snapshot: Mapping[Entity, Snapshot]) -> bool:
-        """Whether the mirror holds this product, SKUs included, as it was listed (by its digest)."""
-        skus = snapshot["sku"]
-        return not snapshot["product"].needs_write(self.id, self.digest) and all(map(skus.live, self.sku_ids))
-
+from procurd.core.catalog import DIGEST_BYTES, Entity, Snapshot
+from procurd.core.listing import ListedProduct
 
 # A remembered product: id, category id, whether it has one, digest, number of SKUs (their ids follow).
 PACKED_PRODUCT: Final = struct.Struct(f"<qq?{DIGEST_BYTES}sH")
@@ -191,21 +127,3 @@ class FetchedPage:
         return PackedPage(
             self.total, self.page, self.page_size, self.body_digest, b"".join(parts), self.includes_inactive
         )
-
-
-@dataclass(slots=True)
-class HeldBack:
-    """The records of products a listing that says ``includes_inactive: true`` lists inactive while the
-    mirror holds them live, with those of their SKUs: a pass writes them only at its end, once it knows how
-    many products they take off sale (the mass-removal guard counts them with the removals)."""
-
-    products: list[Record] = field(default_factory=list)
-    skus: list[Record] = field(default_factory=list)
-
-    def plans(self, snapshot: Mapping[Entity, Snapshot]) -> list[Plan]:
-        if not self.products:
-            return []
-        return [
-            diff_listed("product", self.products, snapshot["product"]),
-            diff_listed("sku", self.skus, snapshot["sku"]),
-        ]
