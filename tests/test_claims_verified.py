@@ -172,7 +172,7 @@ async def test_a_callback_that_overtakes_its_submissions_answer_waits_for_it(sta
     asked = gets(stack)
     async with stack.signer() as signer:
         callback = asyncio.create_task(post(signer, report("V-O", created.order_id, "paid")))
-        await wait_until(lambda: procurement_id in runtime.service.awaiting_submissions)
+        await wait_until(lambda: procurement_id in runtime.service.confirmation.awaiting_submissions)
         assert (await item(stack, "V-O"))["upstream_order_id"] is None
         await runtime.service.apply(
             procurement_id, outcome_event(owner, created), Source.WORKER, order_no="V-O"

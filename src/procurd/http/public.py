@@ -19,7 +19,6 @@ A callback for an order procurd knows costs what it always did.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from urllib.parse import urlsplit
 
 import structlog
@@ -51,10 +50,8 @@ from procurd.protocol.dujiao.callback import (
     CallbackVerifier,
     parse_callback,
 )
-from procurd.protocol.dujiao.models import UpstreamOrder
 from procurd.protocol.web import dumps
 from procurd.runtime import Runtime
-from procurd.upstream.ratelimit import Priority
 
 log = structlog.get_logger("procurd.callback")
 
@@ -75,10 +72,6 @@ class CallbackReceiver:
             for upstream in pushing
         ]
         self.verifier = CallbackVerifier(keys, (CALLBACK_PATH, configured_callback_path(runtime)))
-        # Per upstream: ask it for an order a callback names that procurd has not recorded.
-        self.confirmers = {
-            upstream.name: _confirmer(runtime, upstream.name) for upstream in settings.upstreams
-        }
 
     async def handle(self, request: web.Request) -> web.Response:
         claimed: UpstreamSettings | None = None
@@ -109,11 +102,7 @@ class CallbackReceiver:
     async def _apply(self, upstream: UpstreamSettings, callback: Callback) -> ReportOutcome:
         try:
             return await self.runtime.service.report(
-                upstream.name,
-                callback.downstream_order_no,
-                callback.report,
-                Source.CALLBACK,
-                confirm=self.confirmers[upstream.name],
+                upstream.name, callback.downstream_order_no, callback.report, Source.CALLBACK
             )
         except ReportRejected as exc:
             if exc.code == "callback_unverified":
@@ -162,13 +151,6 @@ class CallbackReceiver:
         self.runtime.rejections.rejected(name, error.code)
         if name is not None:
             self.runtime.callbacks.count(name, False)
-
-
-def _confirmer(runtime: Runtime, upstream: str) -> Callable[[int], Awaitable[UpstreamOrder]]:
-    async def confirm(order_id: int) -> UpstreamOrder:
-        return await runtime.client(upstream).get_order(order_id, priority=Priority.CALLBACK)
-
-    return confirm
 
 
 def _parse(raw: bytes) -> Callback:

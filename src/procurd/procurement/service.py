@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-import time
-from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
@@ -21,13 +19,11 @@ from typing import Any
 import structlog
 
 from procurd.config import Settings
-from procurd.core.claims import claim_problem
 from procurd.core.intake import OrderRequest
 from procurd.core.machine import Policy, decide
 from procurd.core.numbers import item_number
 from procurd.core.orders import exception_view, iso, order_view
 from procurd.core.procurement import (
-    ClaimRefused,
     Event,
     NotAllowed,
     Procurement,
@@ -44,11 +40,13 @@ from procurd.db.stores import Tx
 from procurd.db.types import utcnow
 from procurd.instance import instance_id
 from procurd.procurement.admission import admit_items, item_sources, preview_view
-from procurd.procurement.answers import report_of
+from procurd.procurement.confirmation import ClaimConfirmation, OrderLookup
+from procurd.procurement.settled import SettledNumbers
 from procurd.procurement.transitions import (
     Applied,
     Change,
     ChangeAll,
+    Claimed,
     ClaimPolls,
     ClaimSubmissions,
     Command,
@@ -62,15 +60,12 @@ from procurd.procurement.transitions import (
     Rules,
     apply_batch,
 )
-from procurd.protocol.dujiao.models import UpstreamOrder
-from procurd.upstream.errors import AUTH_ERROR_CODES, BUSINESS_ERROR_CODES, BusinessError, UpstreamError
+from procurd.upstream.errors import AUTH_ERROR_CODES, BUSINESS_ERROR_CODES
 
 log = structlog.get_logger("procurd.procurement")
 
 Clock = Callable[[], datetime]
 Observer = Callable[[Applied], None]
-# Asks the upstream for its order (a signed GET /orders/{id}) to confirm a report's claim.
-Confirm = Callable[[int], Awaitable[UpstreamOrder]]
 
 # Exception reasons: procurd's own, and the upstream's refusal codes it records as they come.
 ASSIGNED_REASONS = frozenset(
@@ -81,14 +76,6 @@ ASSIGNED_REASONS = frozenset(
 )
 DEFAULT_BULK_RETRY = 100  # exceptions one bulk retry sends again unless told otherwise
 MAX_BULK_RETRY = 1000
-SETTLED_CACHE_SIZE = 10_000
-# A claim about a procurement whose submission is in flight waits this long at most for the submission's
-# answer (which records the order) before the upstream is asked.
-SUBMISSION_WAIT_SECONDS = 10.0
-SUBMISSION_RECHECK_SECONDS = 0.1
-# A claim the upstream did not confirm is refused again without asking, for this long.
-REFUSED_CLAIM_SECONDS = 60.0
-REFUSED_CLAIMS_SIZE = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +125,7 @@ class ProcurementService:
         wakeups: Wakeups | None = None,
         observers: Sequence[Observer] = (),
         writer: str | None = None,
+        clients: Mapping[str, OrderLookup] | None = None,
     ) -> None:
         self.database = database
         self.settings = settings
@@ -169,22 +157,13 @@ class ProcurementService:
         self._writer: BatchWriter[Command, Result] = BatchWriter(
             database, partial(_run_batch, rules=self.rules)
         )
-        # Numbers whose procurement is delivered and agrees with the upstream: a repeated callback about them
-        # (upstreams retry until answered) is answered without touching the database.
-        self._settled: OrderedDict[tuple[str, str], tuple[int, str]] = OrderedDict()
-        # Who waits for the next change of a procurement (a claim waiting for a submission's answer).
-        self._watchers: dict[int, list[asyncio.Future[None]]] = {}
-        # Claims the upstream did not confirm: (upstream, number, order id, status) -> (until, why).
-        self._refused: OrderedDict[tuple[str, str, int, str], tuple[float, str]] = OrderedDict()
+        self._settled = SettledNumbers()
+        # Reports about upstream orders procurd has not recorded: confirmed with the upstream, or refused.
+        self.confirmation = ClaimConfirmation(self._writer.submit, self.apply, clients or {}, clock)
 
     async def close(self) -> None:
         """Commit what was submitted and stop the writer."""
         await self._writer.close()
-
-    @property
-    def awaiting_submissions(self) -> frozenset[int]:
-        """The procurements whose submission's answer a report waits for here now."""
-        return frozenset(self._watchers)
 
     @property
     def transactions(self) -> tuple[int, int]:
@@ -273,147 +252,29 @@ class ProcurementService:
         return applied_all
 
     async def report(
-        self,
-        upstream: str,
-        number: str,
-        report: UpstreamReport,
-        source: Source,
-        *,
-        confirm: Confirm | None = None,
+        self, upstream: str, number: str, report: UpstreamReport, source: Source
     ) -> ReportOutcome:
         """Apply what the upstream says about the order under ``number`` of ``upstream``.
 
         The number is matched within the upstream that sent it, and the order id must agree with the one
         known for that number: matching on the number alone would let one upstream settle another's order.
-        A report naming an upstream order that nothing recorded for the procurement is taken only once the
-        upstream confirms it (``confirm``, see :meth:`_confirmed`). Raises :class:`ReportRejected` when
-        nothing matches or the claim is not confirmed.
+        A report naming an upstream order that nothing recorded for the procurement is taken only once
+        :attr:`confirmation` confirms it. Raises :class:`ReportRejected` when nothing matches or the claim is
+        not confirmed.
         """
-        key = (upstream, number)
-        if self._settled.get(key) == (report.order_id, report.status):
-            self._settled.move_to_end(key)
+        if self._settled.repeats(upstream, number, report):
             return ReportOutcome("duplicate", False)
         verified = False
+        command = Report(upstream, number, report, source)
         try:
-            result = await self._submit(Report(upstream, number, report, source))
+            result = await self._submit(command)
         except ReportUnverified as unverified:
-            result = await self._confirmed(upstream, number, report, source, unverified, confirm)
+            result = await self.confirmation.confirm(command, unverified)
             verified = isinstance(result, Applied) and result.decision.detail.get("verified") is True
         assert isinstance(result, Applied)
         self._after(result)
-        settled = result.procurement
-        if (
-            settled.state is State.DELIVERED
-            and settled.downstream_order_no == number
-            and settled.upstream_status == report.status
-            and settled.upstream_order_id == report.order_id
-        ):
-            self._settled[key] = (report.order_id, report.status)
-            if len(self._settled) > SETTLED_CACHE_SIZE:
-                self._settled.popitem(last=False)
+        self._settled.remember(upstream, number, report, result.procurement)
         return ReportOutcome(result.decision.event, result.changed, verified)
-
-    async def _confirmed(
-        self,
-        upstream: str,
-        number: str,
-        report: UpstreamReport,
-        source: Source,
-        unverified: ReportUnverified,
-        confirm: Confirm | None,
-    ) -> Result:
-        """The report about an order procurd has not recorded, applied once it is confirmed; otherwise an
-        audit entry ``callback_unverified`` and :class:`ReportRejected` (``callback_unverified``, or
-        ``verification_unavailable`` when the upstream could not be asked now).
-
-        A submission in flight is waited for first (its answer records the order, and the report is then
-        taken like any other: the usual case of a callback that overtakes the answer to the submission).
-        Otherwise the upstream is asked for the order: the report is applied, as the upstream's answer
-        says it, only when that answer is the order named, under ``number``, in a status that supports the
-        claim (:func:`procurd.core.claims.claim_problem`)."""
-        if unverified.submission_in_flight:
-            await self._submission_settled(unverified.procurement)
-            try:
-                return await self._submit(Report(upstream, number, report, source))
-            except ReportUnverified as still:
-                unverified = still
-        p = unverified.procurement
-        claim = (upstream, number, report.order_id, report.status)
-        now = time.monotonic()
-        known = self._refused.get(claim)
-        code, status = "callback_unverified", 404
-        if known is not None and known[0] > now:
-            reason = known[1]  # refused a moment ago: not asked again
-        elif confirm is None:
-            reason = "the upstream was not asked"
-        else:
-            try:
-                order = await confirm(report.order_id)
-            except BusinessError as exc:
-                reason = f"asked for the order, it answered {exc.code}"
-            except UpstreamError as exc:
-                reason = f"asking failed: {exc.code}"
-                code, status = "verification_unavailable", 503
-            else:
-                problem = claim_problem(
-                    number=number,
-                    claimed_order_id=report.order_id,
-                    claimed_status=report.status,
-                    answered_order_id=order.order_id,
-                    answered_number=order.downstream_order_no,
-                    answered_status=order.status,
-                )
-                if problem is None:
-                    confirmed = report_of(order, polled=False, verified=True)
-                    return await self._submit(Report(upstream, number, confirmed, source))
-                reason = problem
-            if status == 404:
-                self._refused[claim] = (now + REFUSED_CLAIM_SECONDS, reason)
-                self._refused.move_to_end(claim)
-                while len(self._refused) > REFUSED_CLAIMS_SIZE:
-                    self._refused.popitem(last=False)
-        event = ClaimRefused(report.order_id, report.status, reason)
-        await self.apply(p.id, event, source, order_no=p.order_no)
-        log.warning(
-            "report.unverified",
-            upstream=upstream,
-            downstream_order_no=number,
-            order_id=report.order_id,
-            status=report.status,
-            source=source.value,
-            reason=reason,
-        )
-        claimed = f"upstream order {report.order_id} ({report.status}) for {number!r}"
-        if status == 503:
-            message = f"{claimed} cannot be confirmed with {upstream} now ({reason}): send it again later"
-        else:
-            message = f"{claimed} is not confirmed by {upstream}: {reason}"
-        raise ReportRejected(message, code=code, status=status)
-
-    async def _submission_settled(self, p: Procurement) -> None:
-        """Wait (a while at most) until ``p``'s submission in flight has its answer recorded: told at once
-        when this process records it, seen by a read otherwise (a submitter of another instance)."""
-        loop = asyncio.get_running_loop()
-        lease_left = (p.lease_expires_at - self.clock()).total_seconds() if p.lease_expires_at else 0.0
-        deadline = loop.time() + min(SUBMISSION_WAIT_SECONDS, max(0.0, lease_left))
-        while loop.time() < deadline:
-            waiter: asyncio.Future[None] = loop.create_future()
-            watchers = self._watchers.setdefault(p.id, [])
-            watchers.append(waiter)
-            try:
-                current = await self.database.read(lambda tx: tx.procurements.procurement(p.id))
-                if current is None or current.lease_owner != p.lease_owner or current.state is not p.state:
-                    return
-                left = deadline - loop.time()
-                if left > 0:
-                    await asyncio.wait((waiter,), timeout=min(left, SUBMISSION_RECHECK_SECONDS))
-                if waiter.done():
-                    return  # it changed here (its submission's answer, most likely)
-            finally:
-                if waiter in watchers:
-                    watchers.remove(waiter)
-                if not watchers:
-                    self._watchers.pop(p.id, None)
 
     async def claim_submissions(self, upstream: str, owner: str, limit: int) -> list[Procurement]:
         """Claim due procurements; the claim (and the attempt) is committed before any upstream call."""
@@ -440,15 +301,10 @@ class ProcurementService:
         """What was claimed; a claim that moved a procurement on instead (an exception over its limit, an
         offer's next source) is carried out like any other change."""
         result = await self._submit(command)
-        assert isinstance(result, list)
-        taken = []
-        for applied in result:
-            assert isinstance(applied, Applied)
-            if applied.decision.event in ("claimed", "poll_claimed"):
-                taken.append(applied.procurement)
-            else:
-                self._after(applied)
-        return taken
+        assert isinstance(result, Claimed)
+        for applied in result.moved:
+            self._after(applied)
+        return result.procurements
 
     async def retry_exceptions(
         self, upstream: str | None, reason: str | None, note: str | None, limit: int
@@ -494,12 +350,8 @@ class ProcurementService:
         if not applied.changed:
             return
         p = applied.procurement
-        if self._watchers:
-            for waiter in self._watchers.pop(p.id, ()):
-                if not waiter.done():
-                    waiter.set_result(None)
-        for number in p.downstream_order_nos:
-            self._settled.pop((p.upstream, number), None)
+        self.confirmation.changed(p.id)
+        self._settled.forget(p)
         if p.state is State.QUEUED and p.lease_owner is None:
             self.wakeups.for_upstream(p.upstream).set()
         if p.next_poll_at is not None and p.next_poll_at != applied.before.next_poll_at:

@@ -161,7 +161,16 @@ class ReleaseClaims:
     instances: tuple[str, ...]
 
 
-Command = Intake | Change | ChangeAll | Report | ClaimSubmissions | ClaimPolls | ReleaseClaims
+@dataclass(frozen=True, slots=True)
+class Current:
+    """The procurement ``procurement_id`` of order ``order_no`` as it stands (``None``: there is none), read
+    in the writer's transaction: what a claim's confirmation waits on."""
+
+    procurement_id: int
+    order_no: str
+
+
+Command = Intake | Change | ChangeAll | Report | ClaimSubmissions | ClaimPolls | ReleaseClaims | Current
 
 
 # --- results ------------------------------------------------------------------------------------------------
@@ -196,7 +205,27 @@ class IntakeResult:
     provider: ProviderOrder | None = None  # a provider intake's order (new, or the one it repeats)
 
 
-Result = IntakeResult | Applied | list[Applied] | list[Procurement] | None
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """What a claim did: the procurements it claimed, and the ones it moved on instead (an exception over its
+    limit, an offer's next source). A claim that took fewer than asked also says when the next procurement
+    of its upstream can be claimed (``None``: nothing is waiting), read after its own writes."""
+
+    applied: tuple[Applied, ...]
+    next_due: datetime | None = None
+
+    @property
+    def procurements(self) -> list[Procurement]:
+        """The procurements claimed (for submission, or for a poll)."""
+        return [a.procurement for a in self.applied if a.decision.event in ("claimed", "poll_claimed")]
+
+    @property
+    def moved(self) -> list[Applied]:
+        """The changes the claim made instead of a claim."""
+        return [a for a in self.applied if a.decision.event not in ("claimed", "poll_claimed")]
+
+
+Result = IntakeResult | Applied | list[Applied] | Claimed | Procurement | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,7 +320,7 @@ def apply_batch(tx: Tx, commands: Sequence[Command], rules: Rules) -> list[Resul
     wanted: set[str] = {intake.request.order_no for intake in intakes}
     wanted.update(row.order_no for row in numbers.values())
     wanted.update(order_nos.values())
-    wanted.update(c.order_no for c in commands if isinstance(c, Change | ChangeAll) and c.order_no)
+    wanted.update(c.order_no for c in commands if isinstance(c, Change | ChangeAll | Current) and c.order_no)
     for claimed in claims.values():
         wanted.update(claimed.values())
     batch.orders = store.lock_orders(wanted)
@@ -320,7 +349,21 @@ def apply_batch(tx: Tx, commands: Sequence[Command], rules: Rules) -> list[Resul
 
     # 3. Write everything, then build the results that need the new ids.
     ids = _flush(batch)
-    return [item if isinstance(item, Exception) else item(ids) for item in pending]
+    results = [item if isinstance(item, Exception) else item(ids) for item in pending]
+    return [_next_due(tx, command, result) for command, result in zip(commands, results, strict=True)]
+
+
+def _next_due(tx: Tx, command: Command, result: Result | Exception) -> Result | Exception:
+    """A claim that took fewer than it asked for, with the time its upstream's next one falls due: what its
+    submitter or poller waits for, read after the batch's writes (its own claims count from their expiry)."""
+    if not isinstance(result, Claimed) or not isinstance(command, ClaimSubmissions | ClaimPolls):
+        return result
+    if len(result.procurements) >= command.limit:
+        return result
+    store = tx.procurements
+    if isinstance(command, ClaimSubmissions):
+        return replace(result, next_due=store.next_submission_due(command.upstream))
+    return replace(result, next_due=store.next_poll_due(command.upstream))
 
 
 def _run(
@@ -368,6 +411,9 @@ def _run(
                         released += _apply(batch, [(current, ClaimAbandoned(instance))], Source.WORKER)
             changed = [applied for applied in released if applied.changed]
             return lambda ids: changed
+        case Current():
+            found = _find(batch, command.order_no, command.procurement_id)
+            return lambda ids: found
 
 
 def _find(batch: _Batch, order_no: str | None, procurement_id: int) -> Procurement | None:
@@ -391,7 +437,7 @@ def _claim(
         applied = _apply(batch, [(current, event)], source)[0]
         if applied.changed:
             changed.append(applied)
-    return lambda ids: changed
+    return lambda ids: Claimed(tuple(changed))
 
 
 def _source_keys(p: Procurement) -> list[tuple[str, int]]:
