@@ -1,9 +1,15 @@
-"""The procurement service: the process's one door to the state path, and the reads of the HTTP API.
+"""The procurement service: the process's one door to the state path, for commands only.
 
 Every change — intake, claims, submission answers, callbacks, polls, a person's actions — is a command for
 :mod:`procurd.procurement.transitions`, committed by the group-commit writer; the caller gets its result once
-it is durable. After each commit the service tells the rest of the process what changed: submitters wake for
-new work, the storefront dispatcher for new events, metrics and logs count the transitions.
+it is durable. A read the state path needs comes back with a command's result (a claim's next due time) or
+is a command itself (what a claim's confirmation waits on): the service opens no transaction of its own.
+After each commit the service tells the rest of the process what changed: submitters wake for new work, the
+storefront dispatcher for new events, metrics and logs count the transitions.
+
+Reads for people (the order view, the exception queue, the audit trail) are in
+:mod:`procurd.operations.views`; a report about an upstream order procurd has not recorded is confirmed by
+:class:`~procurd.procurement.confirmation.ClaimConfirmation`.
 """
 
 from __future__ import annotations
@@ -14,21 +20,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
-from typing import Any
 
 import structlog
 
 from procurd.config import Settings
 from procurd.core.intake import OrderRequest
-from procurd.core.machine import Policy, decide
-from procurd.core.numbers import item_number
-from procurd.core.orders import exception_view, iso, order_view
+from procurd.core.machine import Policy
 from procurd.core.procurement import (
     Event,
-    NotAllowed,
-    Procurement,
-    Reason,
-    Retry,
     Source,
     State,
     UpstreamReport,
@@ -39,7 +38,6 @@ from procurd.db.database import Database
 from procurd.db.stores import Tx
 from procurd.db.types import utcnow
 from procurd.instance import instance_id
-from procurd.procurement.admission import admit_items, item_sources, preview_view
 from procurd.procurement.confirmation import ClaimConfirmation, OrderLookup
 from procurd.procurement.settled import SettledNumbers
 from procurd.procurement.transitions import (
@@ -60,31 +58,11 @@ from procurd.procurement.transitions import (
     Rules,
     apply_batch,
 )
-from procurd.upstream.errors import AUTH_ERROR_CODES, BUSINESS_ERROR_CODES
 
 log = structlog.get_logger("procurd.procurement")
 
 Clock = Callable[[], datetime]
 Observer = Callable[[Applied], None]
-
-# Exception reasons: procurd's own, and the upstream's refusal codes it records as they come.
-ASSIGNED_REASONS = frozenset(
-    {reason.value for reason in Reason}
-    | AUTH_ERROR_CODES
-    | BUSINESS_ERROR_CODES
-    | {"auth_error", "business_error"}
-)
-DEFAULT_BULK_RETRY = 100  # exceptions one bulk retry sends again unless told otherwise
-MAX_BULK_RETRY = 1000
-
-
-@dataclass(frozen=True, slots=True)
-class BulkRetry:
-    """What a bulk retry did: the ids queued again, the ones skipped (with why) and how many still match."""
-
-    retried: list[int]
-    skipped: list[dict[str, Any]]
-    remaining: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,8 +158,7 @@ class ProcurementService:
         the order is a downstream site's, charged to its wallet in the same transaction (see
         :mod:`procurd.procurement.provider_orders`).
         """
-        default = self.upstream_names[0] if len(self.upstream_names) == 1 else None
-        request = request.with_upstream(default)
+        request = request.with_upstream(self.rules.default_upstream)
         result = await self._submit(Intake(request, request.fingerprint(), provider))
         assert isinstance(result, IntakeResult)
         if result.created:
@@ -189,43 +166,6 @@ class ProcurementService:
                 self._after(applied)
             log.info("order.accepted", order_no=request.order_no, items=len(request.items))
         return result
-
-    async def preview(self, request: OrderRequest) -> dict[str, Any]:
-        """What :meth:`submit` would do with ``request`` now, decided by the same code
-        (:func:`procurd.procurement.admission.admit_items` and the state machine's admission), writing
-        nothing: ``POST /api/v1/orders/preview``'s answer."""
-        default = self.upstream_names[0] if len(self.upstream_names) == 1 else None
-        request = request.with_upstream(default)
-        order_no = request.order_no
-
-        def read(tx: Tx) -> tuple[Any, Any, Any, str | None]:
-            offers = tx.offers.many(item.offer for item in request.items if item.offer is not None)
-            sku_keys: list[tuple[str, int]] = []
-            number_keys: list[tuple[str, str]] = []
-            for position, item in enumerate(request.items):
-                keys = item_sources(item, offers)
-                sku_keys += keys
-                number_keys += [(upstream, item_number(order_no, position)) for upstream, _ in keys]
-            store = tx.procurements
-            found = store.order(order_no)
-            existing = None if found is None else found[0].fingerprint
-            return offers, store.numbers(number_keys), store.mirrored_skus(sku_keys), existing
-
-        offers, numbers, skus, existing = await self.database.read(read)
-
-        def taken(upstream: str, number: str) -> bool:  # by another order: an order's own are its own
-            row = numbers.get((upstream, number))
-            return row is not None and row.order_no != order_no
-
-        rules = self.rules
-        admitted = admit_items(
-            request, taken=taken, skus=skus, offers=offers, upstreams=rules.upstreams, pricing=rules.pricing
-        )
-        now = self.clock()
-        decisions = [
-            None if item.admit is None else decide(None, item.admit, now, rules.policy) for item in admitted
-        ]
-        return preview_view(request, admitted, decisions, skus, rules.pricing, existing)
 
     async def apply(
         self, procurement_id: int, event: Event, source: Source, *, order_no: str | None = None
@@ -276,12 +216,14 @@ class ProcurementService:
         self._settled.remember(upstream, number, report, result.procurement)
         return ReportOutcome(result.decision.event, result.changed, verified)
 
-    async def claim_submissions(self, upstream: str, owner: str, limit: int) -> list[Procurement]:
-        """Claim due procurements; the claim (and the attempt) is committed before any upstream call."""
+    async def claim_submissions(self, upstream: str, owner: str, limit: int) -> Claimed:
+        """Claim due procurements; the claim (and the attempt) is committed before any upstream call. With
+        fewer than ``limit`` claimed, the result says when the next one can be claimed."""
         return await self._claims(ClaimSubmissions(upstream, owner, limit))
 
-    async def claim_polls(self, upstream: str, owner: str, limit: int) -> list[Procurement]:
-        """Claim procurements due for a fallback poll; their next poll moves out until the answer comes."""
+    async def claim_polls(self, upstream: str, owner: str, limit: int) -> Claimed:
+        """Claim procurements due for a fallback poll; their next poll moves out until the answer comes. With
+        fewer than ``limit`` claimed, the result says when the next poll falls due."""
         return await self._claims(ClaimPolls(upstream, owner, limit))
 
     async def release_claims(self, instances: Sequence[str]) -> list[Applied]:
@@ -297,50 +239,14 @@ class ProcurementService:
                 self.wakeups.for_upstream(upstream).set()
         return released
 
-    async def _claims(self, command: ClaimSubmissions | ClaimPolls) -> list[Procurement]:
+    async def _claims(self, command: ClaimSubmissions | ClaimPolls) -> Claimed:
         """What was claimed; a claim that moved a procurement on instead (an exception over its limit, an
         offer's next source) is carried out like any other change."""
         result = await self._submit(command)
         assert isinstance(result, Claimed)
         for applied in result.moved:
             self._after(applied)
-        return result.procurements
-
-    async def retry_exceptions(
-        self, upstream: str | None, reason: str | None, note: str | None, limit: int
-    ) -> BulkRetry:
-        """Send up to ``limit`` matching exceptions again, oldest first, each through the state path.
-
-        One that changed meanwhile (a person resolved it, another retry won) is reported as skipped.
-        """
-        total, ids = await self.database.read(
-            lambda tx: tx.procurements.exception_ids(upstream, reason, limit)
-        )
-        outcomes = await asyncio.gather(
-            *(self.apply(pid, Retry(note), Source.ADMIN) for pid in ids), return_exceptions=True
-        )
-        retried: list[int] = []
-        skipped: list[dict[str, Any]] = []
-        for procurement_id, outcome in zip(ids, outcomes, strict=True):
-            if isinstance(outcome, NotAllowed):
-                skipped.append({"id": procurement_id, "error_code": outcome.code, "message": outcome.message})
-            elif outcome is None:
-                skipped.append(
-                    {"id": procurement_id, "error_code": "procurement_not_found", "message": "it is gone"}
-                )
-            elif isinstance(outcome, BaseException):
-                raise outcome
-            else:
-                retried.append(procurement_id)
-        log.info(
-            "exceptions.retried",
-            upstream=upstream,
-            reason=reason,
-            retried=len(retried),
-            skipped=len(skipped),
-            remaining=total - len(ids),
-        )
-        return BulkRetry(retried, skipped, total - len(ids))
+        return result
 
     async def _submit(self, command: Command) -> Result:
         return await self._writer.submit(command)
@@ -364,65 +270,6 @@ class ProcurementService:
         _log(applied)
         for observer in self.observers:
             observer(applied)
-
-    # --- reads --------------------------------------------------------------------------------------------
-
-    async def order(self, order_no: str) -> dict[str, Any] | None:
-        found = await self.database.read(lambda tx: tx.procurements.order(order_no))
-        return None if found is None else order_view(*found)
-
-    async def procurement(self, procurement_id: int) -> dict[str, Any] | None:
-        found = await self.database.read(lambda tx: tx.procurements.procurement(procurement_id))
-        return None if found is None else exception_view(found)
-
-    async def exceptions(
-        self, upstream: str | None, reason: str | None, page: int, page_size: int
-    ) -> tuple[int, list[dict[str, Any]]]:
-        total, items = await self.database.read(
-            lambda tx: tx.procurements.exceptions(upstream, reason, page, page_size)
-        )
-        return total, [exception_view(item) for item in items]
-
-    async def audit(self, order_no: str) -> list[dict[str, Any]]:
-        rows = await self.database.read(lambda tx: tx.procurements.audit_trail(order_no))
-        return [
-            {
-                "at": iso(row.at),
-                "procurement_id": row.procurement_id,
-                "source": row.source,
-                "event": row.event,
-                "old_state": row.old_state,
-                "new_state": row.new_state,
-                "detail": row.detail,
-                "count": row.count,
-                "last_at": iso(row.last_at) if row.last_at is not None else None,
-            }
-            for row in rows
-        ]
-
-    async def filter_problem(self, upstream: str | None, reason: str | None) -> tuple[str, str] | None:
-        """``(code, message)`` when an exception filter names no upstream or reason procurd knows (a typo),
-        with the known values; ``None`` when it is fine."""
-        if upstream is not None and upstream not in self.upstream_names:
-            known = ", ".join(self.upstream_names)
-            return "unknown_upstream", f"no upstream {upstream!r} (configured: {known})"
-        if reason is not None:
-            reasons = await self.known_reasons()
-            if reason not in reasons:
-                return "unknown_reason", f"no exception reason {reason!r} (known: {', '.join(reasons)})"
-        return None
-
-    async def known_reasons(self) -> list[str]:
-        """Every exception reason procurd assigns, and those the database holds (upstreams may add codes)."""
-        held = await self.database.read(lambda tx: tx.procurements.exception_reasons())
-        found = {reason for reasons in held.values() for reason in reasons}
-        return sorted(ASSIGNED_REASONS | found)
-
-    async def next_submission_due(self, upstream: str) -> datetime | None:
-        return await self.database.read(lambda tx: tx.procurements.next_submission_due(upstream))
-
-    async def next_poll_due(self, upstream: str) -> datetime | None:
-        return await self.database.read(lambda tx: tx.procurements.next_poll_due(upstream))
 
 
 def _run_batch(tx: Tx, commands: Sequence[Command], rules: Rules) -> list[Result | Exception]:
@@ -476,7 +323,7 @@ def _log(applied: Applied) -> None:
 
 __all__ = [
     "Applied",
-    "BulkRetry",
+    "Claimed",
     "IntakeResult",
     "ProcurementService",
     "ReportOutcome",

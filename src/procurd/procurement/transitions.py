@@ -32,7 +32,6 @@ from typing import Any
 from procurd.core.alerts import Kind, Occurrence
 from procurd.core.intake import IntakeError, OrderRequest
 from procurd.core.machine import Policy, decide, is_noop
-from procurd.core.numbers import item_number
 from procurd.core.orders import Order, OrderStatus, derive_status, event_for, order_view
 from procurd.core.pricing import PricingRule
 from procurd.core.procurement import (
@@ -57,7 +56,7 @@ from procurd.db.offer_store import Offer
 from procurd.db.procurement_store import AuditRow
 from procurd.db.reconcile_store import Finding
 from procurd.db.stores import Tx
-from procurd.procurement.admission import admit_items, item_sources
+from procurd.procurement.admission import admit_items, item_keys
 from procurd.procurement.provider_orders import ProviderBatch
 
 ACCEPTED: OrderStatus = ("paid", False)  # an order as intake first records it
@@ -243,6 +242,11 @@ class Rules:
     pricing: tuple[PricingRule, ...] = ()  # [[pricing.rules]]: an item without max_unit_price is limited
     writer: str = ""  # this process's rows of the hourly rollup (its instance id)
 
+    @property
+    def default_upstream(self) -> str | None:
+        """The upstream of an item that names none: the only one configured (``None`` with several)."""
+        return self.upstreams[0] if len(self.upstreams) == 1 else None
+
 
 # --- one batch ----------------------------------------------------------------------------------------------
 
@@ -299,11 +303,9 @@ def apply_batch(tx: Tx, commands: Sequence[Command], rules: Rules) -> list[Resul
     number_keys = [(c.upstream, c.number) for c in commands if isinstance(c, Report)]
     sku_keys: list[tuple[str, int]] = []
     for intake in intakes:
-        for position, item in enumerate(intake.request.items):
-            keys = item_sources(item, offers)
-            sku_keys += keys
-            number = item_number(intake.request.order_no, position)
-            number_keys += [(upstream, number) for upstream, _ in keys]
+        skus_of, numbers_of = item_keys(intake.request, offers)
+        sku_keys += skus_of
+        number_keys += numbers_of
     numbers = store.numbers(number_keys)
     order_nos = store.order_nos_of(
         c.procurement_id for c in commands if isinstance(c, Change) and not c.order_no
