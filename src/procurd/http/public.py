@@ -25,7 +25,7 @@ import structlog
 from aiohttp import web
 
 from procurd.config import UpstreamSettings
-from procurd.core.alerts import Kind, Occurrence
+from procurd.core.alerts import claim_unverified
 from procurd.core.procurement import Source
 from procurd.db.errors import DatabaseError
 from procurd.http.errors import (
@@ -112,13 +112,8 @@ class CallbackReceiver:
     async def _alert_unverified(self, upstream: UpstreamSettings, callback: Callback, reason: str) -> None:
         """A correctly signed claim the upstream did not confirm: a buggy or compromised upstream, or a
         replayed callback of another chain. Counted in the upstream's ``callbacks_rejected`` alert at once."""
-        message = (
-            f"a callback signed with {upstream.name}'s key claimed {reason}; nothing was changed. A buggy or "
-            "compromised upstream, or a callback replayed from another chain of sites."
-        )
-        occurrence = Occurrence(Kind.CALLBACKS_REJECTED, upstream.name, message, upstream.name)
         try:
-            await self.runtime.alerts.raise_(occurrence)
+            await self.runtime.alerts.raise_(claim_unverified(upstream.name, reason))
         except DatabaseError as exc:
             log.warning("callback.alert_not_stored", upstream=upstream.name, reason=exc.reason)
 

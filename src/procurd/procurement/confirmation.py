@@ -33,15 +33,8 @@ import structlog
 from procurd.core.claims import claim_problem
 from procurd.core.procurement import ClaimRefused, Event, Procurement, Source, UpstreamReport
 from procurd.procurement.answers import report_of
-from procurd.procurement.transitions import (
-    Applied,
-    Command,
-    Current,
-    Report,
-    ReportRejected,
-    ReportUnverified,
-    Result,
-)
+from procurd.procurement.commands import Command, Current, Report, ReportRejected, ReportUnverified
+from procurd.procurement.transitions import Applied, Result
 from procurd.protocol.dujiao.models import UpstreamOrder
 from procurd.upstream.errors import BusinessError, UpstreamError
 from procurd.upstream.ratelimit import Priority

@@ -38,26 +38,22 @@ from procurd.db.database import Database
 from procurd.db.stores import Tx
 from procurd.db.types import utcnow
 from procurd.instance import instance_id
-from procurd.procurement.confirmation import ClaimConfirmation, OrderLookup
-from procurd.procurement.settled import SettledNumbers
-from procurd.procurement.transitions import (
-    Applied,
+from procurd.procurement.commands import (
     Change,
     ChangeAll,
-    Claimed,
     ClaimPolls,
     ClaimSubmissions,
     Command,
     Intake,
-    IntakeResult,
     ReleaseClaims,
     Report,
     ReportRejected,
     ReportUnverified,
-    Result,
     Rules,
-    apply_batch,
 )
+from procurd.procurement.confirmation import ClaimConfirmation, OrderLookup
+from procurd.procurement.settled import SettledNumbers
+from procurd.procurement.transitions import Applied, Claimed, IntakeResult, Result, apply_batch
 
 log = structlog.get_logger("procurd.procurement")
 

@@ -1,7 +1,8 @@
 """The one state path: commands turned into decisions and written, many at once, in one transaction.
 
-Intake, claims, submission answers, callbacks, polls and a person's actions all arrive here as commands.
-A batch of them runs inside one transaction (:class:`procurd.db.batching.BatchWriter`):
+Intake, claims, submission answers, callbacks, polls and a person's actions all arrive here as commands
+(:mod:`procurd.procurement.commands`). A batch of them runs inside one transaction
+(:class:`procurd.db.batching.BatchWriter`):
 
 1. everything the batch needs is looked up in a few statements: the numbers callbacks name, the due
    claims, the mirrored SKUs intake checks; then the orders concerned are locked and their items loaded;
@@ -9,12 +10,15 @@ A batch of them runs inside one transaction (:class:`procurd.db.batching.BatchWr
    before it in the batch left them; a command that is refused (:class:`NotAllowed`, an intake error, a
    report about no known order) changes nothing and fails alone;
 3. every change is written with one ``executemany`` per kind: procurements, numbers, audit entries, the
-   orders' derived status and their storefront events. An ignored report identical to the last audit entry
-   of its procurement adds to that entry's ``count`` instead of adding an entry.
+   orders' derived status and their storefront events (:mod:`procurd.core.events`), alerts
+   (:mod:`procurd.core.alerts`) and findings. An ignored report identical to the last audit entry of its
+   procurement adds to that entry's ``count`` instead of adding an entry. A claim that took fewer than it
+   asked then reads when its upstream's next one falls due.
 
 Nothing is taken on trust: a report naming an upstream order that procurd has not recorded for the
-procurement is refused (:class:`ReportUnverified`) until the upstream confirms it when asked (the service
-does that, then sends the report again marked ``verified``).
+procurement is refused (:class:`~procurd.procurement.commands.ReportUnverified`) until the upstream confirms
+it when asked (:mod:`procurd.procurement.confirmation` does that, then sends the report again marked
+``verified``).
 
 This module is synchronous: it runs on the database's writer (a thread on SQLite, a greenlet on
 PostgreSQL) and speaks to the database only through :class:`procurd.db.stores.Tx`.
@@ -22,18 +26,18 @@ PostgreSQL) and speaks to the database only through :class:`procurd.db.stores.Tx
 
 from __future__ import annotations
 
-import random
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from procurd.core.alerts import Kind, Occurrence
+from procurd.core import alerts
+from procurd.core.alerts import Occurrence
+from procurd.core.events import order_event
 from procurd.core.intake import IntakeError, OrderRequest
-from procurd.core.machine import Policy, decide, is_noop
+from procurd.core.machine import decide, is_noop
 from procurd.core.orders import Order, OrderStatus, derive_status, event_for, order_view
-from procurd.core.pricing import PricingRule
 from procurd.core.procurement import (
     Claim,
     ClaimAbandoned,
@@ -48,128 +52,34 @@ from procurd.core.procurement import (
     PollClaim,
     Procurement,
     Source,
-    UpstreamReport,
 )
 from procurd.core.provider import ProviderIntake, ProviderOrder
+from procurd.core.reconcile import GOODS_RECORDED, goods_after_resolution
 from procurd.core.rollup import Deltas, difference
 from procurd.db.offer_store import Offer
 from procurd.db.procurement_store import AuditRow
 from procurd.db.reconcile_store import Finding
 from procurd.db.stores import Tx
 from procurd.procurement.admission import admit_items, item_keys
+from procurd.procurement.audit import write_audit
+from procurd.procurement.commands import (
+    Change,
+    ChangeAll,
+    ClaimPolls,
+    Claims,
+    ClaimSubmissions,
+    Command,
+    Current,
+    Intake,
+    ReleaseClaims,
+    Report,
+    ReportRejected,
+    ReportUnverified,
+    Rules,
+)
 from procurd.procurement.provider_orders import ProviderBatch
 
 ACCEPTED: OrderStatus = ("paid", False)  # an order as intake first records it
-
-
-class ReportRejected(Exception):
-    """A report that matches no procurement of the upstream (unknown number, or another order id), or whose
-    claim the upstream did not confirm (``code`` ``callback_unverified``)."""
-
-    def __init__(self, reason: str, code: str = "order_not_found", status: int = 404) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.code = code
-        self.status = status
-
-
-class ReportUnverified(ReportRejected):
-    """A report names an upstream order that procurd has not recorded for the procurement: it changes
-    nothing until the upstream confirms the order. Carries what the service needs to ask, or to wait for a
-    submission in flight whose answer will record the order."""
-
-    def __init__(self, reason: str, procurement: Procurement, now: datetime) -> None:
-        super().__init__(reason)
-        self.procurement = procurement
-        self.checked_at = now
-
-    @property
-    def submission_in_flight(self) -> bool:
-        """A claim on the procurement is live: its submission's answer may be the one that names the order."""
-        p = self.procurement
-        return (
-            p.submission_in_flight and p.lease_expires_at is not None and p.lease_expires_at > self.checked_at
-        )
-
-
-# --- commands -----------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Intake:
-    """Take in a paid order (its items' upstreams already filled in); with ``provider``, a downstream
-    site's order, charged to its wallet in the same transaction."""
-
-    request: OrderRequest
-    fingerprint: str
-    provider: ProviderIntake | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Change:
-    """One event for one procurement; ``order_no`` saves a lookup when the caller knows it."""
-
-    procurement_id: int
-    event: Event
-    source: Source
-    order_no: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class ChangeAll:
-    """Events for several procurements of one order that succeed or fail together (a cancel)."""
-
-    order_no: str
-    events: tuple[tuple[int, Event], ...]
-    source: Source
-
-
-@dataclass(frozen=True, slots=True)
-class Report:
-    """What the upstream says about the order under ``number`` (a callback, or a poll)."""
-
-    upstream: str
-    number: str
-    report: UpstreamReport
-    source: Source
-
-
-@dataclass(frozen=True, slots=True)
-class ClaimSubmissions:
-    """Claim up to ``limit`` due procurements of ``upstream`` for ``owner``."""
-
-    upstream: str
-    owner: str
-    limit: int
-
-
-@dataclass(frozen=True, slots=True)
-class ClaimPolls:
-    """Poller ``owner`` claims up to ``limit`` procurements of ``upstream`` due for a fallback poll."""
-
-    upstream: str
-    owner: str
-    limit: int
-
-
-@dataclass(frozen=True, slots=True)
-class ReleaseClaims:
-    """The instances named are gone: the submissions and polls they had claimed may be taken again at
-    once."""
-
-    instances: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Current:
-    """The procurement ``procurement_id`` of order ``order_no`` as it stands (``None``: there is none), read
-    in the writer's transaction: what a claim's confirmation waits on."""
-
-    procurement_id: int
-    order_no: str
-
-
-Command = Intake | Change | ChangeAll | Report | ClaimSubmissions | ClaimPolls | ReleaseClaims | Current
 
 
 # --- results ------------------------------------------------------------------------------------------------
@@ -225,27 +135,6 @@ class Claimed:
 
 
 Result = IntakeResult | Applied | list[Applied] | Claimed | Procurement | None
-
-
-@dataclass(frozen=True, slots=True)
-class Rules:
-    """What the state path needs besides the database."""
-
-    policy: Policy
-    upstreams: tuple[str, ...]
-    lease_seconds: float
-    storefront_events: bool
-    clock: Callable[[], datetime]
-    rng: random.Random | None = None
-    alert_repeat_after: float = 3600
-    alert_delivery: bool = False  # alert URLs are configured: opened exceptions are to be sent
-    pricing: tuple[PricingRule, ...] = ()  # [[pricing.rules]]: an item without max_unit_price is limited
-    writer: str = ""  # this process's rows of the hourly rollup (its instance id)
-
-    @property
-    def default_upstream(self) -> str | None:
-        """The upstream of an item that names none: the only one configured (``None`` with several)."""
-        return self.upstreams[0] if len(self.upstreams) == 1 else None
 
 
 # --- one batch ----------------------------------------------------------------------------------------------
@@ -358,7 +247,7 @@ def apply_batch(tx: Tx, commands: Sequence[Command], rules: Rules) -> list[Resul
 def _next_due(tx: Tx, command: Command, result: Result | Exception) -> Result | Exception:
     """A claim that took fewer than it asked for, with the time its upstream's next one falls due: what its
     submitter or poller waits for, read after the batch's writes (its own claims count from their expiry)."""
-    if not isinstance(result, Claimed) or not isinstance(command, ClaimSubmissions | ClaimPolls):
+    if not isinstance(result, Claimed) or not isinstance(command, Claims):
         return result
     if len(result.procurements) >= command.limit:
         return result
@@ -672,7 +561,8 @@ def _flush(batch: _Batch) -> dict[Key, int]:
         ]
         store.insert_numbers(rows, again=again)
     store.retire_numbers(batch.numbers_retired)
-    _write_audit(batch, ids)
+    audit = [(replace(row, procurement_id=ids[key]), repeat) for key, row, repeat in batch.audit]
+    write_audit(store, audit, batch.now)
     store.update_orders(
         [
             (order.order_no, order.status, order.exception, order.updated_at)
@@ -681,7 +571,7 @@ def _flush(batch: _Batch) -> dict[Key, int]:
     )
     store.insert_events([_event_row(event, ids, batch.now) for event in batch.events])
     rules = batch.rules
-    opened = [_exception_alert(batch, key, effect) for key, effect in batch.exceptions_opened]
+    opened = [alerts.exception_opened(_item(batch, key), effect) for key, effect in batch.exceptions_opened]
     opened += _late_goods(batch, ids)
     batch.tx.alerts.occur(opened, batch.now, rules.alert_repeat_after, rules.alert_delivery)
     batch.tx.charts.add(_rollup(batch), rules.writer)
@@ -703,50 +593,6 @@ def _rollup(batch: _Batch) -> Deltas:
     return difference(changes)
 
 
-def _write_audit(batch: _Batch, ids: Mapping[Key, int]) -> None:
-    """The batch's audit entries; an ignored report identical to the entry before it on its procurement (in
-    the database, or earlier in the batch) adds to that entry's count instead."""
-    store = batch.tx.procurements
-    rows = [(replace(row, procurement_id=ids[key]), repeat) for key, row, repeat in batch.audit]
-    if not any(repeat for _, repeat in rows):
-        store.insert_audit([row for row, _ in rows])
-        return
-    wanted = {(row.order_no, row.procurement_id) for row, repeat in rows if repeat}
-    last: dict[int, tuple[int | None, AuditRow]] = {
-        procurement_id: (entry_id, entry)
-        for procurement_id, (entry_id, entry) in store.last_audit_entries(wanted).items()
-    }
-    inserted: list[AuditRow] = []
-    added: dict[int, int] = {}  # audit entry id -> repeats to add
-    for row, repeat in rows:
-        assert row.procurement_id is not None
-        before = last.get(row.procurement_id)
-        if repeat and before is not None and _same_entry(before[1], row):
-            entry_id, entry = before
-            if entry_id is None:  # an entry of this batch: count it there
-                index = next(i for i in range(len(inserted) - 1, -1, -1) if inserted[i] is entry)
-                merged = replace(entry, count=entry.count + 1, last_at=row.at)
-                inserted[index] = merged
-                last[row.procurement_id] = (None, merged)
-            else:
-                added[entry_id] = added.get(entry_id, 0) + 1
-            continue
-        inserted.append(row)
-        last[row.procurement_id] = (None, row)
-    store.insert_audit(inserted)
-    store.count_audit_repeats(added, batch.now)
-
-
-def _same_entry(entry: AuditRow, row: AuditRow) -> bool:
-    return (entry.source, entry.event, entry.old_state, entry.new_state, dict(entry.detail or {})) == (
-        row.source,
-        row.event,
-        row.old_state,
-        row.new_state,
-        dict(row.detail or {}),
-    )
-
-
 def _late_goods(batch: _Batch, ids: Mapping[Key, int]) -> list[Occurrence]:
     """Goods delivered for procurements a person had resolved: a finding each (in a run of the source that
     brought them), and a ``reconcile_mismatch`` alert for the person."""
@@ -755,30 +601,17 @@ def _late_goods(batch: _Batch, ids: Mapping[Key, int]) -> list[Occurrence]:
     findings: list[Finding] = []
     occurrences: list[Occurrence] = []
     for key, _, effect in batch.late_goods:
-        order_no, position = key
-        p = next(item for item in batch.items[order_no] if item.position == position)
+        p = _item(batch, key)
+        mismatch = goods_after_resolution(p, effect.status)
         findings.append(
             Finding(
-                procurement_id=ids[key],
-                order_no=order_no,
-                upstream=p.upstream,
-                downstream_order_no=p.downstream_order_no,
-                upstream_order_id=p.upstream_order_id,
-                field="goods",
-                local_value=p.state.value,
-                upstream_value=effect.status,
-                repair="goods_recorded",
-                found_at=batch.now,
-                run_id=0,
+                procurement_id=ids[key], order_no=p.order_no, upstream=p.upstream,
+                downstream_order_no=p.downstream_order_no, upstream_order_id=p.upstream_order_id,
+                field=mismatch.field, local_value=mismatch.local, upstream_value=mismatch.upstream,
+                repair=GOODS_RECORDED, found_at=batch.now, run_id=0,
             )
-        )
-        message = (
-            f"order {order_no}: the upstream delivered item {position + 1} ({p.downstream_order_no}, "
-            f"upstream order {p.upstream_order_id}) after a person resolved it. The goods are recorded with "
-            "it (it stays resolved; reveal them on the order's page): deliver them to the buyer, or settle "
-            "them with the upstream if the buyer was refunded."
-        )
-        occurrences.append(Occurrence(Kind.RECONCILE_MISMATCH, order_no, message, p.upstream))
+        )  # fmt: skip
+        occurrences.append(alerts.goods_after_resolution(p))
     reconcile = batch.tx.reconcile
     for trigger in sorted({source.value for _, source, _ in batch.late_goods}):
         found = [f for f, (_, source, _) in zip(findings, batch.late_goods, strict=True) if source == trigger]
@@ -790,31 +623,19 @@ def _late_goods(batch: _Batch, ids: Mapping[Key, int]) -> list[Occurrence]:
     return occurrences
 
 
-def _exception_alert(batch: _Batch, key: Key, effect: ExceptionOpened) -> Occurrence:
-    """An opened exception as the alert a person gets: the reason, the order, the upstream, the error."""
+def _item(batch: _Batch, key: Key) -> Procurement:
+    """The procurement ``key`` names, as the batch left it."""
     order_no, position = key
-    p = next(item for item in batch.items[order_no] if item.position == position)
-    error = ": ".join(part for part in (effect.code, effect.message) if part)
-    message = (
-        f"{effect.reason}: order {order_no}, item {position + 1} ({p.downstream_order_no}) on upstream "
-        f"{p.upstream}" + (f": {error}" if error and error != effect.reason else "")
-    )
-    return Occurrence(Kind.EXCEPTION_OPENED, order_no, message, p.upstream)
+    return next(item for item in batch.items[order_no] if item.position == position)
 
 
 def _event_row(event: _Event, ids: Mapping[Key, int], now: datetime) -> dict[str, Any]:
     event_id = str(uuid.uuid4())
-    payload = {
-        "event": event.name,
-        "timestamp": int(now.timestamp()),
-        "order": order_view(event.order, _with_ids(event.items, ids)),
-        "event_id": event_id,
-    }
     return {
         "event_id": event_id,
         "order_no": event.order_no,
         "event": event.name,
-        "payload": payload,
+        "payload": order_event(event.name, event_id, now, event.order, _with_ids(event.items, ids)),
         "created_at": now,
         "attempts": 0,
         "next_attempt_at": now,
