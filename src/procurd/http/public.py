@@ -40,7 +40,8 @@ from procurd.http.errors import (
     read_body,
 )
 from procurd.operations import Operations
-from procurd.procurement.service import ReportOutcome, ReportRejected
+from procurd.procurement.commands import ReportRejected
+from procurd.procurement.service import ReportOutcome
 from procurd.protocol.dujiao.callback import (
     CALLBACK_PATH,
     Callback,

@@ -35,7 +35,6 @@ from procurd.core.procurement import (
 from procurd.core.provider import ProviderIntake
 from procurd.db.batching import BatchWriter
 from procurd.db.database import Database
-from procurd.db.stores import Tx
 from procurd.db.types import utcnow
 from procurd.instance import instance_id
 from procurd.procurement.commands import (
@@ -47,7 +46,6 @@ from procurd.procurement.commands import (
     Intake,
     ReleaseClaims,
     Report,
-    ReportRejected,
     ReportUnverified,
     Rules,
 )
@@ -129,7 +127,7 @@ class ProcurementService:
             writer=writer or instance_id(),
         )
         self._writer: BatchWriter[Command, Result] = BatchWriter(
-            database, partial(_run_batch, rules=self.rules)
+            database, partial(apply_batch, rules=self.rules)
         )
         self._settled = SettledNumbers()
         # Reports about upstream orders procurd has not recorded: confirmed with the upstream, or refused.
@@ -268,10 +266,6 @@ class ProcurementService:
             observer(applied)
 
 
-def _run_batch(tx: Tx, commands: Sequence[Command], rules: Rules) -> list[Result | Exception]:
-    return apply_batch(tx, commands, rules)
-
-
 def _log(applied: Applied) -> None:
     p = applied.procurement
     decision = applied.decision
@@ -323,7 +317,5 @@ __all__ = [
     "IntakeResult",
     "ProcurementService",
     "ReportOutcome",
-    "ReportRejected",
-    "ReportUnverified",
     "Wakeups",
 ]

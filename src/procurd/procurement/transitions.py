@@ -57,10 +57,11 @@ from procurd.core.provider import ProviderIntake, ProviderOrder
 from procurd.core.reconcile import GOODS_RECORDED, goods_after_resolution
 from procurd.core.rollup import Deltas, difference
 from procurd.db.offer_store import Offer
-from procurd.db.procurement_store import AuditRow
+from procurd.db.procurement_store import AuditRow, NumberRow
 from procurd.db.reconcile_store import Finding
 from procurd.db.stores import Tx
 from procurd.procurement.admission import admit_items, item_keys
+from procurd.procurement.answers import finding_of
 from procurd.procurement.audit import write_audit
 from procurd.procurement.commands import (
     Change,
@@ -177,6 +178,11 @@ class _Batch:
     exceptions_opened: list[tuple[Key, ExceptionOpened]] = field(default_factory=list)
     provider: ProviderBatch = field(default_factory=ProviderBatch)
     provider_ids: dict[str, int] = field(default_factory=dict)  # new provider orders' ids, once flushed
+    # What the commands name, as looked up first: numbers, the orders of changes named by id, SKUs, offers.
+    numbers: Mapping[tuple[str, str], NumberRow] = field(default_factory=dict)
+    order_nos: Mapping[int, str] = field(default_factory=dict)
+    skus: Mapping[tuple[str, int], MirroredSku] = field(default_factory=dict)
+    offers: Mapping[str, Offer] = field(default_factory=dict)
 
 
 def apply_batch(tx: Tx, commands: Sequence[Command], rules: Rules) -> list[Result | Exception]:
@@ -186,17 +192,17 @@ def apply_batch(tx: Tx, commands: Sequence[Command], rules: Rules) -> list[Resul
 
     # 1. Look up what the commands name, then lock their orders and load the items.
     intakes = [c for c in commands if isinstance(c, Intake)]
-    offers = tx.offers.many(
+    batch.offers = tx.offers.many(
         item.offer for intake in intakes for item in intake.request.items if item.offer is not None
     )
     number_keys = [(c.upstream, c.number) for c in commands if isinstance(c, Report)]
     sku_keys: list[tuple[str, int]] = []
     for intake in intakes:
-        skus_of, numbers_of = item_keys(intake.request, offers)
+        skus_of, numbers_of = item_keys(intake.request, batch.offers)
         sku_keys += skus_of
         number_keys += numbers_of
-    numbers = store.numbers(number_keys)
-    order_nos = store.order_nos_of(
+    batch.numbers = store.numbers(number_keys)
+    batch.order_nos = store.order_nos_of(
         c.procurement_id for c in commands if isinstance(c, Change) and not c.order_no
     )
     claims: dict[int, dict[int, str]] = {}
@@ -209,8 +215,8 @@ def apply_batch(tx: Tx, commands: Sequence[Command], rules: Rules) -> list[Resul
             claims[index] = store.claimed_by(command.instances)
     skus = store.mirrored_skus(sku_keys)
     wanted: set[str] = {intake.request.order_no for intake in intakes}
-    wanted.update(row.order_no for row in numbers.values())
-    wanted.update(order_nos.values())
+    wanted.update(row.order_no for row in batch.numbers.values())
+    wanted.update(batch.order_nos.values())
     wanted.update(c.order_no for c in commands if isinstance(c, Change | ChangeAll | Current) and c.order_no)
     for claimed in claims.values():
         wanted.update(claimed.values())
@@ -229,12 +235,13 @@ def apply_batch(tx: Tx, commands: Sequence[Command], rules: Rules) -> list[Resul
     ]
     if claimed_keys:
         skus = {**skus, **store.mirrored_skus(claimed_keys)}
+    batch.skus = skus
 
     # 2. Decide each command against the records as the commands before it left them.
     pending: list[Callable[[dict[Key, int]], Result] | Exception] = []
     for index, command in enumerate(commands):
         try:
-            pending.append(_run(batch, command, numbers, order_nos, claims.get(index, {}), skus, offers))
+            pending.append(_run(batch, command, claims.get(index, {})))
         except (NotAllowed, IntakeError, ReportRejected) as refused:
             pending.append(refused)
 
@@ -257,20 +264,12 @@ def _next_due(tx: Tx, command: Command, result: Result | Exception) -> Result | 
     return replace(result, next_due=store.next_poll_due(command.upstream))
 
 
-def _run(
-    batch: _Batch,
-    command: Command,
-    numbers: Mapping[tuple[str, str], Any],
-    order_nos: Mapping[int, str],
-    claimed: Mapping[int, str],
-    skus: Mapping[tuple[str, int], MirroredSku],
-    offers: Mapping[str, Offer],
-) -> Callable[[dict[Key, int]], Result]:
+def _run(batch: _Batch, command: Command, claimed: Mapping[int, str]) -> Callable[[dict[Key, int]], Result]:
     match command:
         case Intake():
-            return _intake(batch, command, numbers, skus, offers)
+            return _intake(batch, command)
         case Change():
-            order_no = command.order_no or order_nos.get(command.procurement_id)
+            order_no = command.order_no or batch.order_nos.get(command.procurement_id)
             current = _find(batch, order_no, command.procurement_id)
             if current is None:
                 return lambda ids: None
@@ -286,10 +285,10 @@ def _run(
             applied_all = _apply(batch, steps, command.source)
             return lambda ids: [_with_id(applied, ids) for applied in applied_all]
         case Report():
-            return _report(batch, command, numbers)
+            return _report(batch, command)
         case ClaimSubmissions():
             owner, lease = command.owner, batch.rules.lease_seconds
-            return _claim(batch, claimed, lambda p: Claim(owner, lease, _mirror_of(p, skus)))
+            return _claim(batch, claimed, lambda p: Claim(owner, lease, _mirror_of(p, batch.skus)))
         case ClaimPolls():
             poll = PollClaim(batch.rules.lease_seconds, command.owner)
             return _claim(batch, claimed, lambda p: poll)
@@ -341,10 +340,8 @@ def _mirror_of(
     return {key: skus[key] for key in _source_keys(p) if key in skus}
 
 
-def _report(
-    batch: _Batch, command: Report, numbers: Mapping[tuple[str, str], Any]
-) -> Callable[[dict[Key, int]], Result]:
-    found = numbers.get((command.upstream, command.number))
+def _report(batch: _Batch, command: Report) -> Callable[[dict[Key, int]], Result]:
+    found = batch.numbers.get((command.upstream, command.number))
     current = None if found is None else _find(batch, found.order_no, found.procurement_id)
     if found is None or current is None:
         raise ReportRejected(f"no order {command.number!r} for upstream {command.upstream!r}")
@@ -367,13 +364,7 @@ def _report(
     return lambda ids: applied
 
 
-def _intake(
-    batch: _Batch,
-    command: Intake,
-    numbers: Mapping[tuple[str, str], Any],
-    skus: Mapping[tuple[str, int], MirroredSku],
-    offers: Mapping[str, Offer],
-) -> Callable[[dict[Key, int]], Result]:
+def _intake(batch: _Batch, command: Intake) -> Callable[[dict[Key, int]], Result]:
     request = command.request
     order_no = request.order_no
     provider = command.provider
@@ -387,7 +378,7 @@ def _intake(
             raise IntakeError("order_conflict", f"order {order_no} exists with a different body")
         items = tuple(batch.items.get(order_no, ()))
         return lambda ids: IntakeResult(False, order_view(existing, _with_ids(items, ids)))
-    steps = _admissions(batch, request, numbers, skus, offers, provider)
+    steps = _admissions(batch, request, provider)
     if provider is not None and not batch.provider.active(provider):
         raise IntakeError("account_disabled", "the provider account is disabled")
     if provider is not None and not batch.provider.can_pay(provider):
@@ -424,23 +415,18 @@ def _provider_with_id(batch: _Batch, order: ProviderOrder) -> ProviderOrder:
 
 
 def _admissions(
-    batch: _Batch,
-    request: OrderRequest,
-    numbers: Mapping[tuple[str, str], Any],
-    skus: Mapping[tuple[str, int], MirroredSku],
-    offers: Mapping[str, Offer],
-    provider: ProviderIntake | None = None,
+    batch: _Batch, request: OrderRequest, provider: ProviderIntake | None = None
 ) -> list[tuple[None, Event]]:
     """Each item's first event, once every item is found buyable as asked (:class:`IntakeError` when one
     is not: nothing is written)."""
 
     def taken(upstream: str, number: str) -> bool:
-        return (upstream, number) in numbers or any(
+        return (upstream, number) in batch.numbers or any(
             added[:2] == (upstream, number) for added in batch.numbers_added
         )
 
     admitted = admit_items(
-        request, taken=taken, skus=skus, offers=offers, upstreams=batch.rules.upstreams,
+        request, taken=taken, skus=batch.skus, offers=batch.offers, upstreams=batch.rules.upstreams,
         pricing=batch.rules.pricing,
         charged=None if provider is None else (provider.unit_price, provider.currency),
     )  # fmt: skip
@@ -602,15 +588,7 @@ def _late_goods(batch: _Batch, ids: Mapping[Key, int]) -> list[Occurrence]:
     occurrences: list[Occurrence] = []
     for key, _, effect in batch.late_goods:
         p = _item(batch, key)
-        mismatch = goods_after_resolution(p, effect.status)
-        findings.append(
-            Finding(
-                procurement_id=ids[key], order_no=p.order_no, upstream=p.upstream,
-                downstream_order_no=p.downstream_order_no, upstream_order_id=p.upstream_order_id,
-                field=mismatch.field, local_value=mismatch.local, upstream_value=mismatch.upstream,
-                repair=GOODS_RECORDED, found_at=batch.now, run_id=0,
-            )
-        )  # fmt: skip
+        findings.append(finding_of(p, goods_after_resolution(p, effect.status), GOODS_RECORDED, batch.now))
         occurrences.append(alerts.goods_after_resolution(p))
     reconcile = batch.tx.reconcile
     for trigger in sorted({source.value for _, source, _ in batch.late_goods}):
