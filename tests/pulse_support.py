@@ -108,7 +108,7 @@ async def seed_history(
                 continue
             clock.now = plan.at + timedelta(seconds=1)
             owner = f"history/{upstream}/{plan.order_no}"
-            [claimed] = await service.claim_submissions(upstream, owner, 1)
+            [claimed] = (await service.claim_submissions(upstream, owner, 1)).procurements
             assert claimed.order_no == plan.order_no
             order_id = next(order_ids)
             clock.now = plan.at + timedelta(seconds=2)

@@ -286,7 +286,7 @@ async def test_a_vanished_instance_is_reported_and_its_claims_taken_at_once(
         sku = sandbox.state.products[1].skus[0].id
         request = parse_order_request({"order_no": "G1", "items": [{"sku_id": sku, "quantity": 1}]})
         await runtime.service.submit(request)
-        [claimed] = await runtime.service.claim_submissions("main", "ghost:1/main/1", 1)
+        [claimed] = (await runtime.service.claim_submissions("main", "ghost:1/main/1", 1)).procurements
         assert claimed.lease_owner == "ghost:1/main/1"
     finally:
         await runtime.close()

@@ -83,7 +83,7 @@ def gets(stack: Stack) -> int:
 
 
 async def audit(stack: Stack, order_no: str) -> list[dict[str, Any]]:
-    return await stack.runtime.service.audit(order_no)
+    return await stack.operations.views.audit(order_no)
 
 
 async def test_an_invented_upstream_order_changes_only_what_the_upstream_confirms(stack: Stack) -> None:
@@ -165,14 +165,14 @@ async def test_a_callback_that_overtakes_its_submissions_answer_waits_for_it(sta
     stack.sandbox.faults.hold_delivery_next()
     procurement_id = await intake(stack, "V-O")
     owner = f"{runtime.instance}/main/1"
-    [claimed] = await runtime.service.claim_submissions("main", owner, 1)
+    [claimed] = (await runtime.service.claim_submissions("main", owner, 1)).procurements
     created = await runtime.client("main").create_order(
         submission_request(claimed, runtime.settings.server.callback_url)
     )
     asked = gets(stack)
     async with stack.signer() as signer:
         callback = asyncio.create_task(post(signer, report("V-O", created.order_id, "paid")))
-        await wait_until(lambda: procurement_id in runtime.service.awaiting_submissions)
+        await wait_until(lambda: procurement_id in runtime.service.confirmation.awaiting_submissions)
         assert (await item(stack, "V-O"))["upstream_order_id"] is None
         await runtime.service.apply(
             procurement_id, outcome_event(owner, created), Source.WORKER, order_no="V-O"

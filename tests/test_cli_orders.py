@@ -133,8 +133,8 @@ async def test_submit_previews_and_refuses_what_the_mirror_says_is_out_of_stock(
     assert "order B2 would be refused: 409 insufficient_stock: items.0: SKU" in said.stdout
     as_json = parsed(await shell.run("order", "submit", "--preview", *short, "--json"))
     assert as_json["preview"]["items"][0]["reason"] == "insufficient_stock"
-    assert await shell.stack.runtime.service.order("B1") is None
-    assert await shell.stack.runtime.service.order("B2") is None
+    assert await shell.stack.operations.views.order("B1") is None
+    assert await shell.stack.operations.views.order("B2") is None
     refused = await shell.run("order", "submit", *short)
     assert refused.exit_code == 1
     assert "procurd: insufficient_stock: items.0: SKU" in refused.stderr
@@ -203,7 +203,7 @@ async def test_submit_refusals_exit_1_and_usage_errors_exit_2(
     )
     assert result.exit_code == code
     assert reason in result.stderr
-    assert await shell.stack.runtime.service.order("U1") is None
+    assert await shell.stack.operations.views.order("U1") is None
 
 
 async def test_show_hides_delivered_goods_unless_asked(shell: Shell) -> None:
@@ -339,7 +339,7 @@ async def test_exceptions_retry_all(shell: Shell) -> None:
     assert (none_left["retried"], none_left["remaining"]) == ([], 0)
     for number in ("B1", "B2", "B3"):
         assert (await shell.stack.order(number))["procurements"][0]["state"] == "queued"
-    trail = await shell.stack.runtime.service.audit("B1")
+    trail = await shell.stack.operations.views.audit("B1")
     assert trail[-1]["event"] == "retry"
     assert trail[-1]["detail"]["note"] == "limit raised"
 

@@ -79,7 +79,7 @@ async def exception(shop: Shop, order_no: str, upstream: str = "main") -> int:
 
 
 async def state_of(shop: Shop, procurement_id: int) -> tuple[str, str | None]:
-    found = await shop.stack.runtime.service.procurement(procurement_id)
+    found = await shop.stack.operations.views.procurement(procurement_id)
     assert found is not None
     return found["state"], found["resolution_note"]
 
@@ -296,12 +296,12 @@ async def test_retry_and_resolve_go_through_the_api_path_into_the_audit_trail(sh
     assert await state_of(shop, resolved) == ("resolved", "refunded to the buyer")
     assert (await state_of(shop, retried))[0] == "queued"
 
-    trail = {entry["event"]: entry for entry in await shop.stack.runtime.service.audit("E1")}
+    trail = {entry["event"]: entry for entry in await shop.stack.operations.views.audit("E1")}
     assert (trail["retry"]["source"], trail["retry"]["detail"]["note"]) == (
         "admin",
         "limit raised by hand",
     )
-    [last] = (await shop.stack.runtime.service.audit("E2"))[-1:]
+    [last] = (await shop.stack.operations.views.audit("E2"))[-1:]
     assert (last["source"], last["event"], last["detail"]["note"]) == (
         "admin",
         "resolved",
@@ -446,13 +446,13 @@ async def test_a_long_audit_trail_is_paged(shop: Shop) -> None:
     await sandbox_control(shop.stack, "POST", "/wallet", {"balance": "0.00"})  # every purchase fails
     procurement_id = (await order(shop.stack, "L-1", shop.sku))["procurements"][0]["id"]
     assert await shop.stack.submit_due()
-    service = shop.stack.runtime.service
+    views = shop.stack.operations.views
     for _ in range(40):
-        if len(await service.audit("L-1")) > 50:
+        if len(await views.audit("L-1")) > 50:
             break
         assert (await shop.stack.admin("POST", f"/api/v1/exceptions/{procurement_id}/retry")).status == 200
         await shop.stack.submit_due()
-    total = len(await service.audit("L-1"))
+    total = len(await views.audit("L-1"))
     assert total > 50
     await shop.client.login()
     first = await shop.client.get("/ui/orders/L-1")
@@ -477,7 +477,7 @@ async def test_cancel_from_the_order_page(shop: Shop) -> None:
     assert (canceled.status, canceled.location) == (303, "/ui/orders/K-1")
     assert (await shop.client.get("/ui/orders/K-1")).flash == ("ok", "Order K-1 is canceled.")
     assert (await shop.stack.order("K-1"))["status"] == "canceled"
-    trail = await shop.stack.runtime.service.audit("K-1")
+    trail = await shop.stack.operations.views.audit("K-1")
     assert (trail[-1]["source"], trail[-1]["new_state"]) == ("admin", "canceled")
 
     before = await shop.stack.order("K-2")

@@ -178,7 +178,7 @@ def screenshot_path(tmp_path: Path, name: str) -> Path:
 
 
 async def procurement_state(console: Console, procurement_id: int) -> str:
-    found = await console.stack.runtime.service.procurement(procurement_id)
+    found = await console.stack.operations.views.procurement(procurement_id)
     assert found is not None
     return str(found["state"])
 

@@ -12,6 +12,7 @@ import aiohttp
 import pytest
 
 from procurd.daemon import Daemon
+from procurd.operations.views import ProcurementViews
 from procurd.protocol.dujiao.signing import HeaderNames, signed_headers
 from procurd.runtime import Runtime
 from procurd.sandbox import Sandbox, SandboxConfig
@@ -63,7 +64,7 @@ async def test_shutdown_lets_in_flight_submission_finish(database_url: str) -> N
             await daemon.shutdown()
         runtime = Runtime.build(settings)
         try:
-            order = await runtime.service.order("G1")
+            order = await ProcurementViews(runtime).order("G1")
         finally:
             await runtime.close()
     assert order is not None
@@ -192,7 +193,7 @@ async def test_shutdown_cuts_a_catalogue_pass_short_but_lets_a_submission_finish
                 await asyncio.wait_for(daemon.shutdown(), timeout=60)
         runtime = Runtime.build(settings)
         try:
-            order = await runtime.service.order("SIG1")
+            order = await ProcurementViews(runtime).order("SIG1")
             runs = await runtime.database.read(lambda tx: tx.console.sync_runs("main", 1, 10))
         finally:
             await runtime.close()

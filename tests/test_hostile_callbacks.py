@@ -48,6 +48,7 @@ from procurd.http.testing import reserve_port, serve, submit_due, url_of
 from procurd.logs import configure_logging
 from procurd.operations import Operations
 from procurd.operations.catalog_pass import run_sync
+from procurd.operations.views import ProcurementViews
 from procurd.protocol.dujiao.callback import CALLBACK_PATH
 from procurd.protocol.dujiao.signing import HeaderNames, sign
 from procurd.runtime import Runtime
@@ -223,7 +224,7 @@ class Target:
         self.sandboxes[upstream].faults.hold_delivery_next()
         await self.intake(order_no, upstream)
         assert await submit_due(self.runtime, upstream)
-        view = await self.runtime.service.order(order_no)
+        view = await ProcurementViews(self.runtime).order(order_no)
         assert view is not None
         procurement = view["procurements"][0]
         assert procurement["state"] == "submitted", procurement
@@ -344,7 +345,7 @@ async def _prepare(target: Target) -> None:
     main = target.sandboxes["main"]
     await main.deliver(delivered_id, f"{PAYLOAD_MARK}-sandbox-delivery")
     await main.wait_callbacks_idle()
-    view = await target.runtime.service.order("HC-D1")
+    view = await ProcurementViews(target.runtime).order("HC-D1")
     assert view is not None
     assert view["status"] == "delivered", view
     await target.submitted("HC-S1", "main")
@@ -879,7 +880,7 @@ SIZES = (MAX_BODY_BYTES - 1, MAX_BODY_BYTES, MAX_BODY_BYTES + 1, MAX_BODY_BYTES 
 async def test_bodies_around_the_size_cap(target: Target, size: int, chunked: bool) -> None:
     """A signed report padded to the cap is accepted, beyond it refused 413 (sized or chunked); no change."""
     before = await target.rows()
-    view = await target.runtime.service.order("HC-D1")
+    view = await ProcurementViews(target.runtime).order("HC-D1")
     assert view is not None
     report = {"order_id": view["procurements"][0]["upstream_order_id"], "downstream_order_no": "HC-D1",
               "status": "delivered"}  # fmt: skip
@@ -985,7 +986,7 @@ async def test_the_log_capture_sees_rejections(target: Target) -> None:
     assert reply.status == 401
     lines = [json.loads(line) for line in target.logs.new_lines()]
     assert any(line.get("event") == "callback.rejected" for line in lines)
-    delivered = await target.runtime.service.order("HC-D1")
+    delivered = await ProcurementViews(target.runtime).order("HC-D1")
     assert delivered is not None
     assert PAYLOAD_MARK in delivered["procurements"][0]["fulfillment"]["payload"]
 

@@ -222,7 +222,7 @@ def test_enumerations_are_the_codes_own() -> None:
     filter and the alert itself), exception reasons, provider order statuses."""
     from procurd.core.alerts import KINDS
     from procurd.core.provider import ORDER_STATUSES
-    from procurd.procurement.service import ASSIGNED_REASONS
+    from procurd.operations.views import ASSIGNED_REASONS
 
     document = load_document()
     parameters = {

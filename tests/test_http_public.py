@@ -95,12 +95,12 @@ async def test_duplicate_callback_is_answered_ok_and_changes_nothing(stack: Stac
     async with stack.signer() as signer:
         first = await post(signer, body)
         after_first = await stack.order("C1")
-        audit_first = await stack.runtime.service.audit("C1")
+        audit_first = await stack.operations.views.audit("C1")
         second = await post(signer, body)
     assert (first.status, second.status) == (200, 200)
     assert second.json() == {"ok": True, "message": "received"}
     assert await stack.order("C1") == after_first
-    assert await stack.runtime.service.audit("C1") == audit_first
+    assert await stack.operations.views.audit("C1") == audit_first
 
 
 async def test_late_paid_after_delivered_is_recorded_not_applied(stack: Stack) -> None:
@@ -115,7 +115,7 @@ async def test_late_paid_after_delivered_is_recorded_not_applied(stack: Stack) -
     assert answer.json() == {"ok": True, "message": "received"}
     item = (await stack.order("C1"))["procurements"][0]
     assert (item["state"], item["upstream_status"]) == ("delivered", "delivered")
-    events = [entry["event"] for entry in await stack.runtime.service.audit("C1")]
+    events = [entry["event"] for entry in await stack.operations.views.audit("C1")]
     assert events[-1] == "late_status_ignored"
 
 
@@ -225,7 +225,7 @@ async def test_bad_callback_is_rejected_without_any_change(stack: Stack, case: s
     """Every malformed, unauthenticated or unmatched callback is refused with its status; nothing changes."""
     build, status, code = BAD_CALLBACKS[case]
     procurement = await submitted(stack)
-    before, audit_before = await stack.order("C1"), await stack.runtime.service.audit("C1")
+    before, audit_before = await stack.order("C1"), await stack.operations.views.audit("C1")
     body, overrides = build(procurement)
     async with stack.signer() as signer:
         answer = await post(signer, body, **overrides)
@@ -236,7 +236,7 @@ async def test_bad_callback_is_rejected_without_any_change(stack: Stack, case: s
     assert isinstance(data["message"], str)
     assert data["message"]
     assert await stack.order("C1") == before
-    assert await stack.runtime.service.audit("C1") == audit_before
+    assert await stack.operations.views.audit("C1") == audit_before
 
 
 async def test_rejections_are_counted_for_the_upstream_whose_key_was_used(stack: Stack) -> None:

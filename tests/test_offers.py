@@ -178,8 +178,8 @@ async def test_intake_by_offer(stack: Stack) -> None:
     both = {"order_no": "OF3", "items": [{"offer": "V", "sku_id": first, "quantity": 1}]}
     status, refused = await call(stack, "POST", "/api/v1/orders", both)
     assert (status, refused["error_code"]) == (400, "invalid_request")
-    assert await stack.runtime.service.order("OF2") is None
-    assert await stack.runtime.service.order("OF3") is None
+    assert await stack.operations.views.order("OF2") is None
+    assert await stack.operations.views.order("OF3") is None
 
 
 # --- failover across two upstreams --------------------------------------------------------------------------

@@ -177,7 +177,7 @@ class Site:
         """The provider's procurement behind its order ``order_no`` (None on the sandbox)."""
         if self.daemon is None:
             return None
-        view = await self.daemon.runtime.service.order(order_no)
+        view = await self.daemon.operations.views.order(order_no)
         return None if view is None else dict(view["procurements"][0])
 
 

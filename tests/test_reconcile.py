@@ -66,7 +66,7 @@ async def test_a_refund_after_delivery_becomes_an_exception_with_a_finding_and_a
     )
     item = await item_of(stack, "RF1")
     assert (item["state"], item["exception_reason"]) == ("exception", "upstream_refunded")
-    audit = await stack.runtime.service.audit("RF1")
+    audit = await stack.operations.views.audit("RF1")
     assert audit[-1]["source"] == "reconcile"
     total, alerts = await stack.runtime.alerts.recent(1, 10, Kind.RECONCILE_MISMATCH.value)
     assert total == 1

@@ -21,6 +21,7 @@ from procurd.core.intake import parse_order_request
 from procurd.db.health_store import HealthStore
 from procurd.db.schema import audit_log, orders, procurements, sync_runs, upstream_health
 from procurd.db.types import utcnow
+from procurd.operations.views import ProcurementViews
 from procurd.runtime import Runtime
 from procurd.sandbox import Sandbox, SandboxConfig
 from scale_cluster import (
@@ -271,7 +272,7 @@ async def test_order_view_is_one_snapshot_while_another_instance_commits(
             request = parse_order_request({"order_no": "SNAP1", "items": [{"sku_id": sku_id, "quantity": 1}]})
             await runtime.service.submit(request)
             commit_before_procurements_read(runtime.database.sync_engine, other=engine, order_no="SNAP1")
-            view = await runtime.service.order("SNAP1")
+            view = await ProcurementViews(runtime).order("SNAP1")
         finally:
             await runtime.close()
     assert view is not None

@@ -148,11 +148,32 @@ async def test_a_claim_in_flight_is_due_again_only_when_it_expires(database_url:
     async with mirrored_stack(database_url) as (stack, sku):
         await submit(stack, "D1", sku)
         service = stack.runtime.service
-        assert await service.next_submission_due("main") is not None
-        [claimed] = await service.claim_submissions("main", "test-claim", 1)
+        assert await stack.operations.views.next_submission_due("main") is not None
+        [claimed] = (await service.claim_submissions("main", "test-claim", 1)).procurements
         assert claimed.lease_expires_at is not None
-        assert await service.next_submission_due("main") == claimed.lease_expires_at
+        assert await stack.operations.views.next_submission_due("main") == claimed.lease_expires_at
         assert claimed.lease_expires_at > service.clock()
+
+
+async def test_a_claim_that_takes_fewer_than_asked_says_when_the_next_is_due(database_url: str) -> None:
+    """A claim that took fewer procurements than it asked for answers when its upstream's next one can be
+    claimed (its own claim counting from its expiry), in its own transaction: the claimer opens no read; a
+    claim that took all it asked for does not look."""
+    async with mirrored_stack(database_url) as (stack, sku):
+        await submit(stack, "N1", sku)
+        await submit(stack, "N2", sku)
+        service, counts = stack.runtime.service, stack.runtime.database.counts
+        reads = counts.reads
+        full = await service.claim_submissions("main", "test-claim-1", 1)
+        assert (len(full.procurements), full.next_due) == (1, None)
+        short = await service.claim_submissions("main", "test-claim-2", 2)
+        [claimed] = short.procurements
+        leases = [p.lease_expires_at for p in (*full.procurements, claimed)]
+        first = min(lease for lease in leases if lease is not None)
+        assert short.next_due == first
+        nothing = await service.claim_submissions("main", "test-claim-3", 2)
+        assert (nothing.procurements, nothing.next_due) == ([], first)
+        assert counts.reads == reads
 
 
 async def test_a_submission_in_flight_does_not_make_the_claimer_spin(database_url: str) -> None:
@@ -182,13 +203,13 @@ async def test_a_poll_held_by_a_vanished_instance_is_due_again_at_once(database_
         later = utcnow() + timedelta(minutes=1)
         service = ProcurementService(stack.runtime.database, stack.settings, clock=lambda: later)
         try:
-            [held] = await service.claim_polls("main", "gone-host:7/main/poll", 10)
+            [held] = (await service.claim_polls("main", "gone-host:7/main/poll", 10)).procurements
             assert held.lease_owner == "gone-host:7/main/poll"
-            assert await service.claim_polls("main", "live-host:8/main/poll", 10) == []
+            assert (await service.claim_polls("main", "live-host:8/main/poll", 10)).procurements == []
 
             released = await service.release_claims(["gone-host:7"])
             assert [applied.decision.event for applied in released] == ["poll_claim_abandoned"]
-            [taken] = await service.claim_polls("main", "live-host:8/main/poll", 10)
+            [taken] = (await service.claim_polls("main", "live-host:8/main/poll", 10)).procurements
             assert (taken.id, taken.lease_owner) == (held.id, "live-host:8/main/poll")
         finally:
             await service.close()

@@ -29,7 +29,7 @@ from procurd.core.reconcile import Mismatch, mismatches
 from procurd.db.reconcile_store import Finding
 from procurd.db.stores import Tx
 from procurd.db.types import utcnow
-from procurd.procurement.answers import answer_problem, report_of
+from procurd.procurement.answers import answer_problem, finding_of, report_of
 from procurd.procurement.service import ProcurementService
 from procurd.protocol.dujiao.client import UpstreamClient
 from procurd.upstream.errors import BusinessError, UpstreamError
@@ -165,18 +165,7 @@ async def _check(
 
 
 def _finding(p: Procurement, mismatch: Mismatch, repair: str | None) -> Finding:
-    return Finding(
-        procurement_id=p.id,
-        order_no=p.order_no,
-        upstream=p.upstream,
-        downstream_order_no=p.downstream_order_no,
-        upstream_order_id=p.upstream_order_id,
-        field=mismatch.field,
-        local_value=mismatch.local,
-        upstream_value=mismatch.upstream,
-        repair=repair,
-        found_at=utcnow(),
-    )
+    return finding_of(p, mismatch, repair, utcnow())
 
 
 def _alerts(findings: Sequence[Finding], repair: bool) -> list[Occurrence]:

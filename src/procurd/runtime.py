@@ -137,7 +137,7 @@ class Runtime:
         alerts = Alerts(database, settings.alerts, metrics)
         observers = [metrics.observe_transition, alerts.observe_applied]
         service = ProcurementService(
-            database, settings, wakeups=Wakeups(), observers=observers, writer=instance
+            database, settings, wakeups=Wakeups(), observers=observers, writer=instance, clients=clients
         )
         return cls(
             settings,

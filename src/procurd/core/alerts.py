@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 
 from procurd.core.backoff import retry_delay
+from procurd.core.procurement import ExceptionOpened, Procurement
 
 SEND_RETRY_BASE_SECONDS = 5.0
 SEND_RETRY_MAX_SECONDS = 600.0
@@ -66,6 +67,38 @@ class Occurrence:
     @property
     def key(self) -> str:
         return f"{self.kind.value}:{self.subject}"
+
+
+def exception_opened(p: Procurement, opened: ExceptionOpened) -> Occurrence:
+    """An exception opened on ``p``, as the alert a person gets: the reason, the order, the item, the
+    upstream, the error."""
+    error = ": ".join(part for part in (opened.code, opened.message) if part)
+    message = (
+        f"{opened.reason}: order {p.order_no}, item {p.position + 1} ({p.downstream_order_no}) on upstream "
+        f"{p.upstream}" + (f": {error}" if error and error != opened.reason else "")
+    )
+    return Occurrence(Kind.EXCEPTION_OPENED, p.order_no, message, p.upstream)
+
+
+def goods_after_resolution(p: Procurement) -> Occurrence:
+    """The upstream delivered goods for ``p`` after a person resolved it: they deliver or settle them."""
+    message = (
+        f"order {p.order_no}: the upstream delivered item {p.position + 1} ({p.downstream_order_no}, "
+        f"upstream order {p.upstream_order_id}) after a person resolved it. The goods are recorded with "
+        "it (it stays resolved; reveal them on the order's page): deliver them to the buyer, or settle "
+        "them with the upstream if the buyer was refunded."
+    )
+    return Occurrence(Kind.RECONCILE_MISMATCH, p.order_no, message, p.upstream)
+
+
+def claim_unverified(upstream: str, claim: str) -> Occurrence:
+    """A correctly signed callback of ``upstream`` claimed what the upstream did not confirm (``claim``: what
+    it claimed and why it was refused)."""
+    message = (
+        f"a callback signed with {upstream}'s key claimed {claim}; nothing was changed. A buggy or "
+        "compromised upstream, or a callback replayed from another chain of sites."
+    )
+    return Occurrence(Kind.CALLBACKS_REJECTED, upstream, message, upstream)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -18,9 +18,17 @@ from procurd.core.procurement import (
 class Mismatch:
     """One field on which procurd and the upstream disagree."""
 
-    field: str  # status | amount | currency | order
+    field: str  # status | amount | currency | order | goods
     local: str | None
     upstream: str | None
+
+
+GOODS_RECORDED = "goods_recorded"  # the repair of goods that came for a resolved procurement: kept with it
+
+
+def goods_after_resolution(p: Procurement, status: str) -> Mismatch:
+    """The finding for goods the upstream delivered (in ``status``) for ``p`` after a person resolved it."""
+    return Mismatch("goods", p.state.value, status)
 
 
 def status_class(status: str | None) -> str:

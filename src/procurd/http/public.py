@@ -19,14 +19,13 @@ A callback for an order procurd knows costs what it always did.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from urllib.parse import urlsplit
 
 import structlog
 from aiohttp import web
 
 from procurd.config import UpstreamSettings
-from procurd.core.alerts import Kind, Occurrence
+from procurd.core.alerts import claim_unverified
 from procurd.core.procurement import Source
 from procurd.db.errors import DatabaseError
 from procurd.http.errors import (
@@ -41,7 +40,8 @@ from procurd.http.errors import (
     read_body,
 )
 from procurd.operations import Operations
-from procurd.procurement.service import ReportOutcome, ReportRejected
+from procurd.procurement.commands import ReportRejected
+from procurd.procurement.service import ReportOutcome
 from procurd.protocol.dujiao.callback import (
     CALLBACK_PATH,
     Callback,
@@ -51,10 +51,8 @@ from procurd.protocol.dujiao.callback import (
     CallbackVerifier,
     parse_callback,
 )
-from procurd.protocol.dujiao.models import UpstreamOrder
 from procurd.protocol.web import dumps
 from procurd.runtime import Runtime
-from procurd.upstream.ratelimit import Priority
 
 log = structlog.get_logger("procurd.callback")
 
@@ -75,10 +73,6 @@ class CallbackReceiver:
             for upstream in pushing
         ]
         self.verifier = CallbackVerifier(keys, (CALLBACK_PATH, configured_callback_path(runtime)))
-        # Per upstream: ask it for an order a callback names that procurd has not recorded.
-        self.confirmers = {
-            upstream.name: _confirmer(runtime, upstream.name) for upstream in settings.upstreams
-        }
 
     async def handle(self, request: web.Request) -> web.Response:
         claimed: UpstreamSettings | None = None
@@ -109,11 +103,7 @@ class CallbackReceiver:
     async def _apply(self, upstream: UpstreamSettings, callback: Callback) -> ReportOutcome:
         try:
             return await self.runtime.service.report(
-                upstream.name,
-                callback.downstream_order_no,
-                callback.report,
-                Source.CALLBACK,
-                confirm=self.confirmers[upstream.name],
+                upstream.name, callback.downstream_order_no, callback.report, Source.CALLBACK
             )
         except ReportRejected as exc:
             if exc.code == "callback_unverified":
@@ -123,13 +113,8 @@ class CallbackReceiver:
     async def _alert_unverified(self, upstream: UpstreamSettings, callback: Callback, reason: str) -> None:
         """A correctly signed claim the upstream did not confirm: a buggy or compromised upstream, or a
         replayed callback of another chain. Counted in the upstream's ``callbacks_rejected`` alert at once."""
-        message = (
-            f"a callback signed with {upstream.name}'s key claimed {reason}; nothing was changed. A buggy or "
-            "compromised upstream, or a callback replayed from another chain of sites."
-        )
-        occurrence = Occurrence(Kind.CALLBACKS_REJECTED, upstream.name, message, upstream.name)
         try:
-            await self.runtime.alerts.raise_(occurrence)
+            await self.runtime.alerts.raise_(claim_unverified(upstream.name, reason))
         except DatabaseError as exc:
             log.warning("callback.alert_not_stored", upstream=upstream.name, reason=exc.reason)
 
@@ -162,13 +147,6 @@ class CallbackReceiver:
         self.runtime.rejections.rejected(name, error.code)
         if name is not None:
             self.runtime.callbacks.count(name, False)
-
-
-def _confirmer(runtime: Runtime, upstream: str) -> Callable[[int], Awaitable[UpstreamOrder]]:
-    async def confirm(order_id: int) -> UpstreamOrder:
-        return await runtime.client(upstream).get_order(order_id, priority=Priority.CALLBACK)
-
-    return confirm
 
 
 def _parse(raw: bytes) -> Callback:

@@ -157,8 +157,8 @@ class Stack:
             return Answer(response.status, parsed, CIMultiDict(response.headers), text)
 
     async def order(self, order_no: str) -> dict[str, Any]:
-        """The order view straight from the service."""
-        view = await self.runtime.service.order(order_no)
+        """The order view straight from the operations' reads."""
+        view = await self.operations.views.order(order_no)
         assert view is not None, f"no order {order_no}"
         return view
 

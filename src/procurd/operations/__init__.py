@@ -33,6 +33,7 @@ from procurd.operations.offers import OfferOperations
 from procurd.operations.orders import OrderOperations
 from procurd.operations.provider import ProviderOperations
 from procurd.operations.upstreams import UpstreamOperations
+from procurd.operations.views import ProcurementViews
 from procurd.runtime import Runtime
 
 __all__ = [
@@ -55,7 +56,8 @@ class Operations:
         self.runtime = runtime
         self.catalog = CatalogOperations(runtime)
         self.upstreams = UpstreamOperations(runtime)
-        self.orders = OrderOperations(runtime)
+        self.views = ProcurementViews(runtime)
+        self.orders = OrderOperations(runtime, self.views)
         self.offers = OfferOperations(runtime)
         self.housekeeping = HousekeepingOperations(runtime)
         self.provider = ProviderOperations(runtime, self.orders)

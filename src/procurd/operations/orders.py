@@ -1,10 +1,13 @@
 """Operations on orders and the exception queue: intake, upstream-first cancel, a person's retry and
-resolve, bulk retry. Each goes through the procurement service (the one state path) with the source that
-records who acted (``intake`` for intake, ``admin`` for a person, whatever door they used)."""
+resolve, bulk retry. Each change goes through the procurement service (the one state path) with the source
+that records who acted (``intake`` for intake, ``admin`` for a person, whatever door they used); what they
+answer is read through :mod:`procurd.operations.views`."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -15,13 +18,26 @@ from procurd.core.json_limits import json_problem, text_problem
 from procurd.core.numbers import MAX_ID, ORDER_NO_PATTERN
 from procurd.core.procurement import NotAllowed, Resolve, Retry, Source
 from procurd.core.refusals import Refused
+from procurd.operations.views import ProcurementViews
 from procurd.procurement import cancel
-from procurd.procurement.service import DEFAULT_BULK_RETRY, MAX_BULK_RETRY, BulkRetry, IntakeResult
+from procurd.procurement.service import IntakeResult
 from procurd.runtime import Runtime
 
 log = structlog.get_logger("procurd.orders")
 
 MAX_NOTE_CHARS = 4000
+DEFAULT_BULK_RETRY = 100  # exceptions one bulk retry sends again unless told otherwise
+MAX_BULK_RETRY = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class BulkRetry:
+    """What a bulk retry did: the ids queued again, the ones skipped (with why) and how many still match."""
+
+    retried: list[int]
+    skipped: list[dict[str, Any]]
+    remaining: int
+
 
 __all__ = ["DEFAULT_BULK_RETRY", "MAX_BULK_RETRY", "BulkRetry", "IntakeResult", "OrderOperations"]
 
@@ -94,8 +110,9 @@ def check_bulk_limit(limit: Any) -> int:
 
 
 class OrderOperations:
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: Runtime, views: ProcurementViews) -> None:
         self.runtime = runtime
+        self.views = views
 
     async def submit(self, body: Mapping[str, Any]) -> IntakeResult:
         """Accept a locally paid order for procurement (queued for the submitters; nothing is bought here).
@@ -118,7 +135,7 @@ class OrderOperations:
             request = parse_order_request(dict(body))
         except IntakeError as exc:
             raise intake_refusal(exc) from None
-        return await self.runtime.service.preview(request)
+        return await self.views.preview(request)
 
     async def submit_json(self, raw: bytes, *, allow_backorder: bool = False) -> IntakeResult:
         """:meth:`submit` of a raw JSON request body (``allow_backorder``: as if the body said it)."""
@@ -130,23 +147,24 @@ class OrderOperations:
 
     async def view(self, order_no: str) -> dict[str, Any]:
         """The order view; 404 ``order_not_found``."""
-        view = await self.runtime.service.order(check_order_no(order_no))
+        view = await self.views.order(check_order_no(order_no))
         if view is None:
             raise order_not_found(order_no)
         return view
 
     async def audit(self, order_no: str) -> list[dict[str, Any]]:
-        return await self.runtime.service.audit(order_no)
+        return await self.views.audit(order_no)
 
     async def cancel(self, order_no: str, *, source: Source = Source.ADMIN) -> dict[str, Any]:
         """Upstream-first cancel of the whole order; its order view, or 409 ``cancel_not_allowed`` with the
         reason of each item (``items``). ``source``: a person, or a downstream site (its provider order)."""
         runtime = self.runtime
         check_order_no(order_no)
+        found = await runtime.database.read(lambda tx: tx.procurements.order(order_no))
+        if found is None:
+            raise order_not_found(order_no)
         try:
-            view = await cancel.cancel_order(runtime.service, order_no, runtime.cancel_upstream, source)
-        except cancel.OrderNotFound:
-            raise order_not_found(order_no) from None
+            await cancel.cancel_order(runtime.service, order_no, found[1], runtime.cancel_upstream, source)
         except cancel.CancelDenied as exc:
             items = [
                 {"procurement_id": item.procurement_id or None,
@@ -158,6 +176,8 @@ class OrderOperations:
                 409, "cancel_not_allowed", f"order {order_no} cannot be canceled: {exc}", items=items
             ) from None
         log.info("order.canceled", order_no=order_no)
+        view = await self.views.order(order_no)
+        assert view is not None
         return view
 
     async def retry(self, procurement_id: int, note: Any = None) -> dict[str, Any]:
@@ -185,8 +205,8 @@ class OrderOperations:
             raise Refused(404, "procurement_not_found", f"no procurement {procurement_id}")
         log.info("exception.handled", procurement_id=procurement_id, action=applied.decision.event)
         return {
-            "procurement": await service.procurement(procurement_id),
-            "order": await service.order(applied.procurement.order_no),
+            "procurement": await self.views.procurement(procurement_id),
+            "order": await self.views.order(applied.procurement.order_no),
         }
 
     async def retry_exceptions(
@@ -207,19 +227,56 @@ class OrderOperations:
                 'name a reason or an upstream, or send "all": true for every exception',
             )
         await self.check_filters(upstream, reason)
-        return await self.runtime.service.retry_exceptions(
+        return await self._retry_matching(
             upstream, reason, check_note(note, required=False), check_bulk_limit(limit)
         )
+
+    async def _retry_matching(
+        self, upstream: str | None, reason: str | None, note: str | None, limit: int
+    ) -> BulkRetry:
+        """Send up to ``limit`` matching exceptions again, oldest first, each through the state path.
+
+        One that changed meanwhile (a person resolved it, another retry won) is reported as skipped.
+        """
+        service = self.runtime.service
+        total, ids = await self.runtime.database.read(
+            lambda tx: tx.procurements.exception_ids(upstream, reason, limit)
+        )
+        outcomes = await asyncio.gather(
+            *(service.apply(pid, Retry(note), Source.ADMIN) for pid in ids), return_exceptions=True
+        )
+        retried: list[int] = []
+        skipped: list[dict[str, Any]] = []
+        for procurement_id, outcome in zip(ids, outcomes, strict=True):
+            if isinstance(outcome, NotAllowed):
+                skipped.append({"id": procurement_id, "error_code": outcome.code, "message": outcome.message})
+            elif outcome is None:
+                skipped.append(
+                    {"id": procurement_id, "error_code": "procurement_not_found", "message": "it is gone"}
+                )
+            elif isinstance(outcome, BaseException):
+                raise outcome
+            else:
+                retried.append(procurement_id)
+        log.info(
+            "exceptions.retried",
+            upstream=upstream,
+            reason=reason,
+            retried=len(retried),
+            skipped=len(skipped),
+            remaining=total - len(ids),
+        )
+        return BulkRetry(retried, skipped, total - len(ids))
 
     async def exceptions(
         self, upstream: str | None, reason: str | None, page: int, page_size: int
     ) -> tuple[int, list[dict[str, Any]]]:
         """A page of the exception queue, filtered by an upstream and a reason procurd knows."""
         await self.check_filters(upstream, reason)
-        return await self.runtime.service.exceptions(upstream, reason, page, page_size)
+        return await self.views.exceptions(upstream, reason, page, page_size)
 
     async def check_filters(self, upstream: str | None, reason: str | None) -> None:
         """A filter naming no upstream or reason procurd knows is a typo: 400 naming the known values."""
-        problem = await self.runtime.service.filter_problem(upstream, reason)
+        problem = await self.views.filter_problem(upstream, reason)
         if problem is not None:
             raise Refused(400, *problem)

@@ -474,7 +474,7 @@ class ProviderOperations:
             raise Refused(404, "order_not_found", f"no provider order {order_id}")
         order, account, state, attempts = found
         view = order_view(order, account.name if account else None)
-        view["procurement"] = await self.runtime.service.order(order.order_no)
+        view["procurement"] = await self.local_orders.views.order(order.order_no)
         view["callback"] = None if state is None else {
             "status": state.status,
             "pending": state.pending,

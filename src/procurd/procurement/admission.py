@@ -5,7 +5,7 @@ numbers already registered) and says, per item, whether intake refuses it (and s
 is written) or takes it in, with the :class:`~procurd.core.procurement.Admit` event the state machine then
 decides (queued, or an exception at once such as ``price_above_limit``). ``POST /api/v1/orders`` writes what
 it says (:mod:`procurd.procurement.transitions`); ``POST /api/v1/orders/preview`` only shows it
-(:meth:`procurd.procurement.service.ProcurementService.preview`), so the two can never disagree.
+(:func:`preview`, over what :func:`preview_facts` read), so the two can never disagree.
 
 An item the mirror knows to be out of stock, or short of the quantity, is refused ``insufficient_stock``
 unless the request says ``allow_backorder``: a SKU whose stock is short, an offer none of whose sources can
@@ -16,14 +16,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from procurd.core.intake import IntakeError, ItemRequest, OrderRequest, refusal_status
+from procurd.core.machine import Policy, decide
 from procurd.core.numbers import item_number
 from procurd.core.pricing import PricingRule
 from procurd.core.procurement import Admit, Decision, MirroredSku, SourceRef, State
 from procurd.core.sources import Skipped, default_limit, first_available, offer_limits, selling_terms
 from procurd.db.offer_store import Offer
+from procurd.db.procurement_store import NumberRow
+from procurd.db.stores import Tx
 
 STOCK = "out_of_stock"  # the mirror's reason a source is passed over for its stock
 INSUFFICIENT_STOCK = "insufficient_stock"  # intake's refusal, the upstream protocol's word for it
@@ -48,6 +52,21 @@ def item_sources(item: ItemRequest, offers: Mapping[str, Offer]) -> list[tuple[s
         return [] if offer is None else list(offer.sources)
     assert item.sku_id is not None
     return [(item.upstream or "", item.sku_id)]
+
+
+def item_keys(
+    request: OrderRequest, offers: Mapping[str, Offer]
+) -> tuple[list[tuple[str, int]], list[tuple[str, str]]]:
+    """What intake looks up for ``request``: the upstream SKUs its items may be bought as, and the
+    ``(upstream, number)`` pairs their downstream order numbers would take."""
+    sku_keys: list[tuple[str, int]] = []
+    number_keys: list[tuple[str, str]] = []
+    for position, item in enumerate(request.items):
+        keys = item_sources(item, offers)
+        sku_keys += keys
+        number = item_number(request.order_no, position)
+        number_keys += [(upstream, number) for upstream, _ in keys]
+    return sku_keys, number_keys
 
 
 def admit_items(
@@ -181,6 +200,51 @@ def _sku_source(
 
 
 # --- the preview ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PreviewFacts:
+    """What the database holds that an order's preview decides on: the offers its items name, the numbers
+    they would take, the mirrored SKUs, and the fingerprint of an order already taken in under its number."""
+
+    offers: Mapping[str, Offer]
+    numbers: Mapping[tuple[str, str], NumberRow]
+    skus: Mapping[tuple[str, int], MirroredSku]
+    existing: str | None
+
+
+def preview_facts(tx: Tx, request: OrderRequest) -> PreviewFacts:
+    """Read in ``tx`` what :func:`preview` decides on (``request``'s upstreams filled in)."""
+    offers = tx.offers.many(item.offer for item in request.items if item.offer is not None)
+    sku_keys, number_keys = item_keys(request, offers)
+    store = tx.procurements
+    found = store.order(request.order_no)
+    existing = None if found is None else found[0].fingerprint
+    return PreviewFacts(offers, store.numbers(number_keys), store.mirrored_skus(sku_keys), existing)
+
+
+def preview(
+    request: OrderRequest,
+    facts: PreviewFacts,
+    *,
+    upstreams: Sequence[str],
+    pricing: Sequence[PricingRule],
+    policy: Policy,
+    now: datetime,
+) -> dict[str, Any]:
+    """What intake would do with ``request`` now, decided by the same code (:func:`admit_items` and the state
+    machine's admission), writing nothing: ``POST /api/v1/orders/preview``'s answer (:func:`preview_view`)."""
+
+    def taken(upstream: str, number: str) -> bool:  # by another order: an order's own are its own
+        row = facts.numbers.get((upstream, number))
+        return row is not None and row.order_no != request.order_no
+
+    skus = facts.skus
+    admitted = admit_items(
+        request, taken=taken, skus=skus, offers=facts.offers, upstreams=upstreams, pricing=pricing
+    )
+    decisions = [None if item.admit is None else decide(None, item.admit, now, policy) for item in admitted]
+    return preview_view(request, admitted, decisions, skus, pricing, facts.existing)
 
 
 def preview_view(

@@ -1,9 +1,13 @@
 """The upstream's answer to ``GET /orders/{id}``, as the state path takes it (a poll's, reconciliation's, or
-the one that confirms a callback's claim)."""
+the one that confirms a callback's claim), and a finding where the upstream and procurd disagree."""
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from procurd.core.procurement import Procurement, UpstreamReport
+from procurd.core.reconcile import Mismatch
+from procurd.db.reconcile_store import Finding
 from procurd.protocol.dujiao.models import UpstreamOrder
 
 
@@ -32,3 +36,20 @@ def answer_problem(procurement: Procurement, order: UpstreamOrder) -> str | None
     if number and number not in procurement.downstream_order_nos:
         return f"the upstream holds order {order.order_id} under another downstream_order_no"
     return None
+
+
+def finding_of(p: Procurement, mismatch: Mismatch, repair: str | None, now: datetime) -> Finding:
+    """The finding that ``p`` and the upstream disagree on ``mismatch`` (``repair``: what was done about it),
+    found ``now``: a reconciliation's, or goods that came after a person resolved ``p``."""
+    return Finding(
+        procurement_id=p.id,
+        order_no=p.order_no,
+        upstream=p.upstream,
+        downstream_order_no=p.downstream_order_no,
+        upstream_order_id=p.upstream_order_id,
+        field=mismatch.field,
+        local_value=mismatch.local,
+        upstream_value=mismatch.upstream,
+        repair=repair,
+        found_at=now,
+    )

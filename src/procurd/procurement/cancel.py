@@ -7,7 +7,7 @@ here too, whatever happens to the rest.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,22 +34,16 @@ class CancelDenied(Exception):
         self.items = items
 
 
-class OrderNotFound(Exception):
-    pass
-
-
 async def cancel_order(
     service: ProcurementService,
     order_no: str,
+    items: Sequence[Procurement],
     cancel_upstream: UpstreamCancel,
     source: Source = Source.ADMIN,
-) -> dict[str, Any]:
-    """Cancel ``order_no`` upstream-first; its order view once canceled, else :class:`CancelDenied`.
-    ``source``: who asks (a person, or a downstream site canceling its order at the provider)."""
-    found = await service.database.read(lambda tx: tx.procurements.order(order_no))
-    if found is None:
-        raise OrderNotFound(order_no)
-    _, items = found
+) -> None:
+    """Cancel ``order_no``, whose procurements are ``items`` (as read just before), upstream-first; returns
+    once it is canceled, else raises :class:`CancelDenied`. ``source``: who asks (a person, or a downstream
+    site canceling its order at the provider)."""
     upstream_first = [p for p in items if needs_upstream_cancel(p)]
     refusals = [
         CancelItem(p.id, p.downstream_order_no, reason)
@@ -80,9 +74,6 @@ async def cancel_order(
         # The state moved between the check and the write (a submitter claimed an item meanwhile).
         await _record_upstream_cancels(service, order_no, confirmed, source)
         raise CancelDenied([CancelItem(0, order_no, exc.message)]) from None
-    view = await service.order(order_no)
-    assert view is not None
-    return view
 
 
 async def _record_upstream_cancels(
@@ -92,5 +83,5 @@ async def _record_upstream_cancels(
         await service.apply(procurement_id, Cancel(upstream_confirmed=True), source, order_no=order_no)
 
 
-def _number(items: list[Procurement], procurement_id: int) -> str:
+def _number(items: Sequence[Procurement], procurement_id: int) -> str:
     return next(p.downstream_order_no for p in items if p.id == procurement_id)

@@ -48,9 +48,9 @@ class Poller(Worker):
         self.owner = f"{instance}/{self.upstream}/poll"
 
     async def step(self) -> float | None:
-        while claimed := await self.service.claim_polls(self.upstream, self.owner, POLL_BATCH):
-            await asyncio.gather(*(self._poll(procurement) for procurement in claimed))
-        due = await self.service.next_poll_due(self.upstream)
+        while (claims := await self.service.claim_polls(self.upstream, self.owner, POLL_BATCH)).procurements:
+            await asyncio.gather(*(self._poll(procurement) for procurement in claims.procurements))
+        due = claims.next_due  # read by the claim that found none due, after it
         return None if due is None else (due - self.service.clock()).total_seconds()
 
     async def _poll(self, procurement: Procurement) -> None:

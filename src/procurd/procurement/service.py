@@ -1,38 +1,33 @@
-"""The procurement service: the process's one door to the state path, and the reads of the HTTP API.
+"""The procurement service: the process's one door to the state path, for commands only.
 
 Every change — intake, claims, submission answers, callbacks, polls, a person's actions — is a command for
 :mod:`procurd.procurement.transitions`, committed by the group-commit writer; the caller gets its result once
-it is durable. After each commit the service tells the rest of the process what changed: submitters wake for
-new work, the storefront dispatcher for new events, metrics and logs count the transitions.
+it is durable. A read the state path needs comes back with a command's result (a claim's next due time) or
+is a command itself (what a claim's confirmation waits on): the service opens no transaction of its own.
+After each commit the service tells the rest of the process what changed: submitters wake for new work, the
+storefront dispatcher for new events, metrics and logs count the transitions.
+
+Reads for people (the order view, the exception queue, the audit trail) are in
+:mod:`procurd.operations.views`; a report about an upstream order procurd has not recorded is confirmed by
+:class:`~procurd.procurement.confirmation.ClaimConfirmation`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
-import time
-from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
-from typing import Any
 
 import structlog
 
 from procurd.config import Settings
-from procurd.core.claims import claim_problem
 from procurd.core.intake import OrderRequest
-from procurd.core.machine import Policy, decide
-from procurd.core.numbers import item_number
-from procurd.core.orders import exception_view, iso, order_view
+from procurd.core.machine import Policy
 from procurd.core.procurement import (
-    ClaimRefused,
     Event,
-    NotAllowed,
-    Procurement,
-    Reason,
-    Retry,
     Source,
     State,
     UpstreamReport,
@@ -40,64 +35,28 @@ from procurd.core.procurement import (
 from procurd.core.provider import ProviderIntake
 from procurd.db.batching import BatchWriter
 from procurd.db.database import Database
-from procurd.db.stores import Tx
 from procurd.db.types import utcnow
 from procurd.instance import instance_id
-from procurd.procurement.admission import admit_items, item_sources, preview_view
-from procurd.procurement.answers import report_of
-from procurd.procurement.transitions import (
-    Applied,
+from procurd.procurement.commands import (
     Change,
     ChangeAll,
     ClaimPolls,
     ClaimSubmissions,
     Command,
     Intake,
-    IntakeResult,
     ReleaseClaims,
     Report,
-    ReportRejected,
     ReportUnverified,
-    Result,
     Rules,
-    apply_batch,
 )
-from procurd.protocol.dujiao.models import UpstreamOrder
-from procurd.upstream.errors import AUTH_ERROR_CODES, BUSINESS_ERROR_CODES, BusinessError, UpstreamError
+from procurd.procurement.confirmation import ClaimConfirmation, OrderLookup
+from procurd.procurement.settled import SettledNumbers
+from procurd.procurement.transitions import Applied, Claimed, IntakeResult, Result, apply_batch
 
 log = structlog.get_logger("procurd.procurement")
 
 Clock = Callable[[], datetime]
 Observer = Callable[[Applied], None]
-# Asks the upstream for its order (a signed GET /orders/{id}) to confirm a report's claim.
-Confirm = Callable[[int], Awaitable[UpstreamOrder]]
-
-# Exception reasons: procurd's own, and the upstream's refusal codes it records as they come.
-ASSIGNED_REASONS = frozenset(
-    {reason.value for reason in Reason}
-    | AUTH_ERROR_CODES
-    | BUSINESS_ERROR_CODES
-    | {"auth_error", "business_error"}
-)
-DEFAULT_BULK_RETRY = 100  # exceptions one bulk retry sends again unless told otherwise
-MAX_BULK_RETRY = 1000
-SETTLED_CACHE_SIZE = 10_000
-# A claim about a procurement whose submission is in flight waits this long at most for the submission's
-# answer (which records the order) before the upstream is asked.
-SUBMISSION_WAIT_SECONDS = 10.0
-SUBMISSION_RECHECK_SECONDS = 0.1
-# A claim the upstream did not confirm is refused again without asking, for this long.
-REFUSED_CLAIM_SECONDS = 60.0
-REFUSED_CLAIMS_SIZE = 10_000
-
-
-@dataclass(frozen=True, slots=True)
-class BulkRetry:
-    """What a bulk retry did: the ids queued again, the ones skipped (with why) and how many still match."""
-
-    retried: list[int]
-    skipped: list[dict[str, Any]]
-    remaining: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +97,7 @@ class ProcurementService:
         wakeups: Wakeups | None = None,
         observers: Sequence[Observer] = (),
         writer: str | None = None,
+        clients: Mapping[str, OrderLookup] | None = None,
     ) -> None:
         self.database = database
         self.settings = settings
@@ -167,24 +127,15 @@ class ProcurementService:
             writer=writer or instance_id(),
         )
         self._writer: BatchWriter[Command, Result] = BatchWriter(
-            database, partial(_run_batch, rules=self.rules)
+            database, partial(apply_batch, rules=self.rules)
         )
-        # Numbers whose procurement is delivered and agrees with the upstream: a repeated callback about them
-        # (upstreams retry until answered) is answered without touching the database.
-        self._settled: OrderedDict[tuple[str, str], tuple[int, str]] = OrderedDict()
-        # Who waits for the next change of a procurement (a claim waiting for a submission's answer).
-        self._watchers: dict[int, list[asyncio.Future[None]]] = {}
-        # Claims the upstream did not confirm: (upstream, number, order id, status) -> (until, why).
-        self._refused: OrderedDict[tuple[str, str, int, str], tuple[float, str]] = OrderedDict()
+        self._settled = SettledNumbers()
+        # Reports about upstream orders procurd has not recorded: confirmed with the upstream, or refused.
+        self.confirmation = ClaimConfirmation(self._writer.submit, self.apply, clients or {}, clock)
 
     async def close(self) -> None:
         """Commit what was submitted and stop the writer."""
         await self._writer.close()
-
-    @property
-    def awaiting_submissions(self) -> frozenset[int]:
-        """The procurements whose submission's answer a report waits for here now."""
-        return frozenset(self._watchers)
 
     @property
     def transactions(self) -> tuple[int, int]:
@@ -201,8 +152,7 @@ class ProcurementService:
         the order is a downstream site's, charged to its wallet in the same transaction (see
         :mod:`procurd.procurement.provider_orders`).
         """
-        default = self.upstream_names[0] if len(self.upstream_names) == 1 else None
-        request = request.with_upstream(default)
+        request = request.with_upstream(self.rules.default_upstream)
         result = await self._submit(Intake(request, request.fingerprint(), provider))
         assert isinstance(result, IntakeResult)
         if result.created:
@@ -210,43 +160,6 @@ class ProcurementService:
                 self._after(applied)
             log.info("order.accepted", order_no=request.order_no, items=len(request.items))
         return result
-
-    async def preview(self, request: OrderRequest) -> dict[str, Any]:
-        """What :meth:`submit` would do with ``request`` now, decided by the same code
-        (:func:`procurd.procurement.admission.admit_items` and the state machine's admission), writing
-        nothing: ``POST /api/v1/orders/preview``'s answer."""
-        default = self.upstream_names[0] if len(self.upstream_names) == 1 else None
-        request = request.with_upstream(default)
-        order_no = request.order_no
-
-        def read(tx: Tx) -> tuple[Any, Any, Any, str | None]:
-            offers = tx.offers.many(item.offer for item in request.items if item.offer is not None)
-            sku_keys: list[tuple[str, int]] = []
-            number_keys: list[tuple[str, str]] = []
-            for position, item in enumerate(request.items):
-                keys = item_sources(item, offers)
-                sku_keys += keys
-                number_keys += [(upstream, item_number(order_no, position)) for upstream, _ in keys]
-            store = tx.procurements
-            found = store.order(order_no)
-            existing = None if found is None else found[0].fingerprint
-            return offers, store.numbers(number_keys), store.mirrored_skus(sku_keys), existing
-
-        offers, numbers, skus, existing = await self.database.read(read)
-
-        def taken(upstream: str, number: str) -> bool:  # by another order: an order's own are its own
-            row = numbers.get((upstream, number))
-            return row is not None and row.order_no != order_no
-
-        rules = self.rules
-        admitted = admit_items(
-            request, taken=taken, skus=skus, offers=offers, upstreams=rules.upstreams, pricing=rules.pricing
-        )
-        now = self.clock()
-        decisions = [
-            None if item.admit is None else decide(None, item.admit, now, rules.policy) for item in admitted
-        ]
-        return preview_view(request, admitted, decisions, skus, rules.pricing, existing)
 
     async def apply(
         self, procurement_id: int, event: Event, source: Source, *, order_no: str | None = None
@@ -273,154 +186,38 @@ class ProcurementService:
         return applied_all
 
     async def report(
-        self,
-        upstream: str,
-        number: str,
-        report: UpstreamReport,
-        source: Source,
-        *,
-        confirm: Confirm | None = None,
+        self, upstream: str, number: str, report: UpstreamReport, source: Source
     ) -> ReportOutcome:
         """Apply what the upstream says about the order under ``number`` of ``upstream``.
 
         The number is matched within the upstream that sent it, and the order id must agree with the one
         known for that number: matching on the number alone would let one upstream settle another's order.
-        A report naming an upstream order that nothing recorded for the procurement is taken only once the
-        upstream confirms it (``confirm``, see :meth:`_confirmed`). Raises :class:`ReportRejected` when
-        nothing matches or the claim is not confirmed.
+        A report naming an upstream order that nothing recorded for the procurement is taken only once
+        :attr:`confirmation` confirms it. Raises :class:`ReportRejected` when nothing matches or the claim is
+        not confirmed.
         """
-        key = (upstream, number)
-        if self._settled.get(key) == (report.order_id, report.status):
-            self._settled.move_to_end(key)
+        if self._settled.repeats(upstream, number, report):
             return ReportOutcome("duplicate", False)
         verified = False
+        command = Report(upstream, number, report, source)
         try:
-            result = await self._submit(Report(upstream, number, report, source))
+            result = await self._submit(command)
         except ReportUnverified as unverified:
-            result = await self._confirmed(upstream, number, report, source, unverified, confirm)
+            result = await self.confirmation.confirm(command, unverified)
             verified = isinstance(result, Applied) and result.decision.detail.get("verified") is True
         assert isinstance(result, Applied)
         self._after(result)
-        settled = result.procurement
-        if (
-            settled.state is State.DELIVERED
-            and settled.downstream_order_no == number
-            and settled.upstream_status == report.status
-            and settled.upstream_order_id == report.order_id
-        ):
-            self._settled[key] = (report.order_id, report.status)
-            if len(self._settled) > SETTLED_CACHE_SIZE:
-                self._settled.popitem(last=False)
+        self._settled.remember(upstream, number, report, result.procurement)
         return ReportOutcome(result.decision.event, result.changed, verified)
 
-    async def _confirmed(
-        self,
-        upstream: str,
-        number: str,
-        report: UpstreamReport,
-        source: Source,
-        unverified: ReportUnverified,
-        confirm: Confirm | None,
-    ) -> Result:
-        """The report about an order procurd has not recorded, applied once it is confirmed; otherwise an
-        audit entry ``callback_unverified`` and :class:`ReportRejected` (``callback_unverified``, or
-        ``verification_unavailable`` when the upstream could not be asked now).
-
-        A submission in flight is waited for first (its answer records the order, and the report is then
-        taken like any other: the usual case of a callback that overtakes the answer to the submission).
-        Otherwise the upstream is asked for the order: the report is applied, as the upstream's answer
-        says it, only when that answer is the order named, under ``number``, in a status that supports the
-        claim (:func:`procurd.core.claims.claim_problem`)."""
-        if unverified.submission_in_flight:
-            await self._submission_settled(unverified.procurement)
-            try:
-                return await self._submit(Report(upstream, number, report, source))
-            except ReportUnverified as still:
-                unverified = still
-        p = unverified.procurement
-        claim = (upstream, number, report.order_id, report.status)
-        now = time.monotonic()
-        known = self._refused.get(claim)
-        code, status = "callback_unverified", 404
-        if known is not None and known[0] > now:
-            reason = known[1]  # refused a moment ago: not asked again
-        elif confirm is None:
-            reason = "the upstream was not asked"
-        else:
-            try:
-                order = await confirm(report.order_id)
-            except BusinessError as exc:
-                reason = f"asked for the order, it answered {exc.code}"
-            except UpstreamError as exc:
-                reason = f"asking failed: {exc.code}"
-                code, status = "verification_unavailable", 503
-            else:
-                problem = claim_problem(
-                    number=number,
-                    claimed_order_id=report.order_id,
-                    claimed_status=report.status,
-                    answered_order_id=order.order_id,
-                    answered_number=order.downstream_order_no,
-                    answered_status=order.status,
-                )
-                if problem is None:
-                    confirmed = report_of(order, polled=False, verified=True)
-                    return await self._submit(Report(upstream, number, confirmed, source))
-                reason = problem
-            if status == 404:
-                self._refused[claim] = (now + REFUSED_CLAIM_SECONDS, reason)
-                self._refused.move_to_end(claim)
-                while len(self._refused) > REFUSED_CLAIMS_SIZE:
-                    self._refused.popitem(last=False)
-        event = ClaimRefused(report.order_id, report.status, reason)
-        await self.apply(p.id, event, source, order_no=p.order_no)
-        log.warning(
-            "report.unverified",
-            upstream=upstream,
-            downstream_order_no=number,
-            order_id=report.order_id,
-            status=report.status,
-            source=source.value,
-            reason=reason,
-        )
-        claimed = f"upstream order {report.order_id} ({report.status}) for {number!r}"
-        if status == 503:
-            message = f"{claimed} cannot be confirmed with {upstream} now ({reason}): send it again later"
-        else:
-            message = f"{claimed} is not confirmed by {upstream}: {reason}"
-        raise ReportRejected(message, code=code, status=status)
-
-    async def _submission_settled(self, p: Procurement) -> None:
-        """Wait (a while at most) until ``p``'s submission in flight has its answer recorded: told at once
-        when this process records it, seen by a read otherwise (a submitter of another instance)."""
-        loop = asyncio.get_running_loop()
-        lease_left = (p.lease_expires_at - self.clock()).total_seconds() if p.lease_expires_at else 0.0
-        deadline = loop.time() + min(SUBMISSION_WAIT_SECONDS, max(0.0, lease_left))
-        while loop.time() < deadline:
-            waiter: asyncio.Future[None] = loop.create_future()
-            watchers = self._watchers.setdefault(p.id, [])
-            watchers.append(waiter)
-            try:
-                current = await self.database.read(lambda tx: tx.procurements.procurement(p.id))
-                if current is None or current.lease_owner != p.lease_owner or current.state is not p.state:
-                    return
-                left = deadline - loop.time()
-                if left > 0:
-                    await asyncio.wait((waiter,), timeout=min(left, SUBMISSION_RECHECK_SECONDS))
-                if waiter.done():
-                    return  # it changed here (its submission's answer, most likely)
-            finally:
-                if waiter in watchers:
-                    watchers.remove(waiter)
-                if not watchers:
-                    self._watchers.pop(p.id, None)
-
-    async def claim_submissions(self, upstream: str, owner: str, limit: int) -> list[Procurement]:
-        """Claim due procurements; the claim (and the attempt) is committed before any upstream call."""
+    async def claim_submissions(self, upstream: str, owner: str, limit: int) -> Claimed:
+        """Claim due procurements; the claim (and the attempt) is committed before any upstream call. With
+        fewer than ``limit`` claimed, the result says when the next one can be claimed."""
         return await self._claims(ClaimSubmissions(upstream, owner, limit))
 
-    async def claim_polls(self, upstream: str, owner: str, limit: int) -> list[Procurement]:
-        """Claim procurements due for a fallback poll; their next poll moves out until the answer comes."""
+    async def claim_polls(self, upstream: str, owner: str, limit: int) -> Claimed:
+        """Claim procurements due for a fallback poll; their next poll moves out until the answer comes. With
+        fewer than ``limit`` claimed, the result says when the next poll falls due."""
         return await self._claims(ClaimPolls(upstream, owner, limit))
 
     async def release_claims(self, instances: Sequence[str]) -> list[Applied]:
@@ -436,55 +233,14 @@ class ProcurementService:
                 self.wakeups.for_upstream(upstream).set()
         return released
 
-    async def _claims(self, command: ClaimSubmissions | ClaimPolls) -> list[Procurement]:
+    async def _claims(self, command: ClaimSubmissions | ClaimPolls) -> Claimed:
         """What was claimed; a claim that moved a procurement on instead (an exception over its limit, an
         offer's next source) is carried out like any other change."""
         result = await self._submit(command)
-        assert isinstance(result, list)
-        taken = []
-        for applied in result:
-            assert isinstance(applied, Applied)
-            if applied.decision.event in ("claimed", "poll_claimed"):
-                taken.append(applied.procurement)
-            else:
-                self._after(applied)
-        return taken
-
-    async def retry_exceptions(
-        self, upstream: str | None, reason: str | None, note: str | None, limit: int
-    ) -> BulkRetry:
-        """Send up to ``limit`` matching exceptions again, oldest first, each through the state path.
-
-        One that changed meanwhile (a person resolved it, another retry won) is reported as skipped.
-        """
-        total, ids = await self.database.read(
-            lambda tx: tx.procurements.exception_ids(upstream, reason, limit)
-        )
-        outcomes = await asyncio.gather(
-            *(self.apply(pid, Retry(note), Source.ADMIN) for pid in ids), return_exceptions=True
-        )
-        retried: list[int] = []
-        skipped: list[dict[str, Any]] = []
-        for procurement_id, outcome in zip(ids, outcomes, strict=True):
-            if isinstance(outcome, NotAllowed):
-                skipped.append({"id": procurement_id, "error_code": outcome.code, "message": outcome.message})
-            elif outcome is None:
-                skipped.append(
-                    {"id": procurement_id, "error_code": "procurement_not_found", "message": "it is gone"}
-                )
-            elif isinstance(outcome, BaseException):
-                raise outcome
-            else:
-                retried.append(procurement_id)
-        log.info(
-            "exceptions.retried",
-            upstream=upstream,
-            reason=reason,
-            retried=len(retried),
-            skipped=len(skipped),
-            remaining=total - len(ids),
-        )
-        return BulkRetry(retried, skipped, total - len(ids))
+        assert isinstance(result, Claimed)
+        for applied in result.moved:
+            self._after(applied)
+        return result
 
     async def _submit(self, command: Command) -> Result:
         return await self._writer.submit(command)
@@ -494,12 +250,8 @@ class ProcurementService:
         if not applied.changed:
             return
         p = applied.procurement
-        if self._watchers:
-            for waiter in self._watchers.pop(p.id, ()):
-                if not waiter.done():
-                    waiter.set_result(None)
-        for number in p.downstream_order_nos:
-            self._settled.pop((p.upstream, number), None)
+        self.confirmation.changed(p.id)
+        self._settled.forget(p)
         if p.state is State.QUEUED and p.lease_owner is None:
             self.wakeups.for_upstream(p.upstream).set()
         if p.next_poll_at is not None and p.next_poll_at != applied.before.next_poll_at:
@@ -512,69 +264,6 @@ class ProcurementService:
         _log(applied)
         for observer in self.observers:
             observer(applied)
-
-    # --- reads --------------------------------------------------------------------------------------------
-
-    async def order(self, order_no: str) -> dict[str, Any] | None:
-        found = await self.database.read(lambda tx: tx.procurements.order(order_no))
-        return None if found is None else order_view(*found)
-
-    async def procurement(self, procurement_id: int) -> dict[str, Any] | None:
-        found = await self.database.read(lambda tx: tx.procurements.procurement(procurement_id))
-        return None if found is None else exception_view(found)
-
-    async def exceptions(
-        self, upstream: str | None, reason: str | None, page: int, page_size: int
-    ) -> tuple[int, list[dict[str, Any]]]:
-        total, items = await self.database.read(
-            lambda tx: tx.procurements.exceptions(upstream, reason, page, page_size)
-        )
-        return total, [exception_view(item) for item in items]
-
-    async def audit(self, order_no: str) -> list[dict[str, Any]]:
-        rows = await self.database.read(lambda tx: tx.procurements.audit_trail(order_no))
-        return [
-            {
-                "at": iso(row.at),
-                "procurement_id": row.procurement_id,
-                "source": row.source,
-                "event": row.event,
-                "old_state": row.old_state,
-                "new_state": row.new_state,
-                "detail": row.detail,
-                "count": row.count,
-                "last_at": iso(row.last_at) if row.last_at is not None else None,
-            }
-            for row in rows
-        ]
-
-    async def filter_problem(self, upstream: str | None, reason: str | None) -> tuple[str, str] | None:
-        """``(code, message)`` when an exception filter names no upstream or reason procurd knows (a typo),
-        with the known values; ``None`` when it is fine."""
-        if upstream is not None and upstream not in self.upstream_names:
-            known = ", ".join(self.upstream_names)
-            return "unknown_upstream", f"no upstream {upstream!r} (configured: {known})"
-        if reason is not None:
-            reasons = await self.known_reasons()
-            if reason not in reasons:
-                return "unknown_reason", f"no exception reason {reason!r} (known: {', '.join(reasons)})"
-        return None
-
-    async def known_reasons(self) -> list[str]:
-        """Every exception reason procurd assigns, and those the database holds (upstreams may add codes)."""
-        held = await self.database.read(lambda tx: tx.procurements.exception_reasons())
-        found = {reason for reasons in held.values() for reason in reasons}
-        return sorted(ASSIGNED_REASONS | found)
-
-    async def next_submission_due(self, upstream: str) -> datetime | None:
-        return await self.database.read(lambda tx: tx.procurements.next_submission_due(upstream))
-
-    async def next_poll_due(self, upstream: str) -> datetime | None:
-        return await self.database.read(lambda tx: tx.procurements.next_poll_due(upstream))
-
-
-def _run_batch(tx: Tx, commands: Sequence[Command], rules: Rules) -> list[Result | Exception]:
-    return apply_batch(tx, commands, rules)
 
 
 def _log(applied: Applied) -> None:
@@ -624,11 +313,9 @@ def _log(applied: Applied) -> None:
 
 __all__ = [
     "Applied",
-    "BulkRetry",
+    "Claimed",
     "IntakeResult",
     "ProcurementService",
     "ReportOutcome",
-    "ReportRejected",
-    "ReportUnverified",
     "Wakeups",
 ]

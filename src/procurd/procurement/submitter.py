@@ -124,14 +124,15 @@ class Submitter(Worker):
         if free <= 0:
             return None  # a finished submission wakes us
         owner = f"{self.owner_prefix}/{next(self._claims)}"
-        claimed = await self.service.claim_submissions(self.upstream, owner, free)
+        claims = await self.service.claim_submissions(self.upstream, owner, free)
+        claimed = claims.procurements
         for procurement in claimed:
             task = asyncio.create_task(self.submit(procurement, owner))
             self.in_flight.add(task)
             task.add_done_callback(self._finished)
         if len(claimed) == free:
             return None
-        due = await self.service.next_submission_due(self.upstream)
+        due = claims.next_due  # read by the claim, after it: no look of its own
         return None if due is None else (due - self.service.clock()).total_seconds()
 
     async def submit(self, procurement: Procurement, owner: str) -> None:

@@ -1,7 +1,8 @@
 """The one state path: commands turned into decisions and written, many at once, in one transaction.
 
-Intake, claims, submission answers, callbacks, polls and a person's actions all arrive here as commands.
-A batch of them runs inside one transaction (:class:`procurd.db.batching.BatchWriter`):
+Intake, claims, submission answers, callbacks, polls and a person's actions all arrive here as commands
+(:mod:`procurd.procurement.commands`). A batch of them runs inside one transaction
+(:class:`procurd.db.batching.BatchWriter`):
 
 1. everything the batch needs is looked up in a few statements: the numbers callbacks name, the due
    claims, the mirrored SKUs intake checks; then the orders concerned are locked and their items loaded;
@@ -9,12 +10,15 @@ A batch of them runs inside one transaction (:class:`procurd.db.batching.BatchWr
    before it in the batch left them; a command that is refused (:class:`NotAllowed`, an intake error, a
    report about no known order) changes nothing and fails alone;
 3. every change is written with one ``executemany`` per kind: procurements, numbers, audit entries, the
-   orders' derived status and their storefront events. An ignored report identical to the last audit entry
-   of its procurement adds to that entry's ``count`` instead of adding an entry.
+   orders' derived status and their storefront events (:mod:`procurd.core.events`), alerts
+   (:mod:`procurd.core.alerts`) and findings. An ignored report identical to the last audit entry of its
+   procurement adds to that entry's ``count`` instead of adding an entry. A claim that took fewer than it
+   asked then reads when its upstream's next one falls due.
 
 Nothing is taken on trust: a report naming an upstream order that procurd has not recorded for the
-procurement is refused (:class:`ReportUnverified`) until the upstream confirms it when asked (the service
-does that, then sends the report again marked ``verified``).
+procurement is refused (:class:`~procurd.procurement.commands.ReportUnverified`) until the upstream confirms
+it when asked (:mod:`procurd.procurement.confirmation` does that, then sends the report again marked
+``verified``).
 
 This module is synchronous: it runs on the database's writer (a thread on SQLite, a greenlet on
 PostgreSQL) and speaks to the database only through :class:`procurd.db.stores.Tx`.
@@ -22,19 +26,18 @@ PostgreSQL) and speaks to the database only through :class:`procurd.db.stores.Tx
 
 from __future__ import annotations
 
-import random
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from procurd.core.alerts import Kind, Occurrence
+from procurd.core import alerts
+from procurd.core.alerts import Occurrence
+from procurd.core.events import order_event
 from procurd.core.intake import IntakeError, OrderRequest
-from procurd.core.machine import Policy, decide, is_noop
-from procurd.core.numbers import item_number
+from procurd.core.machine import decide, is_noop
 from procurd.core.orders import Order, OrderStatus, derive_status, event_for, order_view
-from procurd.core.pricing import PricingRule
 from procurd.core.procurement import (
     Claim,
     ClaimAbandoned,
@@ -49,119 +52,35 @@ from procurd.core.procurement import (
     PollClaim,
     Procurement,
     Source,
-    UpstreamReport,
 )
 from procurd.core.provider import ProviderIntake, ProviderOrder
+from procurd.core.reconcile import GOODS_RECORDED, goods_after_resolution
 from procurd.core.rollup import Deltas, difference
 from procurd.db.offer_store import Offer
-from procurd.db.procurement_store import AuditRow
+from procurd.db.procurement_store import AuditRow, NumberRow
 from procurd.db.reconcile_store import Finding
 from procurd.db.stores import Tx
-from procurd.procurement.admission import admit_items, item_sources
+from procurd.procurement.admission import admit_items, item_keys
+from procurd.procurement.answers import finding_of
+from procurd.procurement.audit import write_audit
+from procurd.procurement.commands import (
+    Change,
+    ChangeAll,
+    ClaimPolls,
+    Claims,
+    ClaimSubmissions,
+    Command,
+    Current,
+    Intake,
+    ReleaseClaims,
+    Report,
+    ReportRejected,
+    ReportUnverified,
+    Rules,
+)
 from procurd.procurement.provider_orders import ProviderBatch
 
 ACCEPTED: OrderStatus = ("paid", False)  # an order as intake first records it
-
-
-class ReportRejected(Exception):
-    """A report that matches no procurement of the upstream (unknown number, or another order id), or whose
-    claim the upstream did not confirm (``code`` ``callback_unverified``)."""
-
-    def __init__(self, reason: str, code: str = "order_not_found", status: int = 404) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.code = code
-        self.status = status
-
-
-class ReportUnverified(ReportRejected):
-    """A report names an upstream order that procurd has not recorded for the procurement: it changes
-    nothing until the upstream confirms the order. Carries what the service needs to ask, or to wait for a
-    submission in flight whose answer will record the order."""
-
-    def __init__(self, reason: str, procurement: Procurement, now: datetime) -> None:
-        super().__init__(reason)
-        self.procurement = procurement
-        self.checked_at = now
-
-    @property
-    def submission_in_flight(self) -> bool:
-        """A claim on the procurement is live: its submission's answer may be the one that names the order."""
-        p = self.procurement
-        return (
-            p.submission_in_flight and p.lease_expires_at is not None and p.lease_expires_at > self.checked_at
-        )
-
-
-# --- commands -----------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Intake:
-    """Take in a paid order (its items' upstreams already filled in); with ``provider``, a downstream
-    site's order, charged to its wallet in the same transaction."""
-
-    request: OrderRequest
-    fingerprint: str
-    provider: ProviderIntake | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Change:
-    """One event for one procurement; ``order_no`` saves a lookup when the caller knows it."""
-
-    procurement_id: int
-    event: Event
-    source: Source
-    order_no: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class ChangeAll:
-    """Events for several procurements of one order that succeed or fail together (a cancel)."""
-
-    order_no: str
-    events: tuple[tuple[int, Event], ...]
-    source: Source
-
-
-@dataclass(frozen=True, slots=True)
-class Report:
-    """What the upstream says about the order under ``number`` (a callback, or a poll)."""
-
-    upstream: str
-    number: str
-    report: UpstreamReport
-    source: Source
-
-
-@dataclass(frozen=True, slots=True)
-class ClaimSubmissions:
-    """Claim up to ``limit`` due procurements of ``upstream`` for ``owner``."""
-
-    upstream: str
-    owner: str
-    limit: int
-
-
-@dataclass(frozen=True, slots=True)
-class ClaimPolls:
-    """Poller ``owner`` claims up to ``limit`` procurements of ``upstream`` due for a fallback poll."""
-
-    upstream: str
-    owner: str
-    limit: int
-
-
-@dataclass(frozen=True, slots=True)
-class ReleaseClaims:
-    """The instances named are gone: the submissions and polls they had claimed may be taken again at
-    once."""
-
-    instances: tuple[str, ...]
-
-
-Command = Intake | Change | ChangeAll | Report | ClaimSubmissions | ClaimPolls | ReleaseClaims
 
 
 # --- results ------------------------------------------------------------------------------------------------
@@ -196,23 +115,27 @@ class IntakeResult:
     provider: ProviderOrder | None = None  # a provider intake's order (new, or the one it repeats)
 
 
-Result = IntakeResult | Applied | list[Applied] | list[Procurement] | None
-
-
 @dataclass(frozen=True, slots=True)
-class Rules:
-    """What the state path needs besides the database."""
+class Claimed:
+    """What a claim did: the procurements it claimed, and the ones it moved on instead (an exception over its
+    limit, an offer's next source). A claim that took fewer than asked also says when the next procurement
+    of its upstream can be claimed (``None``: nothing is waiting), read after its own writes."""
 
-    policy: Policy
-    upstreams: tuple[str, ...]
-    lease_seconds: float
-    storefront_events: bool
-    clock: Callable[[], datetime]
-    rng: random.Random | None = None
-    alert_repeat_after: float = 3600
-    alert_delivery: bool = False  # alert URLs are configured: opened exceptions are to be sent
-    pricing: tuple[PricingRule, ...] = ()  # [[pricing.rules]]: an item without max_unit_price is limited
-    writer: str = ""  # this process's rows of the hourly rollup (its instance id)
+    applied: tuple[Applied, ...]
+    next_due: datetime | None = None
+
+    @property
+    def procurements(self) -> list[Procurement]:
+        """The procurements claimed (for submission, or for a poll)."""
+        return [a.procurement for a in self.applied if a.decision.event in ("claimed", "poll_claimed")]
+
+    @property
+    def moved(self) -> list[Applied]:
+        """The changes the claim made instead of a claim."""
+        return [a for a in self.applied if a.decision.event not in ("claimed", "poll_claimed")]
+
+
+Result = IntakeResult | Applied | list[Applied] | Claimed | Procurement | None
 
 
 # --- one batch ----------------------------------------------------------------------------------------------
@@ -255,6 +178,11 @@ class _Batch:
     exceptions_opened: list[tuple[Key, ExceptionOpened]] = field(default_factory=list)
     provider: ProviderBatch = field(default_factory=ProviderBatch)
     provider_ids: dict[str, int] = field(default_factory=dict)  # new provider orders' ids, once flushed
+    # What the commands name, as looked up first: numbers, the orders of changes named by id, SKUs, offers.
+    numbers: Mapping[tuple[str, str], NumberRow] = field(default_factory=dict)
+    order_nos: Mapping[int, str] = field(default_factory=dict)
+    skus: Mapping[tuple[str, int], MirroredSku] = field(default_factory=dict)
+    offers: Mapping[str, Offer] = field(default_factory=dict)
 
 
 def apply_batch(tx: Tx, commands: Sequence[Command], rules: Rules) -> list[Result | Exception]:
@@ -264,19 +192,17 @@ def apply_batch(tx: Tx, commands: Sequence[Command], rules: Rules) -> list[Resul
 
     # 1. Look up what the commands name, then lock their orders and load the items.
     intakes = [c for c in commands if isinstance(c, Intake)]
-    offers = tx.offers.many(
+    batch.offers = tx.offers.many(
         item.offer for intake in intakes for item in intake.request.items if item.offer is not None
     )
     number_keys = [(c.upstream, c.number) for c in commands if isinstance(c, Report)]
     sku_keys: list[tuple[str, int]] = []
     for intake in intakes:
-        for position, item in enumerate(intake.request.items):
-            keys = item_sources(item, offers)
-            sku_keys += keys
-            number = item_number(intake.request.order_no, position)
-            number_keys += [(upstream, number) for upstream, _ in keys]
-    numbers = store.numbers(number_keys)
-    order_nos = store.order_nos_of(
+        skus_of, numbers_of = item_keys(intake.request, batch.offers)
+        sku_keys += skus_of
+        number_keys += numbers_of
+    batch.numbers = store.numbers(number_keys)
+    batch.order_nos = store.order_nos_of(
         c.procurement_id for c in commands if isinstance(c, Change) and not c.order_no
     )
     claims: dict[int, dict[int, str]] = {}
@@ -289,9 +215,9 @@ def apply_batch(tx: Tx, commands: Sequence[Command], rules: Rules) -> list[Resul
             claims[index] = store.claimed_by(command.instances)
     skus = store.mirrored_skus(sku_keys)
     wanted: set[str] = {intake.request.order_no for intake in intakes}
-    wanted.update(row.order_no for row in numbers.values())
-    wanted.update(order_nos.values())
-    wanted.update(c.order_no for c in commands if isinstance(c, Change | ChangeAll) and c.order_no)
+    wanted.update(row.order_no for row in batch.numbers.values())
+    wanted.update(batch.order_nos.values())
+    wanted.update(c.order_no for c in commands if isinstance(c, Change | ChangeAll | Current) and c.order_no)
     for claimed in claims.values():
         wanted.update(claimed.values())
     batch.orders = store.lock_orders(wanted)
@@ -309,34 +235,41 @@ def apply_batch(tx: Tx, commands: Sequence[Command], rules: Rules) -> list[Resul
     ]
     if claimed_keys:
         skus = {**skus, **store.mirrored_skus(claimed_keys)}
+    batch.skus = skus
 
     # 2. Decide each command against the records as the commands before it left them.
     pending: list[Callable[[dict[Key, int]], Result] | Exception] = []
     for index, command in enumerate(commands):
         try:
-            pending.append(_run(batch, command, numbers, order_nos, claims.get(index, {}), skus, offers))
+            pending.append(_run(batch, command, claims.get(index, {})))
         except (NotAllowed, IntakeError, ReportRejected) as refused:
             pending.append(refused)
 
     # 3. Write everything, then build the results that need the new ids.
     ids = _flush(batch)
-    return [item if isinstance(item, Exception) else item(ids) for item in pending]
+    results = [item if isinstance(item, Exception) else item(ids) for item in pending]
+    return [_next_due(tx, command, result) for command, result in zip(commands, results, strict=True)]
 
 
-def _run(
-    batch: _Batch,
-    command: Command,
-    numbers: Mapping[tuple[str, str], Any],
-    order_nos: Mapping[int, str],
-    claimed: Mapping[int, str],
-    skus: Mapping[tuple[str, int], MirroredSku],
-    offers: Mapping[str, Offer],
-) -> Callable[[dict[Key, int]], Result]:
+def _next_due(tx: Tx, command: Command, result: Result | Exception) -> Result | Exception:
+    """A claim that took fewer than it asked for, with the time its upstream's next one falls due: what its
+    submitter or poller waits for, read after the batch's writes (its own claims count from their expiry)."""
+    if not isinstance(result, Claimed) or not isinstance(command, Claims):
+        return result
+    if len(result.procurements) >= command.limit:
+        return result
+    store = tx.procurements
+    if isinstance(command, ClaimSubmissions):
+        return replace(result, next_due=store.next_submission_due(command.upstream))
+    return replace(result, next_due=store.next_poll_due(command.upstream))
+
+
+def _run(batch: _Batch, command: Command, claimed: Mapping[int, str]) -> Callable[[dict[Key, int]], Result]:
     match command:
         case Intake():
-            return _intake(batch, command, numbers, skus, offers)
+            return _intake(batch, command)
         case Change():
-            order_no = command.order_no or order_nos.get(command.procurement_id)
+            order_no = command.order_no or batch.order_nos.get(command.procurement_id)
             current = _find(batch, order_no, command.procurement_id)
             if current is None:
                 return lambda ids: None
@@ -352,10 +285,10 @@ def _run(
             applied_all = _apply(batch, steps, command.source)
             return lambda ids: [_with_id(applied, ids) for applied in applied_all]
         case Report():
-            return _report(batch, command, numbers)
+            return _report(batch, command)
         case ClaimSubmissions():
             owner, lease = command.owner, batch.rules.lease_seconds
-            return _claim(batch, claimed, lambda p: Claim(owner, lease, _mirror_of(p, skus)))
+            return _claim(batch, claimed, lambda p: Claim(owner, lease, _mirror_of(p, batch.skus)))
         case ClaimPolls():
             poll = PollClaim(batch.rules.lease_seconds, command.owner)
             return _claim(batch, claimed, lambda p: poll)
@@ -368,6 +301,9 @@ def _run(
                         released += _apply(batch, [(current, ClaimAbandoned(instance))], Source.WORKER)
             changed = [applied for applied in released if applied.changed]
             return lambda ids: changed
+        case Current():
+            found = _find(batch, command.order_no, command.procurement_id)
+            return lambda ids: found
 
 
 def _find(batch: _Batch, order_no: str | None, procurement_id: int) -> Procurement | None:
@@ -391,7 +327,7 @@ def _claim(
         applied = _apply(batch, [(current, event)], source)[0]
         if applied.changed:
             changed.append(applied)
-    return lambda ids: changed
+    return lambda ids: Claimed(tuple(changed))
 
 
 def _source_keys(p: Procurement) -> list[tuple[str, int]]:
@@ -404,10 +340,8 @@ def _mirror_of(
     return {key: skus[key] for key in _source_keys(p) if key in skus}
 
 
-def _report(
-    batch: _Batch, command: Report, numbers: Mapping[tuple[str, str], Any]
-) -> Callable[[dict[Key, int]], Result]:
-    found = numbers.get((command.upstream, command.number))
+def _report(batch: _Batch, command: Report) -> Callable[[dict[Key, int]], Result]:
+    found = batch.numbers.get((command.upstream, command.number))
     current = None if found is None else _find(batch, found.order_no, found.procurement_id)
     if found is None or current is None:
         raise ReportRejected(f"no order {command.number!r} for upstream {command.upstream!r}")
@@ -430,13 +364,7 @@ def _report(
     return lambda ids: applied
 
 
-def _intake(
-    batch: _Batch,
-    command: Intake,
-    numbers: Mapping[tuple[str, str], Any],
-    skus: Mapping[tuple[str, int], MirroredSku],
-    offers: Mapping[str, Offer],
-) -> Callable[[dict[Key, int]], Result]:
+def _intake(batch: _Batch, command: Intake) -> Callable[[dict[Key, int]], Result]:
     request = command.request
     order_no = request.order_no
     provider = command.provider
@@ -450,7 +378,7 @@ def _intake(
             raise IntakeError("order_conflict", f"order {order_no} exists with a different body")
         items = tuple(batch.items.get(order_no, ()))
         return lambda ids: IntakeResult(False, order_view(existing, _with_ids(items, ids)))
-    steps = _admissions(batch, request, numbers, skus, offers, provider)
+    steps = _admissions(batch, request, provider)
     if provider is not None and not batch.provider.active(provider):
         raise IntakeError("account_disabled", "the provider account is disabled")
     if provider is not None and not batch.provider.can_pay(provider):
@@ -487,23 +415,18 @@ def _provider_with_id(batch: _Batch, order: ProviderOrder) -> ProviderOrder:
 
 
 def _admissions(
-    batch: _Batch,
-    request: OrderRequest,
-    numbers: Mapping[tuple[str, str], Any],
-    skus: Mapping[tuple[str, int], MirroredSku],
-    offers: Mapping[str, Offer],
-    provider: ProviderIntake | None = None,
+    batch: _Batch, request: OrderRequest, provider: ProviderIntake | None = None
 ) -> list[tuple[None, Event]]:
     """Each item's first event, once every item is found buyable as asked (:class:`IntakeError` when one
     is not: nothing is written)."""
 
     def taken(upstream: str, number: str) -> bool:
-        return (upstream, number) in numbers or any(
+        return (upstream, number) in batch.numbers or any(
             added[:2] == (upstream, number) for added in batch.numbers_added
         )
 
     admitted = admit_items(
-        request, taken=taken, skus=skus, offers=offers, upstreams=batch.rules.upstreams,
+        request, taken=taken, skus=batch.skus, offers=batch.offers, upstreams=batch.rules.upstreams,
         pricing=batch.rules.pricing,
         charged=None if provider is None else (provider.unit_price, provider.currency),
     )  # fmt: skip
@@ -624,7 +547,8 @@ def _flush(batch: _Batch) -> dict[Key, int]:
         ]
         store.insert_numbers(rows, again=again)
     store.retire_numbers(batch.numbers_retired)
-    _write_audit(batch, ids)
+    audit = [(replace(row, procurement_id=ids[key]), repeat) for key, row, repeat in batch.audit]
+    write_audit(store, audit, batch.now)
     store.update_orders(
         [
             (order.order_no, order.status, order.exception, order.updated_at)
@@ -633,7 +557,7 @@ def _flush(batch: _Batch) -> dict[Key, int]:
     )
     store.insert_events([_event_row(event, ids, batch.now) for event in batch.events])
     rules = batch.rules
-    opened = [_exception_alert(batch, key, effect) for key, effect in batch.exceptions_opened]
+    opened = [alerts.exception_opened(_item(batch, key), effect) for key, effect in batch.exceptions_opened]
     opened += _late_goods(batch, ids)
     batch.tx.alerts.occur(opened, batch.now, rules.alert_repeat_after, rules.alert_delivery)
     batch.tx.charts.add(_rollup(batch), rules.writer)
@@ -655,50 +579,6 @@ def _rollup(batch: _Batch) -> Deltas:
     return difference(changes)
 
 
-def _write_audit(batch: _Batch, ids: Mapping[Key, int]) -> None:
-    """The batch's audit entries; an ignored report identical to the entry before it on its procurement (in
-    the database, or earlier in the batch) adds to that entry's count instead."""
-    store = batch.tx.procurements
-    rows = [(replace(row, procurement_id=ids[key]), repeat) for key, row, repeat in batch.audit]
-    if not any(repeat for _, repeat in rows):
-        store.insert_audit([row for row, _ in rows])
-        return
-    wanted = {(row.order_no, row.procurement_id) for row, repeat in rows if repeat}
-    last: dict[int, tuple[int | None, AuditRow]] = {
-        procurement_id: (entry_id, entry)
-        for procurement_id, (entry_id, entry) in store.last_audit_entries(wanted).items()
-    }
-    inserted: list[AuditRow] = []
-    added: dict[int, int] = {}  # audit entry id -> repeats to add
-    for row, repeat in rows:
-        assert row.procurement_id is not None
-        before = last.get(row.procurement_id)
-        if repeat and before is not None and _same_entry(before[1], row):
-            entry_id, entry = before
-            if entry_id is None:  # an entry of this batch: count it there
-                index = next(i for i in range(len(inserted) - 1, -1, -1) if inserted[i] is entry)
-                merged = replace(entry, count=entry.count + 1, last_at=row.at)
-                inserted[index] = merged
-                last[row.procurement_id] = (None, merged)
-            else:
-                added[entry_id] = added.get(entry_id, 0) + 1
-            continue
-        inserted.append(row)
-        last[row.procurement_id] = (None, row)
-    store.insert_audit(inserted)
-    store.count_audit_repeats(added, batch.now)
-
-
-def _same_entry(entry: AuditRow, row: AuditRow) -> bool:
-    return (entry.source, entry.event, entry.old_state, entry.new_state, dict(entry.detail or {})) == (
-        row.source,
-        row.event,
-        row.old_state,
-        row.new_state,
-        dict(row.detail or {}),
-    )
-
-
 def _late_goods(batch: _Batch, ids: Mapping[Key, int]) -> list[Occurrence]:
     """Goods delivered for procurements a person had resolved: a finding each (in a run of the source that
     brought them), and a ``reconcile_mismatch`` alert for the person."""
@@ -707,30 +587,9 @@ def _late_goods(batch: _Batch, ids: Mapping[Key, int]) -> list[Occurrence]:
     findings: list[Finding] = []
     occurrences: list[Occurrence] = []
     for key, _, effect in batch.late_goods:
-        order_no, position = key
-        p = next(item for item in batch.items[order_no] if item.position == position)
-        findings.append(
-            Finding(
-                procurement_id=ids[key],
-                order_no=order_no,
-                upstream=p.upstream,
-                downstream_order_no=p.downstream_order_no,
-                upstream_order_id=p.upstream_order_id,
-                field="goods",
-                local_value=p.state.value,
-                upstream_value=effect.status,
-                repair="goods_recorded",
-                found_at=batch.now,
-                run_id=0,
-            )
-        )
-        message = (
-            f"order {order_no}: the upstream delivered item {position + 1} ({p.downstream_order_no}, "
-            f"upstream order {p.upstream_order_id}) after a person resolved it. The goods are recorded with "
-            "it (it stays resolved; reveal them on the order's page): deliver them to the buyer, or settle "
-            "them with the upstream if the buyer was refunded."
-        )
-        occurrences.append(Occurrence(Kind.RECONCILE_MISMATCH, order_no, message, p.upstream))
+        p = _item(batch, key)
+        findings.append(finding_of(p, goods_after_resolution(p, effect.status), GOODS_RECORDED, batch.now))
+        occurrences.append(alerts.goods_after_resolution(p))
     reconcile = batch.tx.reconcile
     for trigger in sorted({source.value for _, source, _ in batch.late_goods}):
         found = [f for f, (_, source, _) in zip(findings, batch.late_goods, strict=True) if source == trigger]
@@ -742,31 +601,19 @@ def _late_goods(batch: _Batch, ids: Mapping[Key, int]) -> list[Occurrence]:
     return occurrences
 
 
-def _exception_alert(batch: _Batch, key: Key, effect: ExceptionOpened) -> Occurrence:
-    """An opened exception as the alert a person gets: the reason, the order, the upstream, the error."""
+def _item(batch: _Batch, key: Key) -> Procurement:
+    """The procurement ``key`` names, as the batch left it."""
     order_no, position = key
-    p = next(item for item in batch.items[order_no] if item.position == position)
-    error = ": ".join(part for part in (effect.code, effect.message) if part)
-    message = (
-        f"{effect.reason}: order {order_no}, item {position + 1} ({p.downstream_order_no}) on upstream "
-        f"{p.upstream}" + (f": {error}" if error and error != effect.reason else "")
-    )
-    return Occurrence(Kind.EXCEPTION_OPENED, order_no, message, p.upstream)
+    return next(item for item in batch.items[order_no] if item.position == position)
 
 
 def _event_row(event: _Event, ids: Mapping[Key, int], now: datetime) -> dict[str, Any]:
     event_id = str(uuid.uuid4())
-    payload = {
-        "event": event.name,
-        "timestamp": int(now.timestamp()),
-        "order": order_view(event.order, _with_ids(event.items, ids)),
-        "event_id": event_id,
-    }
     return {
         "event_id": event_id,
         "order_no": event.order_no,
         "event": event.name,
-        "payload": payload,
+        "payload": order_event(event.name, event_id, now, event.order, _with_ids(event.items, ids)),
         "created_at": now,
         "attempts": 0,
         "next_attempt_at": now,

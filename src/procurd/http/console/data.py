@@ -26,6 +26,7 @@ from procurd.http.console import pulse
 from procurd.http.console.charts import Chart
 from procurd.http.errors import ApiError
 from procurd.operations import Operations
+from procurd.operations.views import ProcurementViews
 from procurd.runtime import Runtime
 from procurd.status import status_report
 
@@ -186,7 +187,7 @@ class ExceptionsPage:
 async def exceptions_page(
     runtime: Runtime, upstream: str | None, reason: str | None, page: int, page_size: int
 ) -> ExceptionsPage:
-    total, items = await runtime.service.exceptions(upstream, reason, page, page_size)
+    total, items = await ProcurementViews(runtime).exceptions(upstream, reason, page, page_size)
     by_upstream = await runtime.database.read(lambda tx: tx.procurements.exception_reasons())
     reasons: dict[str, int] = {}
     for name, counts in by_upstream.items():
@@ -226,12 +227,12 @@ async def order_detail(
 ) -> OrderDetail | None:
     """The order view and (a page of) the audit trail of the JSON API; delivered goods (payload, delivery
     data) only for the procurement ``reveal``: the others' never reach the template."""
-    view = await runtime.service.order(order_no)
+    view = await ProcurementViews(runtime).order(order_no)
     if view is None:
         return None
     procurements = [_goods_hidden(item) if item["id"] != reveal else item for item in view["procurements"]]
     revealed = reveal if any(item["id"] == reveal for item in view["procurements"]) else None
-    trail = await runtime.service.audit(order_no)
+    trail = await ProcurementViews(runtime).audit(order_no)
     start = (audit_page - 1) * AUDIT_PAGE_SIZE
     audit = Paged(trail[start : start + AUDIT_PAGE_SIZE], len(trail), audit_page, AUDIT_PAGE_SIZE)
     return OrderDetail(dict(view, procurements=procurements), audit, revealed)
