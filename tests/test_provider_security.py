@@ -177,8 +177,10 @@ async def test_a_name_resolving_to_loopback_is_never_called_and_the_admin_listen
     order = await provider.provider_order("EXPLOIT-1")
 
     async def refused_try() -> dict[str, Any] | None:
+        # A try is in the log from its claim on (in flight); wait for its outcome.
         detail = await b.operations.provider.order_detail(order.id)
-        return detail if detail["callback_log"] else None
+        log = detail["callback_log"]
+        return detail if log and log[0]["outcome"] != "in_flight" else None
 
     detail = await wait_until(refused_try)
     (attempt,) = detail["callback_log"]
