@@ -48,9 +48,9 @@ from procurd.http.public import make_public_app
 from procurd.http.testing import reserve_port, serve, submit_due, url_of
 from procurd.logs import configure_logging
 from procurd.operations import Operations
+from procurd.operations.runtime import Runtime
 from procurd.protocol.dujiao.callback import CALLBACK_PATH
 from procurd.protocol.dujiao.signing import HeaderNames, sign
-from procurd.runtime import Runtime
 from procurd.sandbox import Sandbox, SandboxConfig
 from support import forget_cached_loggers, sql_rows, wait_until
 

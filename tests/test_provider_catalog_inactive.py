@@ -18,7 +18,7 @@ from sqlalchemy import select
 from procurd.catalog.sync import SyncOptions, SyncReport, run_sync
 from procurd.daemon import Daemon
 from procurd.db.schema import mirror_changes, mirror_products
-from procurd.runtime import Runtime
+from procurd.operations.runtime import Runtime
 from procurd.sandbox import Sandbox, SandboxConfig
 from procurd.sandbox.testing import SignedClient
 from provider_support import ProviderSite, add_account, provider_settings, settled

@@ -8,6 +8,10 @@ from typing import Any
 from sqlalchemy import JSON, DateTime, Dialect, String, TypeDecorator
 from sqlalchemy.types import TypeEngine
 
+from procurd.core.clock import (
+    utcnow as utcnow,  # re-exported: the stores and their callers read the same clock
+)
+
 
 class JsonDocument(TypeDecorator[Any]):
     """JSON; JSONB on PostgreSQL, whose dialect is imported only there (a daemon on SQLite never loads it)."""
@@ -48,8 +52,3 @@ class UtcDateTime(TypeDecorator[datetime]):
 def Money() -> String:
     """An exact decimal amount kept as the text the upstream sent (never a float)."""
     return String(40)
-
-
-def utcnow() -> datetime:
-    """Now, as an aware UTC datetime bound from Python (never the database's clock)."""
-    return datetime.now(UTC)

@@ -28,7 +28,6 @@ from aiohttp import web
 from procurd.config import UpstreamSettings
 from procurd.core.alerts import Kind, Occurrence
 from procurd.core.procurement import Source
-from procurd.db.errors import DatabaseError
 from procurd.http.errors import (
     HEALTH_PATH,
     RUNTIME,
@@ -40,7 +39,8 @@ from procurd.http.errors import (
     public_error_body,
     read_body,
 )
-from procurd.operations import Operations
+from procurd.operations import DatabaseError, Operations
+from procurd.operations.runtime import Runtime
 from procurd.procurement.service import ReportOutcome, ReportRejected
 from procurd.protocol.dujiao.callback import (
     CALLBACK_PATH,
@@ -53,7 +53,6 @@ from procurd.protocol.dujiao.callback import (
 )
 from procurd.protocol.dujiao.models import UpstreamOrder
 from procurd.protocol.web import dumps
-from procurd.runtime import Runtime
 from procurd.upstream.ratelimit import Priority
 
 log = structlog.get_logger("procurd.callback")

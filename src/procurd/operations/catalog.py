@@ -18,7 +18,7 @@ from procurd.catalog.sync import CatalogAlert, SyncOptions, SyncReport, run_sync
 from procurd.core.alerts import Kind, Occurrence
 from procurd.core.refusals import Refused
 from procurd.db.errors import DatabaseError
-from procurd.runtime import Runtime
+from procurd.operations.runtime import Runtime
 
 log = structlog.get_logger("procurd.catalog")
 
