@@ -14,7 +14,7 @@ from typing import Any
 
 from procurd.core.records import CatalogSlice, Finding, OrderSummary
 from procurd.db.database import Database
-from procurd.db.views import WithCharts, WithConsole, WithProcurements, WithReconcile
+from procurd.db.views import WithCharts
 from procurd.operations.runtime import Runtime
 
 
@@ -38,37 +38,6 @@ class AccountHistory:
     spent_cents: int
 
 
-def _upstream_history(
-    tx: WithCharts, names: Sequence[str], hours_since: datetime, days_since: datetime, balance_since: datetime
-) -> dict[str, UpstreamHistory]:
-    charts = tx.charts
-    return {
-        name: UpstreamHistory(
-            charts.hours([name], 0, hours_since),
-            charts.days([name], 0, days_since),
-            charts.balances(name, balance_since),
-        )
-        for name in names
-    }
-
-
-def _account_history(
-    tx: WithCharts,
-    account_id: int,
-    upstreams: Sequence[str],
-    since: tuple[datetime, datetime],
-    ends: Sequence[datetime],
-    spend_since: datetime,
-) -> AccountHistory:
-    hours_since, days_since = since
-    return AccountHistory(
-        tx.charts.hours(upstreams, account_id, hours_since),
-        tx.charts.days(upstreams, account_id, days_since),
-        tx.charts.wallet_at(account_id, ends),
-        tx.charts.wallet_spend(account_id, spend_since),
-    )
-
-
 class ConsoleReads:
     """The console's own reads, each one read transaction."""
 
@@ -84,34 +53,46 @@ class ConsoleReads:
     ) -> tuple[int, list[OrderSummary]]:
         """Orders, newest first; ``text`` matches an order number (or its start), a downstream number, an
         upstream order id or an upstream order number. The total and one page."""
-        return await self.database.read(_find_orders, text, status, page, page_size)
+        return await self.database.read(lambda tx: tx.console.find_orders(text, status, page, page_size))
 
     async def catalog(
         self, text: str | None, upstream: str | None, page: int, page_size: int
     ) -> CatalogSlice:
         """One page of mirrored products matching ``text``, each with its SKUs."""
-        return await self.database.read(_catalog, text, upstream, page, page_size)
+        return await self.database.read(lambda tx: tx.console.catalog(text, upstream, page, page_size))
 
     async def sync_runs(
         self, upstream: str | None, page: int, page_size: int
     ) -> tuple[int, list[dict[str, Any]]]:
         """Catalogue passes, newest first: the total and one page."""
-        return await self.database.read(_sync_runs, upstream, page, page_size)
+        return await self.database.read(lambda tx: tx.console.sync_runs(upstream, page, page_size))
 
     async def exception_reasons(self) -> dict[str, dict[str, int]]:
         """Open exceptions per upstream and reason."""
-        return await self.database.read(_exception_reasons)
+        return await self.database.read(lambda tx: tx.procurements.exception_reasons())
 
     async def findings(self, page: int, page_size: int) -> tuple[int, list[Finding]]:
         """Reconciliation findings, newest first: the total and one page."""
-        return await self.database.read(_findings, page, page_size)
+        return await self.database.read(lambda tx: tx.reconcile.recent_findings(page, page_size))
 
     async def upstream_history(
         self, names: Sequence[str], hours_since: datetime, days_since: datetime, balance_since: datetime
     ) -> dict[str, UpstreamHistory]:
         """Each upstream's rollups (hourly from ``hours_since``, daily from ``days_since``) and balances
         (from ``balance_since``), in one snapshot."""
-        return await self.database.read(_upstream_history, names, hours_since, days_since, balance_since)
+
+        def read(tx: WithCharts) -> dict[str, UpstreamHistory]:
+            charts = tx.charts
+            return {
+                name: UpstreamHistory(
+                    charts.hours([name], 0, hours_since),
+                    charts.days([name], 0, days_since),
+                    charts.balances(name, balance_since),
+                )
+                for name in names
+            }
+
+        return await self.database.read(read)
 
     async def account_history(
         self,
@@ -123,30 +104,14 @@ class ConsoleReads:
     ) -> AccountHistory:
         """A downstream account's rollups on ``upstreams`` (hourly, daily: ``since``), its wallet at each of
         ``ends`` and what it was charged from ``spend_since``, in one snapshot."""
-        return await self.database.read(_account_history, account_id, upstreams, since, ends, spend_since)
+        hours_since, days_since = since
 
+        def read(tx: WithCharts) -> AccountHistory:
+            return AccountHistory(
+                tx.charts.hours(upstreams, account_id, hours_since),
+                tx.charts.days(upstreams, account_id, days_since),
+                tx.charts.wallet_at(account_id, ends),
+                tx.charts.wallet_spend(account_id, spend_since),
+            )
 
-def _find_orders(
-    tx: WithConsole, text: str | None, status: str | None, page: int, page_size: int
-) -> tuple[int, list[OrderSummary]]:
-    return tx.console.find_orders(text, status, page, page_size)
-
-
-def _catalog(
-    tx: WithConsole, text: str | None, upstream: str | None, page: int, page_size: int
-) -> CatalogSlice:
-    return tx.console.catalog(text, upstream, page, page_size)
-
-
-def _sync_runs(
-    tx: WithConsole, upstream: str | None, page: int, page_size: int
-) -> tuple[int, list[dict[str, Any]]]:
-    return tx.console.sync_runs(upstream, page, page_size)
-
-
-def _exception_reasons(tx: WithProcurements) -> dict[str, dict[str, int]]:
-    return tx.procurements.exception_reasons()
-
-
-def _findings(tx: WithReconcile, page: int, page_size: int) -> tuple[int, list[Finding]]:
-    return tx.reconcile.recent_findings(page, page_size)
+        return await self.database.read(read)
