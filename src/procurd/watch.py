@@ -1,5 +1,7 @@
-"""What the daemon watches so that a person hears of trouble: upstream health, balances, stuck orders and
-bursts of rejected callbacks. Each finding is an alert occurrence (:mod:`procurd.operations.alerts`)."""
+"""What the daemon watches in memory so that a person hears of trouble: upstream health, followed request by
+request, and bursts of rejected callbacks. Each finding is an alert occurrence that the heartbeat raises
+(:mod:`procurd.operations.alerts`); the checks that read the database (balances after a ping, stuck orders)
+are operations (:mod:`procurd.operations.pings`, :mod:`procurd.operations.housekeeping`)."""
 
 from __future__ import annotations
 
