@@ -27,13 +27,13 @@ import aiohttp
 
 from procurd.config import Settings
 from procurd.daemon import Daemon
-from procurd.db import migrate
 from procurd.db.database import open_database
 from procurd.logs import configure_logging
 from procurd.loopback import unused_ports
 from procurd.operations import Operations
+from procurd.operations.installation import migrate_schema
+from procurd.operations.runtime import Runtime
 from procurd.protocol.dujiao.callback import CALLBACK_PATH
-from procurd.runtime import Runtime
 from procurd.sandbox import Sandbox, SandboxConfig
 from procurd.systemd import Notifier
 
@@ -66,7 +66,7 @@ async def run(orders: int, alert_urls: list[str], label: str) -> tuple[list[floa
     with tempfile.TemporaryDirectory() as directory:
         url = f"sqlite+aiosqlite:///{Path(directory) / 'alerts.db'}"
         database = open_database(url)
-        await migrate.upgrade(database)
+        await migrate_schema(database)
         await database.close()
         async with Sandbox(config) as sandbox:
             sku = sandbox.state.first_sku("auto").id

@@ -30,10 +30,10 @@ async def measure(
 ) -> None:
     from procurd.catalog.sync import SyncOptions, SyncReport
     from procurd.config import UpstreamSettings
-    from procurd.db import migrate
     from procurd.db.database import open_database
     from procurd.logs import configure_logging
     from procurd.operations.catalog_pass import run_sync
+    from procurd.operations.installation import migrate_schema
     from procurd.protocol.dujiao.client import UpstreamClient
     from procurd.sandbox import Sandbox, SandboxConfig
 
@@ -48,7 +48,7 @@ async def measure(
     step = max(1, round(100 / changed_percent))
     with tempfile.TemporaryDirectory() as directory:
         database = open_database(f"sqlite+aiosqlite:///{Path(directory) / 'requests.db'}")
-        await migrate.upgrade(database)
+        await migrate_schema(database)
         async with Sandbox(config) as sandbox:
             settings = UpstreamSettings(
                 name=UPSTREAM,

@@ -83,13 +83,13 @@ def _serve_sandbox(
 
 def _migrate(database_url: str) -> None:
     """Child process: create the schema, as ``procurd db upgrade`` would before the daemon starts."""
-    from procurd.db import migrate
     from procurd.db.database import open_database
+    from procurd.operations.installation import migrate_schema
 
     async def upgrade() -> None:
         database = open_database(database_url)
         try:
-            await migrate.upgrade(database)
+            await migrate_schema(database)
         finally:
             await database.close()
 

@@ -52,11 +52,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from procurement_processes import API_KEY, API_SECRET, HEADER_PREFIX, SandboxProcess, percentile
 
 from fault_support import IntakeClient, most_in_any_window, single_item
-from procurd.db import migrate
 from procurd.db.database import open_database
-from procurd.db.rate_budget import RESERVE_BELOW, SharedBudget, budget_key
+from procurd.db.rate_budget import RESERVE_BELOW, budget_key
 from procurd.db.schema import audit_log, procurements
 from procurd.logs import configure_logging
+from procurd.operations.budgets import SharedBudget
+from procurd.operations.installation import migrate_schema
 from procurd.sandbox.config import SandboxConfig
 from procurd.sandbox.testing import ControlClient
 from procurd.upstream.ratelimit import Priority, SharedRateLimiter
@@ -97,7 +98,7 @@ async def fresh_database(server_url: str) -> AsyncIterator[str]:
         url = make_url(server_url).set(database=name).render_as_string(hide_password=False)
         database = open_database(url)
         try:
-            await migrate.upgrade(database)
+            await migrate_schema(database)
         finally:
             await database.close()
         yield url

@@ -36,13 +36,13 @@ from sqlalchemy import Connection, text
 
 import procurd
 from procurd.config import Settings
-from procurd.db import migrate
 from procurd.db.database import Database, open_database
 from procurd.http.admin import make_admin_app
 from procurd.http.testing import serve
 from procurd.logs import configure_logging
 from procurd.operations import Operations
-from procurd.runtime import Runtime
+from procurd.operations.installation import migrate_schema
+from procurd.operations.runtime import Runtime
 
 PAGE_AIM_MS = 200.0
 ROLLUP_ROWS = "SELECT count(*) FROM procurement_hours"
@@ -177,7 +177,7 @@ async def run(args: argparse.Namespace, database_url: str) -> bool:
     configure_logging("warning", "json")
     database = open_database(database_url)
     try:
-        await migrate.upgrade(database)
+        await migrate_schema(database)
         print(f"seeding {args.procurements:,} procurements over {args.days} days ({database.dialect})")
         for name, seconds in (await seed(database, args.procurements, args.days)).items():
             print(f"  {name:<24} {seconds:7.1f} s")

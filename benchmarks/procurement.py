@@ -57,12 +57,12 @@ from sqlalchemy.engine import make_url
 
 from procurd.config import Settings, UpstreamSettings
 from procurd.daemon import Daemon
-from procurd.db import migrate
 from procurd.db.database import Database, open_database
 from procurd.db.schema import procurements
 from procurd.logs import configure_logging
 from procurd.loopback import unused_ports
 from procurd.operations.catalog_pass import last_sync, run_sync
+from procurd.operations.installation import migrate_schema
 from procurd.protocol.dujiao.callback import CALLBACK_PATH
 from procurd.protocol.dujiao.client import UpstreamClient
 from procurd.systemd import Notifier
@@ -554,7 +554,7 @@ async def measure(args: argparse.Namespace, database_url: str) -> bool:
     context = multiprocessing.get_context("spawn")
     database = open_database(database_url)
     try:
-        await migrate.upgrade(database)
+        await migrate_schema(database)
         with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
             throughput = await run_throughput(args, context, pool, database, database_url)
         checks = report_throughput(throughput)

@@ -32,10 +32,10 @@ async def measure(orders: int, server_url: str) -> None:
     from sqlalchemy.ext.asyncio import create_async_engine
 
     from procurd.config import RetentionSettings
-    from procurd.db import migrate
     from procurd.db.database import open_database
     from procurd.http.testing import procurd_stack
     from procurd.logs import configure_logging
+    from procurd.operations.installation import migrate_schema
     from procurd.sandbox import SandboxConfig
 
     configure_logging("error")
@@ -46,7 +46,7 @@ async def measure(orders: int, server_url: str) -> None:
     url = server_url.rsplit("/", 1)[0] + "/" + name
     try:
         database = open_database(url)
-        await migrate.upgrade(database)
+        await migrate_schema(database)
         await database.close()
         sandbox = SandboxConfig(
             products=50, balance=Decimal(1_000_000), allow_private_callbacks=True, rate_limit=False

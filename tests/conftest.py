@@ -14,9 +14,9 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from procurd.db import migrate
 from procurd.db.database import Database, open_database
 from procurd.logs import configure_logging
+from procurd.operations.installation import migrate_schema
 
 # Tests that need other logging set it up themselves; the rest log warnings and worse, as JSON.
 configure_logging("warning", "json")
@@ -58,7 +58,7 @@ def postgres_template() -> Iterator[str | None]:
         await _admin_execute([f"DROP DATABASE IF EXISTS {TEMPLATE_DB}", f"CREATE DATABASE {TEMPLATE_DB}"])
         database = open_database(_database_url(TEMPLATE_DB))
         try:
-            await migrate.upgrade(database)
+            await migrate_schema(database)
         finally:
             await database.close()
 
@@ -78,7 +78,7 @@ def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path | None:
     async def build() -> None:
         database = open_database(f"sqlite+aiosqlite:///{path}")
         try:
-            await migrate.upgrade(database)
+            await migrate_schema(database)
         finally:
             await database.close()
 

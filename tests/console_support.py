@@ -15,8 +15,8 @@ import aiohttp
 from multidict import CIMultiDict
 from sqlalchemy import update
 
+from procurd.core.records import Instance
 from procurd.db.database import Database
-from procurd.db.instance_store import Instance
 from procurd.db.schema import instances
 from procurd.db.stores import Tx
 from procurd.db.types import utcnow

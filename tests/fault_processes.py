@@ -22,9 +22,9 @@ from typing import Any
 
 import aiohttp
 
-from procurd.db import migrate
 from procurd.db.database import open_database
 from procurd.loopback import unused_ports
+from procurd.operations.installation import migrate_schema
 from scale_cluster import DaemonProcess, to_toml
 
 POSTGRES_USER = "procurd"
@@ -188,7 +188,7 @@ class PostgresServer:
         url = self.url(name)
         database = open_database(url)
         try:
-            await migrate.upgrade(database)
+            await migrate_schema(database)
         finally:
             await database.close()
         return url

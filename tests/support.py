@@ -31,7 +31,7 @@ from procurd.db.types import utcnow
 from procurd.logs import configure_logging
 from procurd.loopback import unused_ports
 from procurd.operations.catalog_pass import run_sync
-from procurd.runtime import Runtime
+from procurd.operations.runtime import Runtime
 from procurd.sandbox import SandboxConfig
 from procurd.systemd import Notifier
 

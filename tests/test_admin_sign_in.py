@@ -23,7 +23,7 @@ from procurd.db.schema import sync_runs as sync_runs_table
 from procurd.http.admin import make_admin_app
 from procurd.http.testing import procurd_stack, serve
 from procurd.operations import Operations
-from procurd.runtime import Runtime
+from procurd.operations.runtime import Runtime
 from support import captured_log, sql_rows
 
 TOKEN = "sign-in-admin-token-7c1e9a"

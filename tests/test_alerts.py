@@ -20,12 +20,12 @@ from aiohttp import web
 
 from procurd.config import Settings
 from procurd.core.intake import parse_order_request
+from procurd.core.records import Instance
 from procurd.daemon import Daemon
-from procurd.db.instance_store import Instance
 from procurd.db.types import utcnow
 from procurd.http.testing import procurd_stack, reserve_port, serve, url_of
 from procurd.loopback import unused_ports
-from procurd.runtime import Runtime
+from procurd.operations.runtime import Runtime
 from procurd.sandbox import Sandbox, SandboxConfig
 from procurd.sandbox.testing import SignedClient
 from scale_cluster import metric_value

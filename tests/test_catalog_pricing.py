@@ -24,7 +24,7 @@ from procurd.http.admin import make_admin_app
 from procurd.http.testing import serve
 from procurd.operations import Operations
 from procurd.operations.catalog_pass import holds, reprice_upstream, run_sync
-from procurd.runtime import Runtime
+from procurd.operations.runtime import Runtime
 from procurd.sandbox import Sandbox, SandboxConfig
 from support import settings_for, wait_until
 

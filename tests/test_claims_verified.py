@@ -20,10 +20,10 @@ from procurd.core.procurement import Source
 from procurd.db.schema import audit_log, procurements, reconcile_findings
 from procurd.db.types import utcnow
 from procurd.http.testing import Stack, procurd_stack
+from procurd.operations.reconcile import reconcile
 from procurd.procurement.poller import Poller
 from procurd.procurement.submitter import outcome_event, submission_request
 from procurd.protocol.dujiao.callback import CALLBACK_PATH
-from procurd.reconcile import reconcile
 from procurd.sandbox.testing import ApiResponse, SignedClient
 from support import sql_execute, sql_rows, wait_until
 

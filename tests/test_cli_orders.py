@@ -19,7 +19,7 @@ from click.testing import CliRunner, Result
 
 from console_support import INSTANCE_STATES, STOPPED_LONG_AGO, record_instances
 from procurd.cli import main
-from procurd.db.instance_store import Instance
+from procurd.core.records import Instance
 from procurd.db.types import utcnow
 from procurd.http.testing import Stack, procurd_stack
 from procurd.logs import configure_logging

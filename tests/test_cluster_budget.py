@@ -18,8 +18,9 @@ import pytest
 from sqlalchemy import select
 
 from procurd.db.database import Database, open_database
-from procurd.db.rate_budget import SharedBudget, budget_key
+from procurd.db.rate_budget import budget_key
 from procurd.db.schema import rate_budgets, rate_demand
+from procurd.operations.budgets import SharedBudget
 from procurd.upstream.ratelimit import Priority, SharedRateLimiter
 from support import sql_rows, wait_until
 

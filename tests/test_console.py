@@ -31,17 +31,17 @@ from console_support import (
     record_instances,
     sandbox_control,
 )
-from procurd import offers
 from procurd.db.schema import audit_log
 from procurd.db.stores import Tx
 from procurd.http.console.data import Paged
 from procurd.http.console.render import Templates, ago, duration, title_text
 from procurd.http.console.session import SESSION_COOKIE, Session, SessionCodec
 from procurd.http.testing import Stack, procurd_stack
-from procurd.reconcile import reconcile
-from procurd.runtime import Runtime
+from procurd.operations import offers
+from procurd.operations.pings import ping_upstream
+from procurd.operations.reconcile import reconcile
+from procurd.operations.runtime import Runtime
 from procurd.sandbox import Sandbox, SandboxConfig
-from procurd.status import ping_upstream
 from support import running_daemon, settings_for, sql_rows, wait_until
 from test_hostile_callbacks import LogCapture
 

@@ -34,7 +34,7 @@ from console_support import (
     sandbox_control,
 )
 from procurd.http.testing import Stack, procurd_stack, serve
-from procurd.status import ping_upstream
+from procurd.operations.pings import ping_upstream
 from test_console_provider import Chain, delivered, place, provider_chain
 
 CHROMIUM = Path("/usr/bin/chromium")

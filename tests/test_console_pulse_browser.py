@@ -20,7 +20,7 @@ from playwright.async_api import Browser, Page, ViewportSize, expect
 from console_support import ADMIN_TOKEN
 from procurd.db.stores import Tx
 from procurd.http.testing import Stack, procurd_stack
-from procurd.status import ping_upstream
+from procurd.operations.pings import ping_upstream
 from pulse_support import PRICE, plan_history, seed_history
 from test_console_browser import LAPTOP, PHONE, browser, browser_tab, pytestmark, screenshot_path, sign_in
 from test_console_provider import delivered, place, provider_chain

@@ -36,11 +36,11 @@ from procurd.db.database import Database
 from procurd.db.schema import outbox
 from procurd.db.types import utcnow
 from procurd.operations import open_operations
+from procurd.operations.events import LEASE as EVENT_LEASE
+from procurd.operations.events import WebhookDispatcher
 from procurd.provider.callbacks import LEASE as CALLBACK_LEASE
 from procurd.sandbox import Sandbox, SandboxConfig
 from procurd.sandbox.testing import SignedClient
-from procurd.webhook import LEASE as EVENT_LEASE
-from procurd.webhook import WebhookDispatcher
 from provider_support import add_account, provider_config
 from scale_cluster import settings_of
 from support import AdminClient, mirror, sql_rows, wait_until

@@ -8,9 +8,10 @@ from sqlalchemy import inspect
 
 from procurd.db import migrate
 from procurd.db.database import Database
-from procurd.db.revision import HEAD_REVISION, current_revision, describe_mismatch
+from procurd.db.revision import HEAD_REVISION, describe_mismatch
 from procurd.db.schema import ddl_metadata, metadata
 from procurd.db.stores import Tx
+from procurd.operations.installation import current_revision, migrate_schema
 
 
 async def test_upgrade_creates_every_table(database: Database) -> None:
@@ -22,7 +23,7 @@ async def test_upgrade_creates_every_table(database: Database) -> None:
 
 async def test_upgrade_is_idempotent(database: Database) -> None:
     """A second upgrade of a current database changes nothing and reports the same revision."""
-    before, after = await migrate.upgrade(database)
+    before, after = await migrate_schema(database)
     assert before == after == migrate.head_revision()
 
 

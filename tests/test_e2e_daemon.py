@@ -12,9 +12,9 @@ import aiohttp
 import pytest
 
 from procurd.daemon import Daemon
+from procurd.operations.runtime import Runtime
 from procurd.operations.views import ProcurementViews
 from procurd.protocol.dujiao.signing import HeaderNames, signed_headers
-from procurd.runtime import Runtime
 from procurd.sandbox import Sandbox, SandboxConfig
 from procurd.systemd import Notifier
 from support import AdminClient, captured_log, mirror, running_daemon, settings_for, wait_until

@@ -17,12 +17,12 @@ from typing import Any
 from sqlalchemy import select
 
 from procurd import __version__
+from procurd.core.records import Instance
 from procurd.daemon import Daemon
-from procurd.db.instance_store import Instance
 from procurd.db.schema import alerts, audit_log, instances, leases
 from procurd.db.types import utcnow
-from procurd.heartbeat import Heartbeat
-from procurd.runtime import Runtime
+from procurd.operations.instances import Heartbeat
+from procurd.operations.runtime import Runtime
 from procurd.sandbox import Sandbox, SandboxConfig
 from procurd.systemd import Notifier
 from scale_cluster import settings_of, to_toml

@@ -46,10 +46,10 @@ from fault_support import (
 from procurd.config import Settings
 from procurd.daemon import Daemon
 from procurd.db import database as database_module
-from procurd.db import migrate
 from procurd.db.database import open_database
 from procurd.db.errors import DatabaseUnavailable
 from procurd.db.stores import Tx
+from procurd.operations.installation import migrate_schema
 from procurd.protocol.dujiao.callback import CALLBACK_PATH
 from procurd.protocol.dujiao.signing import sign
 from procurd.sandbox import Sandbox
@@ -674,7 +674,7 @@ async def fill_the_disk(
 async def migrated(database_url: str) -> None:
     database = open_database(database_url)
     try:
-        await migrate.upgrade(database)
+        await migrate_schema(database)
     finally:
         await database.close()
 

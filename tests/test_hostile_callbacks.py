@@ -48,10 +48,10 @@ from procurd.http.testing import reserve_port, serve, submit_due, url_of
 from procurd.logs import configure_logging
 from procurd.operations import Operations
 from procurd.operations.catalog_pass import run_sync
+from procurd.operations.runtime import Runtime
 from procurd.operations.views import ProcurementViews
 from procurd.protocol.dujiao.callback import CALLBACK_PATH
 from procurd.protocol.dujiao.signing import HeaderNames, sign
-from procurd.runtime import Runtime
 from procurd.sandbox import Sandbox, SandboxConfig
 from support import forget_cached_loggers, sql_rows, wait_until
 

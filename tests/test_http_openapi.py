@@ -18,9 +18,9 @@ from procurd.http import make_admin_app, make_public_app
 from procurd.http.console import is_console_path
 from procurd.http.testing import stack_settings
 from procurd.operations import Operations
+from procurd.operations.runtime import Runtime
 from procurd.protocol.dujiao import API_PREFIX
 from procurd.protocol.dujiao.server import ROUTES
-from procurd.runtime import Runtime
 
 METHODS = ("get", "put", "post", "delete", "patch", "head", "options")
 

@@ -19,7 +19,7 @@ from procurd.catalog.sync import SyncOptions, SyncReport
 from procurd.daemon import Daemon
 from procurd.db.schema import mirror_changes, mirror_products
 from procurd.operations.catalog_pass import run_sync
-from procurd.runtime import Runtime
+from procurd.operations.runtime import Runtime
 from procurd.sandbox import Sandbox, SandboxConfig
 from procurd.sandbox.testing import SignedClient
 from provider_support import ProviderSite, add_account, provider_settings, settled

@@ -26,7 +26,7 @@ from procurd.db.database import Database
 from procurd.db.schema import procurement_hours
 from procurd.db.stores import Tx
 from procurd.http.testing import Stack, procurd_stack
-from procurd.status import ping_upstream
+from procurd.operations.pings import ping_upstream
 from pulse_support import (
     PRICE,
     ShownChart,

@@ -15,7 +15,7 @@ import pytest
 from console_support import delivered_order, order
 from procurd.core.alerts import Kind
 from procurd.http.testing import Stack, procurd_stack
-from procurd.reconcile import ReconcileReport, reconcile
+from procurd.operations.reconcile import ReconcileReport, reconcile
 from support import run_cli
 from test_cli_orders import write_config
 

@@ -19,7 +19,7 @@ from procurd.db.schema import alerts, audit_log, mirror_changes, outbox, sync_ru
 from procurd.db.stores import Tx
 from procurd.db.types import utcnow
 from procurd.http.testing import Stack, procurd_stack
-from procurd.retention import LEASE, cutoffs, prune
+from procurd.operations.retention import LEASE, cutoffs, prune
 from procurd.sandbox import Sandbox, SandboxConfig
 from support import run_cli, running_daemon, settings_for, sql_rows
 from test_cli_orders import write_config

@@ -38,6 +38,7 @@ from procurd.db import migrate
 from procurd.db.database import open_database
 from procurd.db.schema import procurement_hours, upstream_balances
 from procurd.db.stores import Tx
+from procurd.operations.installation import migrate_schema
 from support import sql_rows
 
 NOW = datetime(2026, 11, 25, 14, 35, 12, tzinfo=UTC)
@@ -178,7 +179,7 @@ async def test_migration_0004_fills_the_rollup_from_the_procurements_already_sto
     the last ping's balance; downgraded, the tables and columns are gone again."""
     database = open_database(empty_database_url)
     try:
-        await migrate.upgrade(database, "0003")
+        await migrate_schema(database, "0003")
         created = datetime(2026, 11, 20, 9, 15, tzinfo=UTC)
         rows = [
             ("B1", "delivered", "9.90", created + timedelta(seconds=2), created + timedelta(seconds=40)),
@@ -199,7 +200,7 @@ async def test_migration_0004_fills_the_rollup_from_the_procurements_already_sto
             connection.execute(text(PING), bind)
 
         await database.write(seed)
-        await migrate.upgrade(database, "0004")
+        await migrate_schema(database, "0004")
         stored = await sql_rows(database, procurement_hours.select())
         found = {
             (row.account_id, row.hour.astimezone(UTC).hour, row.currency): {

@@ -21,8 +21,8 @@ from procurd.core.intake import parse_order_request
 from procurd.db.health_store import HealthStore
 from procurd.db.schema import audit_log, orders, procurements, sync_runs, upstream_health
 from procurd.db.types import utcnow
+from procurd.operations.runtime import Runtime
 from procurd.operations.views import ProcurementViews
-from procurd.runtime import Runtime
 from procurd.sandbox import Sandbox, SandboxConfig
 from scale_cluster import (
     DaemonProcess,

@@ -16,8 +16,8 @@ from procurd.background import Singletons, Worker
 from procurd.db.database import Database
 from procurd.db.schema import instances, leases, rate_demand
 from procurd.db.types import utcnow
-from procurd.heartbeat import Heartbeat
-from procurd.runtime import Runtime
+from procurd.operations.instances import Heartbeat, SharedJobLeases
+from procurd.operations.runtime import Runtime
 from procurd.sandbox import Sandbox, SandboxConfig
 from support import settings_for, sql_execute, sql_rows, wait_until
 
@@ -31,7 +31,8 @@ async def lease_holders(database: Database) -> dict[str, str]:
 async def test_one_instance_holds_a_singleton_until_it_stops(database: Database) -> None:
     """The first instance to claim a singleton keeps it; the other is refused until the holder stops and
     gives its leases up."""
-    first, second = Singletons(database, "a:1", 60), Singletons(database, "b:2", 60)
+    leases = SharedJobLeases(database)
+    first, second = Singletons(leases, "a:1", 60), Singletons(leases, "b:2", 60)
     assert await first.claim("ping:main")
     assert not await second.claim("ping:main")
     assert await first.claim("ping:main")
@@ -44,7 +45,8 @@ async def test_one_instance_holds_a_singleton_until_it_stops(database: Database)
 async def test_a_lapsed_lease_moves_and_its_old_holder_notices(database: Database) -> None:
     """A holder that stopped renewing loses the singleton to the next instance that claims it; its next
     renewal finds the lease gone and it stops running the singleton."""
-    stalled, standby = Singletons(database, "a:1", RENEW_SECONDS), Singletons(database, "b:2", RENEW_SECONDS)
+    leases = SharedJobLeases(database)
+    stalled, standby = Singletons(leases, "a:1", RENEW_SECONDS), Singletons(leases, "b:2", RENEW_SECONDS)
     assert await stalled.claim("poll:main")
     await wait_until(lambda: standby.claim("poll:main"), timeout=5 * stalled.ttl_seconds)
     await stalled.step()
@@ -56,7 +58,8 @@ async def test_a_lapsed_lease_moves_and_its_old_holder_notices(database: Databas
 
 async def test_renewal_keeps_the_lease_past_its_first_expiry(database: Database) -> None:
     """A holder that renews every period keeps its singleton for longer than one lease lasts."""
-    holder, other = Singletons(database, "a:1", RENEW_SECONDS), Singletons(database, "b:2", RENEW_SECONDS)
+    leases = SharedJobLeases(database)
+    holder, other = Singletons(leases, "a:1", RENEW_SECONDS), Singletons(leases, "b:2", RENEW_SECONDS)
     assert await holder.claim("checks")
     past = time.monotonic() + 2 * holder.ttl_seconds
 
@@ -72,7 +75,8 @@ async def test_renewal_keeps_the_lease_past_its_first_expiry(database: Database)
 async def test_a_job_runs_only_on_the_holder(database: Database) -> None:
     """A scheduled job wrapped as a singleton runs on the instance holding it and is skipped elsewhere."""
     ran: list[str] = []
-    first, second = Singletons(database, "a:1", 60), Singletons(database, "b:2", 60)
+    leases = SharedJobLeases(database)
+    first, second = Singletons(leases, "a:1", 60), Singletons(leases, "b:2", 60)
 
     def job(name: str) -> Callable[[], Awaitable[None]]:
         async def run() -> None:
@@ -103,7 +107,8 @@ async def test_a_worker_steps_only_on_the_holder(database: Database) -> None:
     """A worker wrapped as a singleton steps on the holder only; the one standing by looks at the lease once
     per renewal period instead of at its own pace."""
     holding, standing_by = CountingWorker(), CountingWorker()
-    first, second = Singletons(database, "a:1", 60), Singletons(database, "b:2", 60)
+    leases = SharedJobLeases(database)
+    first, second = Singletons(leases, "a:1", 60), Singletons(leases, "b:2", 60)
     wrapped = first.worker(holding, "poll:main")
     standby = second.worker(standing_by, "poll:main")
     for _ in range(3):

@@ -8,7 +8,8 @@ from decimal import Decimal
 import pytest
 
 from procurd.http.testing import Stack, procurd_stack
-from procurd.status import ping_upstream, record_ping, status_report
+from procurd.operations.pings import ping_upstream, record_ping
+from procurd.operations.status import status_report
 from procurd.upstream.errors import AuthError, TransportError
 
 QUEUE_STATES = ["queued", "submitted", "delivered", "canceled", "exception", "resolved"]

@@ -17,15 +17,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any
+from collections.abc import Awaitable, Callable, Collection, Coroutine
+from datetime import datetime
+from typing import Any, Protocol
 
 import structlog
 
 from procurd.aio import wait_for_any
-from procurd.db.database import Database
+from procurd.core.clock import utcnow
 from procurd.db.errors import DatabaseError, DatabaseUnavailable
-from procurd.db.types import utcnow
 
 log = structlog.get_logger("procurd.background")
 
@@ -116,6 +116,25 @@ class Supervisor:
         return sorted(task.get_name() for task in pending)
 
 
+class JobLeases(Protocol):
+    """Where the singletons' leases are kept, shared by every instance of the installation (the database's
+    ``leases``: :class:`procurd.operations.instances.SharedJobLeases`). Each call is one transaction."""
+
+    async def acquire(self, name: str, holder: str, now: datetime, ttl_seconds: float) -> bool:
+        """Take lease ``name`` for ``holder`` when it is free, expired or already ``holder``'s."""
+        ...
+
+    async def renew_all(
+        self, names: Collection[str], holder: str, now: datetime, ttl_seconds: float
+    ) -> set[str]:
+        """Extend every lease of ``names`` that ``holder`` still holds; the names renewed."""
+        ...
+
+    async def release_all(self, names: Collection[str], holder: str) -> None:
+        """Give up every lease of ``names`` that ``holder`` holds."""
+        ...
+
+
 class Singletons(Worker):
     """The singletons this instance runs: it holds their leases ``job:<name>`` and renews them.
 
@@ -129,9 +148,9 @@ class Singletons(Worker):
 
     name = "singletons"
 
-    def __init__(self, database: Database, holder: str, renew_seconds: float) -> None:
+    def __init__(self, leases: JobLeases, holder: str, renew_seconds: float) -> None:
         super().__init__()
-        self.database = database
+        self.leases = leases
         self.holder = holder
         self.idle_seconds = renew_seconds
         self.ttl_seconds = LEASE_BEATS * renew_seconds
@@ -148,9 +167,7 @@ class Singletons(Worker):
         lease = JOB_LEASE_PREFIX + name
         started = time.monotonic()
         now = utcnow()
-        taken = await self.database.write(
-            lambda tx: tx.leases.acquire(lease, self.holder, now, self.ttl_seconds)
-        )
+        taken = await self.leases.acquire(lease, self.holder, now, self.ttl_seconds)
         if taken:
             if lease not in self._held:
                 log.info("singleton.taken", singleton=name, instance=self.holder)
@@ -166,9 +183,7 @@ class Singletons(Worker):
         started = time.monotonic()
         now = utcnow()
         names = set(self._held)
-        renewed = await self.database.write(
-            lambda tx: tx.leases.renew_all(names, self.holder, now, self.ttl_seconds)
-        )
+        renewed = await self.leases.renew_all(names, self.holder, now, self.ttl_seconds)
         for lease in names:
             if lease in renewed:
                 self._held[lease] = started + self.ttl_seconds
@@ -181,7 +196,7 @@ class Singletons(Worker):
         """Give every lease up, so that another instance takes over at once."""
         names, self._held = list(self._held), {}
         try:
-            await self.database.write(lambda tx: [tx.leases.release(lease, self.holder) for lease in names])
+            await self.leases.release_all(names, self.holder)
         except DatabaseError as exc:
             log.warning("singleton.release_failed", singletons=names, reason=exc.reason)
 

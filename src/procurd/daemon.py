@@ -28,28 +28,26 @@ from apscheduler.events import EVENT_JOB_ERROR, JobExecutionEvent
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from procurd import __version__
-from procurd.alerts import AlertDispatcher, load_notifiers
 from procurd.background import Singletons, Supervisor, Worker
 from procurd.config import Settings
 from procurd.core.alerts import Kind, Occurrence
-from procurd.db.errors import DatabaseError
-from procurd.db.revision import current_revision, describe_mismatch
-from procurd.heartbeat import Heartbeat
 from procurd.http.admin import make_admin_app
 from procurd.http.errors import listener_runner
 from procurd.http.public import make_public_app
 from procurd.logs import muted_on_terminal
-from procurd.operations import Operations, Refused
-from procurd.operations.installation import database_problem, deliver_due_alerts, missing_database
+from procurd.operations import DatabaseError, Operations, Refused
+from procurd.operations.alerts import AlertDispatcher, load_notifiers
+from procurd.operations.events import WebhookDispatcher
+from procurd.operations.installation import database_problem, deliver_due_alerts, usable_database_problem
+from procurd.operations.instances import Heartbeat, SharedJobLeases
+from procurd.operations.pings import describe_failure
+from procurd.operations.runtime import Runtime
 from procurd.procurement.poller import Poller
 from procurd.procurement.submitter import Submitter
 from procurd.protocol.dujiao.models import OrderCreated
 from procurd.provider.callbacks import CallbackDispatcher
-from procurd.runtime import Runtime
-from procurd.status import describe_failure
 from procurd.systemd import Notifier
 from procurd.upstream.errors import AuthError, BusinessError, UpstreamError
-from procurd.webhook import WebhookDispatcher
 
 log = structlog.get_logger("procurd.daemon")
 
@@ -76,16 +74,9 @@ async def startup_checks(settings: Settings, runtime: Runtime) -> None:
             f"[server] callback_url {settings.server.callback_url!r}: {problem}; upstreams refuse such "
             "an address (set allow_private_callback_url = true only for a sandbox on this machine)"
         )
-    missing = missing_database(settings)
-    if missing is not None:
-        raise StartupError(missing, 1)
-    try:
-        current = await current_revision(runtime.database)
-    except DatabaseError as exc:
-        raise StartupError(database_problem(settings, exc), 1) from None
-    mismatch = describe_mismatch(current)
-    if mismatch is not None:
-        raise StartupError(mismatch, 1)
+    problem = await usable_database_problem(settings, runtime.database)
+    if problem is not None:
+        raise StartupError(problem, 1)
 
 
 def daemon_failed(runtime: Runtime, what: str) -> Occurrence:
@@ -116,7 +107,7 @@ class Daemon:
         self.jobs_asked_for: set[str] = set()
         self.workers: dict[str, Worker] = {}
         self.singletons = Singletons(
-            self.runtime.database, self.runtime.instance, settings.server.heartbeat_seconds
+            SharedJobLeases(self.runtime.database), self.runtime.instance, settings.server.heartbeat_seconds
         )
         self.public_port: int | None = None
         self.admin_port: int | None = None

@@ -23,13 +23,11 @@ from rich.table import Table
 from procurd.config import Settings, load_settings
 from procurd.core.times import count
 from procurd.daemon import Daemon
-from procurd.db import migrate
-from procurd.db.database import open_database
 from procurd.logs import configure_logging
 from procurd.loopback import unused_ports
+from procurd.operations import upgrade_database
 from procurd.output import print_status
 from procurd.sandbox import Sandbox, SandboxConfig
-from procurd.status import ping_upstream, status_report
 from procurd.systemd import Notifier
 
 DEMO_SECRET = "demo-secret-please-change"  # noqa: S105 - the sandbox's own throwaway credential
@@ -101,15 +99,15 @@ async def run_demo(directory: Path, console: Console) -> int:
         console.rule("[bold]procurd demo")
         console.print(f"sandbox upstream  {sandbox.base_url}  (api key {DEMO_KEY})")
         console.print(f"configuration     {config_path}")
-        await _upgrade(settings)
+        await upgrade_database(settings)
         daemon = Daemon(settings, notifier=Notifier({}))
         await daemon.start()
         try:
             await _show_catalogue(daemon, console)
             async with aiohttp.ClientSession() as session:
                 await _order_and_follow(session, settings, sandbox, console)
-            await ping_upstream(daemon.runtime, "sandbox")  # the balance after the purchases
-            report = await status_report(daemon.runtime)
+            await daemon.operations.upstreams.ping("sandbox")  # the balance after the purchases
+            report = await daemon.operations.housekeeping.status()
             _show_status(report, console)
         finally:
             await daemon.shutdown()
@@ -137,21 +135,11 @@ def invoked_as() -> str:
     return shlex.quote(argv0)
 
 
-async def _upgrade(settings: Settings) -> None:
-    database = open_database(settings.database.url)
-    try:
-        await migrate.upgrade(database)
-    finally:
-        await database.close()
-
-
 async def _show_catalogue(daemon: Daemon, console: Console) -> None:
-    from procurd.operations.catalog_pass import last_sync
-
     deadline = time.monotonic() + WAIT_SECONDS
     report = None
     while time.monotonic() < deadline:
-        report = await last_sync(daemon.runtime.database, "sandbox")
+        report = await daemon.operations.housekeeping.last_sync("sandbox")
         if report is not None and report.status in ("ok", "failed"):
             break
         await asyncio.sleep(0.1)

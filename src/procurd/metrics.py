@@ -234,7 +234,7 @@ class Metrics:
             self.requests_waiting.labels(upstream, priority.name.lower()).set(count)
 
     def set_status(self, report: Mapping[str, Any]) -> None:
-        """Set the database-derived gauges from :func:`procurd.status.status_report`'s answer."""
+        """Set the database-derived gauges from :func:`procurd.operations.status.status_report`'s answer."""
         self.queue_depth.clear()
         self.oldest_queued_seconds.clear()
         self.upstream_healthy.clear()

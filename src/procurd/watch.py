@@ -1,23 +1,18 @@
-"""What the daemon watches so that a person hears of trouble: upstream health, balances, stuck orders and
-bursts of rejected callbacks. Each finding is an alert occurrence (:mod:`procurd.alerts`)."""
+"""What the daemon watches in memory so that a person hears of trouble: upstream health, followed request by
+request, and bursts of rejected callbacks. Each finding is an alert occurrence that the heartbeat raises
+(:mod:`procurd.operations.alerts`); the checks that read the database (balances after a ping, stuck orders)
+are operations (:mod:`procurd.operations.pings`, :mod:`procurd.operations.housekeeping`)."""
 
 from __future__ import annotations
 
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
-from decimal import Decimal
 
 import structlog
 
-from procurd.alerts import Alerts
-from procurd.config import Settings, UpstreamSettings
+from procurd.config import UpstreamSettings
 from procurd.core.alerts import Kind, Occurrence
-from procurd.core.rollup import runway_hours, window_start
-from procurd.db.database import Database
-from procurd.db.types import utcnow
-from procurd.protocol.dujiao.models import PingResult
 from procurd.upstream.errors import AuthError, RateLimited, UpstreamError, UpstreamUnavailable
 
 log = structlog.get_logger("procurd.watch")
@@ -126,74 +121,3 @@ class RejectionWatch:
     def due(self) -> list[Occurrence]:
         due, self.pending = self.pending, []
         return due
-
-
-async def low_balance(
-    database: Database, upstream: UpstreamSettings, ping: PingResult, now: datetime | None = None
-) -> Occurrence | None:
-    """A ``low_balance`` alert when the ping shows less than ``low_balance_threshold``; it says what was spent
-    in the last 24 hours and how long the balance lasts at that rate."""
-    if not upstream.low_balance_threshold:
-        return None
-    balance = Decimal(str(ping.balance))
-    threshold = Decimal(upstream.low_balance_threshold)
-    if balance >= threshold:
-        return None
-    since = window_start(now or utcnow())
-    spent = await database.read(lambda tx: tx.charts.spend_since(upstream.name, since))
-    currency = ping.currency or ""
-    in_currency = spent.get(currency, Decimal(0))
-    message = (
-        f"{upstream.name}: the wallet holds {balance} {currency}, below the threshold of {threshold}; "
-        f"spent in the last 24 h: {in_currency} {currency}"
-    )
-    if in_currency > 0:
-        hours = balance / (in_currency / 24)
-        message += f"; at that rate the balance lasts about {hours:.1f} h"
-    message += ". Top up the upstream wallet."
-    return Occurrence(Kind.LOW_BALANCE, upstream.name, message, upstream.name)
-
-
-async def balance_runway(
-    database: Database, upstream: UpstreamSettings, ping: PingResult, now: datetime | None = None
-) -> Occurrence | None:
-    """A ``balance_runway`` alert when, at the last 24 h's spend per hour, the wallet the ping shows lasts
-    fewer than ``runway_alert_hours``; it says the balance, the spend and the hours left."""
-    if upstream.runway_alert_hours == "":
-        return None
-    since = window_start(now or utcnow())
-    spent = await database.read(lambda tx: tx.charts.spend_since(upstream.name, since))
-    currency = ping.currency or ""
-    balance = Decimal(str(ping.balance))
-    in_currency = spent.get(currency, Decimal(0))
-    hours = runway_hours(balance, in_currency)
-    if hours is None or hours >= upstream.runway_alert_hours:
-        return None
-    rate = (in_currency / 24).quantize(Decimal("0.01"))
-    message = (
-        f"{upstream.name}: the wallet holds {balance} {currency}; the last 24 h spent {in_currency} "
-        f"{currency} (about {rate} an hour), so it lasts about {hours:.1f} h, less than runway_alert_hours "
-        f"({upstream.runway_alert_hours:g} h). Top up the upstream wallet."
-    )
-    return Occurrence(Kind.BALANCE_RUNWAY, upstream.name, message, upstream.name)
-
-
-async def stuck_orders(database: Database, settings: Settings, alerts: Alerts) -> int:
-    """An ``order_stuck`` alert for each submitted procurement undelivered for ``stuck_after_seconds`` that
-    has none for this wait yet; how many were raised."""
-    cutoff = utcnow() - timedelta(seconds=settings.alerts.stuck_after_seconds)
-    stuck = await database.read(lambda tx: tx.procurements.stuck_without_alert(cutoff))
-    occurrences = [
-        Occurrence(
-            Kind.ORDER_STUCK,
-            p.order_no,
-            f"order {p.order_no}: item {p.downstream_order_no} on {p.upstream} was submitted "
-            f"{p.submitted_at.isoformat() if p.submitted_at else '?'} (upstream order {p.upstream_order_id}, "
-            f"status {p.upstream_status}) and is not delivered yet; callbacks may be lost: check the "
-            "upstream order, then wait, or cancel upstream-first",
-            p.upstream,
-        )
-        for p in stuck
-    ]
-    await alerts.raise_(*occurrences)
-    return len(occurrences)

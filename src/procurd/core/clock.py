@@ -1,4 +1,4 @@
-"""The clock: procurd's own notion of now."""
+"""The clock procurd writes by: aware UTC datetimes bound from Python, never the database's clock."""
 
 from __future__ import annotations
 

@@ -7,13 +7,12 @@ Every list is one page (``LIMIT``/``OFFSET``) with the total count of its matche
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Column, ColumnElement, Connection, Select, Table, Text, cast, func, or_, select
 
 from procurd.core.numbers import MAX_ID
+from procurd.core.records import CatalogSlice, OrderSummary
 from procurd.db.schema import (
     mirror_products,
     mirror_skus,
@@ -28,25 +27,6 @@ PRODUCT_COLUMNS = ("upstream", "id", "title", "slug", "fulfillment_type", "price
 SKU_COLUMNS = ("upstream", "id", "product_id", "sku_code", "spec_values", "price_amount", "stock_status",
                "stock_quantity", "is_active", "removed_at", "synced_at", "sell_price", "sell_currency",
                "price_held_at", "held_cost")  # fmt: skip
-
-
-@dataclass(frozen=True, slots=True)
-class OrderSummary:
-    order_no: str
-    status: str
-    exception: bool
-    created_at: datetime
-    updated_at: datetime
-    items: int
-
-
-@dataclass(frozen=True, slots=True)
-class CatalogSlice:
-    """One page of products, each with its SKUs."""
-
-    total: int
-    products: list[dict[str, Any]]
-    skus: dict[tuple[str, int], list[dict[str, Any]]]
 
 
 def columns_of(table: Table, names: Sequence[str]) -> list[Column[Any]]:

@@ -11,6 +11,10 @@ that the backend runs as one transaction.
   COMMITTED with row locks, reads in a REPEATABLE READ READ ONLY transaction (one snapshot).
 
 Driver failures leave this module as :mod:`procurd.db.errors` exceptions.
+
+Transactions are opened in two places only: the operations (:mod:`procurd.operations`) and the state path's
+group-commit writer (:class:`procurd.db.batching.BatchWriter`). A transaction's function names the stores it
+needs by a view of :mod:`procurd.db.views`.
 """
 
 from __future__ import annotations
@@ -33,16 +37,15 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DisconnectionError
 
 from procurd.db.errors import DatabaseError, translate
+from procurd.db.stores import Tx
 from procurd.instance import instance_id
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-    from procurd.db.stores import Tx
-
 P = ParamSpec("P")
 T = TypeVar("T")
-TxFunction = Callable[Concatenate["Tx", P], T]
+TxFunction = Callable[Concatenate[Tx, P], T]
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 SQLITE_READERS = 4
@@ -175,8 +178,6 @@ def open_database(url: str) -> Database:
 
 
 def _in_tx(connection: Connection, fn: TxFunction[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
-    from procurd.db.stores import Tx
-
     return fn(Tx(connection), *args, **kwargs)
 
 

@@ -3,34 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection, bindparam, select, update
 
+from procurd.core.records import UpstreamHealth
 from procurd.db.dialect import insert_or_skip
 from procurd.db.schema import upstream_health
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class UpstreamHealth:
-    upstream: str
-    last_ping_at: datetime | None = None
-    last_ping_ok: bool | None = None
-    last_ping_error: str | None = None
-    site_name: str | None = None
-    protocol_version: str | None = None
-    balance: str | None = None
-    currency: str | None = None
-    member_level: Mapping[str, Any] | None = None
-    latency_ms: int | None = None
-    auth_error_code: str | None = None
-    auth_error_at: datetime | None = None
-    callbacks_accepted: int = 0
-    callbacks_rejected: int = 0
-    updated_at: datetime | None = None
-
 
 _COUNT_CALLBACKS = (
     update(upstream_health)

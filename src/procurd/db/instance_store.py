@@ -2,33 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import Connection, delete, insert, select, update
 
+from procurd.core.records import Instance, Survey
 from procurd.db.schema import instances
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Instance:
-    id: str
-    host: str
-    pid: int
-    version: str
-    started_at: datetime
-    heartbeat_at: datetime
-    stopped_at: datetime | None = None
-    down_at: datetime | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Survey:
-    """What :meth:`InstanceStore.mark_down` found: the instances it marked down, and the oldest heartbeat
-    among those still alive (the next that could turn stale)."""
-
-    down: list[Instance]
-    oldest_heartbeat: datetime | None
 
 
 class InstanceStore:

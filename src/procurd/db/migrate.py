@@ -1,7 +1,8 @@
 """Schema migrations with Alembic, shipped inside the package (no ini file needed).
 
-Only ``procurd db upgrade`` (and tests) import this module: a running daemon checks the schema's revision
-with :mod:`procurd.db.revision`, without loading Alembic.
+Only a migration (``procurd db upgrade``, :meth:`procurd.db.revision.SchemaStore.upgrade`) and tests import
+this module: a running daemon checks the schema's revision with :mod:`procurd.db.revision`, without loading
+Alembic.
 """
 
 from __future__ import annotations
@@ -11,8 +12,6 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, text
-
-from procurd.db.database import Database
 
 # An arbitrary constant: every procurd instance takes this PostgreSQL advisory lock around an upgrade.
 MIGRATION_LOCK_ID = 0x70726F63
@@ -30,12 +29,8 @@ def head_revision() -> str | None:
     return ScriptDirectory.from_config(alembic_config()).get_current_head()
 
 
-async def upgrade(database: Database, revision: str = "head") -> tuple[str | None, str | None]:
-    """Migrate to ``revision``; return the revisions before and after."""
-    return await database.write(lambda tx: _upgrade(tx.connection, revision))
-
-
-def _upgrade(connection: Connection, revision: str) -> tuple[str | None, str | None]:
+def upgrade(connection: Connection, revision: str = "head") -> tuple[str | None, str | None]:
+    """Migrate to ``revision`` in the transaction of ``connection``; the revisions before and after."""
     if connection.dialect.name == "postgresql":
         connection.execute(text("SELECT pg_advisory_xact_lock(:id)"), {"id": MIGRATION_LOCK_ID})
     before = MigrationContext.configure(connection).get_current_revision()

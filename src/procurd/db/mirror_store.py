@@ -1,25 +1,22 @@
 """Every statement of the catalogue mirror: its snapshot, batched writes, selling prices and holds, the
 change log and sync runs.
 
-Mirror rows are written with the driver's ``executemany`` on plain tuples: each statement is compiled once per
-dialect from its Core form, JSON columns are serialized once (orjson) from the values the upstream sent, and
-no per-row SQLAlchemy processing runs. Nothing is read or written one row at a time.
+Mirror rows are written with the driver's ``executemany`` on plain tuples (:mod:`procurd.db.bulk`): each
+statement is compiled once per dialect from its Core form, JSON columns are serialized once (orjson) from the
+values the upstream sent, and no per-row SQLAlchemy processing runs. Nothing is read or written one row at a
+time.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from decimal import Decimal
 from itertools import chain
 from typing import Any
 
-import orjson
 from sqlalchemy import (
     Connection,
-    Dialect,
     RowMapping,
     Table,
     and_,
@@ -33,7 +30,6 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.sql.compiler import Compiled
 from sqlalchemy.sql.expression import ClauseElement
 
 from procurd.core.catalog import (
@@ -49,6 +45,7 @@ from procurd.core.catalog import (
 )
 from procurd.core.listing import COMPLETE_STATUSES, RunOutcome
 from procurd.core.pricing import PriceChange, ProductFacts, Repricing, SkuFacts
+from procurd.db.bulk import Bulk, DriverSql, binds, json_text
 from procurd.db.schema import mirror_categories, mirror_changes, mirror_products, mirror_skus, sync_runs
 from procurd.db.types import JsonDocument
 
@@ -59,7 +56,6 @@ MIRROR_TABLES: dict[Entity, Table] = {
 }
 IN_CHUNK = 500  # ids per IN (...) list
 ROWS_PER_FETCH = 2000
-VARIABLES_PER_STATEMENT = 2000  # bound values per multi-row INSERT (SQLite and PostgreSQL allow 32766)
 INTERRUPTED_ERROR = "interrupted: the process running this sync stopped before it finished"
 
 
@@ -72,116 +68,16 @@ class KnownRows:
     product_of: dict[int, int]
 
 
-def _json_text(value: Any) -> str | None:
-    if value is None:
-        return None
-    return orjson.dumps(value, default=_exact_default).decode()
-
-
-def _exact_default(value: Any) -> Any:
-    if isinstance(value, Decimal):
-        return str(value)
-    raise TypeError(f"{type(value).__name__} is not JSON")
-
-
-class _DriverSql:
-    """A Core statement compiled once per dialect into the driver's SQL (one positional parameter)."""
-
-    def __init__(self, statement: ClauseElement) -> None:
-        self._statement = statement
-        self._compiled: dict[str, str] = {}
-
-    def sql(self, dialect: Dialect) -> str:
-        known = self._compiled.get(dialect.name)
-        if known is None:
-            known = self._compiled[dialect.name] = str(self._statement.compile(dialect=dialect))
-        return known
-
-
-class _Bulk:
-    """A Core statement compiled once per dialect into the driver's SQL, run on tuples whose values are in
-    the order of the statement's bind names ``p0, p1, ...``.
-
-    An INSERT runs as multi-row ``VALUES`` statements: on SQLite the driver releases the GIL for every
-    statement step, and one step per row makes the writer thread wait for the event loop at every row; on
-    PostgreSQL it saves the server a statement per row. Other statements are one ``executemany``.
-    """
-
-    def __init__(self, build: Callable[[], ClauseElement]) -> None:
-        self._build = build
-        self._compiled: dict[str, tuple[str, tuple[int, ...] | None]] = {}
-        self._multi_row: dict[tuple[str, int], str] = {}
-
-    def _for(self, dialect: Dialect) -> tuple[str, tuple[int, ...] | None]:
-        known = self._compiled.get(dialect.name)
-        if known is None:
-            compiled: Compiled = self._build().compile(dialect=dialect)
-            names = getattr(compiled, "positiontup", None) or []
-            order = tuple(int(name[1:]) for name in names)
-            known = (str(compiled), None if order == tuple(range(len(order))) else order)
-            self._compiled[dialect.name] = known
-        return known
-
-    def run(self, connection: Connection, rows: Sequence[tuple[Any, ...]]) -> None:
-        if not rows:
-            return
-        dialect = connection.dialect
-        sql, order = self._for(dialect)
-        if order is not None:
-            rows = [tuple(row[index] for index in order) for row in rows]
-        if not sql.startswith("INSERT"):
-            connection.exec_driver_sql(sql, list(rows))
-            return
-        # Whole groups only: one multi-row statement (and the single-row one for the rest) per table, so the
-        # drivers' statement caches never fill with statements of every length.
-        width = len(rows[0])
-        per_statement = max(1, VARIABLES_PER_STATEMENT // width)
-        whole = len(rows) - len(rows) % per_statement
-        if whole:
-            grouped = self._multi_row_sql(dialect.name, sql, per_statement, width)
-            for start in range(0, whole, per_statement):
-                chunk = rows[start : start + per_statement]
-                connection.exec_driver_sql(grouped, tuple(value for row in chunk for value in row))
-        if whole < len(rows):
-            connection.exec_driver_sql(sql, list(rows[whole:]))
-
-    def _multi_row_sql(self, dialect: str, sql: str, count: int, width: int) -> str:
-        known = self._multi_row.get((dialect, count))
-        if known is None:
-            head, _, group = sql.partition(" VALUES ")
-            if "$1" in group:  # numbered placeholders ($1, $2 ...): each group takes the next numbers
-                groups = [_renumbered(group, row * width) for row in range(count)]
-            else:
-                groups = [group] * count
-            known = f"{head} VALUES {', '.join(groups)}"
-            self._multi_row[(dialect, count)] = known
-        return known
-
-
-_NUMBERED = re.compile(r"\$(\d+)")
-
-
-def _renumbered(group: str, shift: int) -> str:
-    def renumber(found: re.Match[str]) -> str:
-        return f"${int(found[1]) + shift}"
-
-    return _NUMBERED.sub(renumber, group)
-
-
-def _binds(count: int, start: int = 0) -> list[Any]:
-    return [bindparam(f"p{index}") for index in range(start, start + count)]
-
-
 @dataclass(frozen=True)
 class _TableWrites:
     """The bulk statements of one mirror table and how a record becomes their rows."""
 
     entity: Entity
     table: Table
-    insert: _Bulk
-    update: _Bulk
-    restore: _Bulk
-    remove: _Bulk
+    insert: Bulk
+    update: Bulk
+    restore: Bulk
+    remove: Bulk
     json_columns: frozenset[str]
 
     @classmethod
@@ -191,14 +87,14 @@ class _TableWrites:
 
         def insert_statement() -> ClauseElement:
             names = ["upstream", "id", "synced_at", *columns]
-            return insert(table).values(dict(zip(names, _binds(len(names)), strict=True)))
+            return insert(table).values(dict(zip(names, binds(len(names)), strict=True)))
 
         def update_statement(restore: bool) -> Callable[[], ClauseElement]:
             def build() -> ClauseElement:
-                values: dict[str, Any] = dict(zip(["synced_at", *columns], _binds(width + 1), strict=True))
+                values: dict[str, Any] = dict(zip(["synced_at", *columns], binds(width + 1), strict=True))
                 if restore:
                     values["removed_at"] = null()
-                upstream, identity = _binds(2, width + 1)
+                upstream, identity = binds(2, width + 1)
                 return (
                     update(table).where(table.c.upstream == upstream, table.c.id == identity).values(values)
                 )
@@ -206,7 +102,7 @@ class _TableWrites:
             return build
 
         def remove_statement() -> ClauseElement:
-            removed_at, upstream, identity = _binds(3)
+            removed_at, upstream, identity = binds(3)
             return (
                 update(table)
                 .where(table.c.upstream == upstream, table.c.id == identity)
@@ -221,10 +117,10 @@ class _TableWrites:
         return cls(
             entity,
             table,
-            _Bulk(insert_statement),
-            _Bulk(update_statement(False)),
-            _Bulk(update_statement(True)),
-            _Bulk(remove_statement),
+            Bulk(insert_statement),
+            Bulk(update_statement(False)),
+            Bulk(update_statement(True)),
+            Bulk(remove_statement),
             json_columns,
         )
 
@@ -233,17 +129,17 @@ class _TableWrites:
         json_columns = self.json_columns
         return (
             *(
-                _json_text(row[name]) if name in json_columns else row[name]
+                json_text(row[name]) if name in json_columns else row[name]
                 for name in ROW_FIELDS[self.entity]
             ),
-            _json_text(row["extra"]),
+            json_text(row["extra"]),
             record.digest.hex(),
         )
 
 
 _WRITES = {entity: _TableWrites.of(entity, table) for entity, table in MIRROR_TABLES.items()}
 _SNAPSHOT_SQL = {
-    table.name: _DriverSql(
+    table.name: DriverSql(
         select(table.c.id, table.c.content_hash, table.c.removed_at.is_not(None)).where(
             table.c.upstream == bindparam("upstream")
         )
@@ -261,9 +157,9 @@ _CHANGE_COLUMNS = (
     "old_value",
     "new_value",
 )
-_INSERT_CHANGES = _Bulk(
+_INSERT_CHANGES = Bulk(
     lambda: insert(mirror_changes).values(
-        dict(zip(_CHANGE_COLUMNS, _binds(len(_CHANGE_COLUMNS)), strict=True))
+        dict(zip(_CHANGE_COLUMNS, binds(len(_CHANGE_COLUMNS)), strict=True))
     )
 )
 
@@ -271,20 +167,20 @@ _INSERT_CHANGES = _Bulk(
 def _price_update(table: Table, hold: bool) -> Callable[[], ClauseElement]:
     def build() -> ClauseElement:
         names = ["sell_price", "sell_currency", *(["price_held_at", "held_cost"] if hold else [])]
-        binds = _binds(len(names) + 2)
-        upstream, identity = binds[-2:]
+        bound = binds(len(names) + 2)
+        upstream, identity = bound[-2:]
         return (
             update(table)
             .where(table.c.upstream == upstream, table.c.id == identity)
-            .values(dict(zip(names, binds, strict=False)))
+            .values(dict(zip(names, bound, strict=False)))
         )
 
     return build
 
 
-_SET_SKU_PRICE = _Bulk(_price_update(mirror_skus, hold=False))
-_HOLD_SKU_PRICE = _Bulk(_price_update(mirror_skus, hold=True))
-_SET_PRODUCT_PRICE = _Bulk(_price_update(mirror_products, hold=False))
+_SET_SKU_PRICE = Bulk(_price_update(mirror_skus, hold=False))
+_HOLD_SKU_PRICE = Bulk(_price_update(mirror_skus, hold=True))
+_SET_PRODUCT_PRICE = Bulk(_price_update(mirror_products, hold=False))
 
 
 def _chunks(ids: Collection[int]) -> Iterator[list[int]]:

@@ -3,20 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import Connection, Select, delete, func, insert, select, update
 
+from procurd.core.records import Offer as Offer  # re-exported: the state path names it from here
 from procurd.db.schema import offer_sources, offers
-
-
-@dataclass(frozen=True, slots=True)
-class Offer:
-    code: str
-    sources: tuple[tuple[str, int], ...]  # (upstream, sku_id), the first first
-    created_at: datetime
-    updated_at: datetime
 
 
 class OfferStore:

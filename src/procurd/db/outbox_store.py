@@ -3,28 +3,17 @@ at a time, in order per order, and released at once when the instance holding th
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
 
 from sqlalchemy import Connection, func, or_, select, type_coerce, update
 
-from procurd.db.procurement_store import AuditRow, ProcurementStore
+from procurd.core.records import AuditRow, OutboxRow
+from procurd.db.procurement_store import ProcurementStore
 from procurd.db.schema import outbox
 
 # A claimed event whose instance stopped before recording the storefront's answer: it may have been told.
 UNKNOWN_TRY = "outcome unknown: the instance that claimed it stopped before recording an answer; sent again"
-
-
-@dataclass(frozen=True, slots=True)
-class OutboxRow:
-    id: int
-    event_id: str
-    order_no: str
-    event: str
-    payload: Mapping[str, Any]
-    attempts: int
 
 
 class OutboxStore:

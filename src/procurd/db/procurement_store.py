@@ -8,7 +8,6 @@ writer of a procurement holds its order's row, so an order's items change one tr
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
@@ -30,6 +29,8 @@ from sqlalchemy import (
 
 from procurd.core.orders import Order
 from procurd.core.procurement import MirroredSku, Procurement, SourceRef, State
+from procurd.core.records import AuditRow as AuditRow  # re-exported: the state path names it from here
+from procurd.core.records import NumberRow
 from procurd.db.dialect import insert_or_skip
 from procurd.db.keys import by_pairs
 from procurd.db.schema import (
@@ -79,31 +80,6 @@ MUTABLE_COLUMNS: Final = (
     "updated_at",
 )
 INSERT_COLUMNS: Final = tuple(column.name for column in procurements.c if column.name != "id")
-
-
-@dataclass(frozen=True, slots=True)
-class NumberRow:
-    """A downstream order number: whose it is, and (once retired) the upstream order it named."""
-
-    upstream: str
-    downstream_order_no: str
-    procurement_id: int
-    order_no: str
-    upstream_order_id: int | None
-
-
-@dataclass(frozen=True, slots=True)
-class AuditRow:
-    order_no: str
-    procurement_id: int | None
-    at: datetime
-    source: str
-    event: str
-    old_state: str | None
-    new_state: str | None
-    detail: Mapping[str, Any] | None
-    count: int = 1  # identical ignored reports counted on one entry
-    last_at: datetime | None = None  # when the latest of them came (None while there is one)
 
 
 def to_procurement(row: RowMapping) -> Procurement:

@@ -3,43 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import Connection, RowMapping, func, insert, select, update
 
+from procurd.core.records import Finding as Finding  # re-exported: the state path names it from here
+from procurd.core.records import ReconcileRun
 from procurd.db.schema import reconcile_findings, reconcile_runs
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ReconcileRun:
-    id: int
-    upstream: str | None
-    trigger: str
-    started_at: datetime
-    finished_at: datetime | None
-    status: str
-    checked: int
-    mismatches: int
-    repaired: int
-    errors: int
-    error: str | None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Finding:
-    procurement_id: int
-    order_no: str
-    upstream: str
-    downstream_order_no: str
-    upstream_order_id: int | None
-    field: str
-    local_value: str | None
-    upstream_value: str | None
-    repair: str | None
-    found_at: datetime
-    run_id: int = 0
-
 
 # The triggers of a reconciliation pass; a callback or a poll records its findings under its own source.
 PASS_TRIGGERS = ("scheduled", "daily", "manual")

@@ -12,13 +12,8 @@ from datetime import datetime
 
 from sqlalchemy import Column, ColumnElement, Connection, Table, and_, delete, func, select, true
 
+from procurd.core.records import Batch
 from procurd.db.schema import alerts, audit_log, mirror_changes, outbox, sync_runs
-
-
-@dataclass(frozen=True, slots=True)
-class Batch:
-    deleted: int
-    last_key: int | None  # where the next batch starts (None: the table is done)
 
 
 @dataclass(frozen=True, slots=True)

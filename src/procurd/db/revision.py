@@ -1,24 +1,31 @@
-"""The schema revision this version of procurd needs, and the one a database is at (without Alembic)."""
+"""The schema revision this version of procurd needs, the one a database is at (read without Alembic), and
+the migration to another (Alembic, loaded only then: a running daemon never loads it)."""
 
 from __future__ import annotations
 
 from sqlalchemy import Connection, inspect, text
 
-from procurd.db.database import Database
-
 HEAD_REVISION = "0007"  # the newest file in procurd/migrations/versions (a test keeps them in step)
 
 
-async def current_revision(database: Database) -> str | None:
-    """The revision the database is at, or ``None`` when it has no schema yet."""
-    return await database.read(lambda tx: _current(tx.connection))
+class SchemaStore:
+    """The schema as a transaction sees it."""
 
+    def __init__(self, connection: Connection) -> None:
+        self.connection = connection
 
-def _current(connection: Connection) -> str | None:
-    if not inspect(connection).has_table("alembic_version"):
-        return None
-    value = connection.execute(text("SELECT version_num FROM alembic_version")).scalar_one_or_none()
-    return None if value is None else str(value)
+    def revision(self) -> str | None:
+        """The revision the database is at, or ``None`` when it has no schema yet."""
+        if not inspect(self.connection).has_table("alembic_version"):
+            return None
+        value = self.connection.execute(text("SELECT version_num FROM alembic_version")).scalar_one_or_none()
+        return None if value is None else str(value)
+
+    def upgrade(self, revision: str = "head") -> tuple[str | None, str | None]:
+        """Migrate to ``revision`` (Alembic); the revisions before and after."""
+        from procurd.db.migrate import upgrade  # Alembic is loaded only here
+
+        return upgrade(self.connection, revision)
 
 
 def describe_mismatch(current: str | None) -> str | None:

@@ -24,6 +24,7 @@ from procurd.db.provider_store import ProviderStore
 from procurd.db.rate_budget import RateBudgetStore, rate_budget_store
 from procurd.db.reconcile_store import ReconcileStore
 from procurd.db.retention_store import RetentionStore
+from procurd.db.revision import SchemaStore
 
 
 class Tx:
@@ -104,3 +105,7 @@ class Tx:
     @cached_property
     def charts(self) -> ChartStore:
         return ChartStore(self.connection)
+
+    @cached_property
+    def schema(self) -> SchemaStore:
+        return SchemaStore(self.connection)

@@ -47,9 +47,6 @@ from procurd.http.throttle import THROTTLE, SignInThrottle, Throttled, throttled
 from procurd.operations import Operations
 from procurd.operations.orders import DEFAULT_BULK_RETRY, check_order_no
 from procurd.protocol.web import json_response
-from procurd.reconcile import runs_with_findings
-from procurd.runtime import Runtime
-from procurd.status import refresh_metrics
 
 log = structlog.get_logger("procurd.admin")
 
@@ -170,7 +167,7 @@ async def list_alerts(request: web.Request) -> web.Response:
 async def list_reconciliations(request: web.Request) -> web.Response:
     """The last reconciliation passes (``limit``, 20 by default) with their findings."""
     limit = query_int(request.query, "limit", 20, 1, MAX_PAGE_SIZE, strict=True)
-    runs = await request.app[RUNTIME].database.read(lambda tx: runs_with_findings(tx, limit))
+    runs = await _operations(request).upstreams.reconcile_runs(limit)
     return json_response({"ok": True, "runs": runs})
 
 
@@ -258,13 +255,13 @@ async def get_status(request: web.Request) -> web.Response:
     return json_response(await _operations(request).housekeeping.status())
 
 
-def metrics_handler(runtime: Runtime) -> Handler:
+def metrics_handler(operations: Operations) -> Handler:
     """Prometheus text (or OpenMetrics when asked), with the database-derived gauges refreshed first."""
-    render = make_aiohttp_handler(runtime.metrics.registry, disable_compression=True)
+    render = make_aiohttp_handler(operations.runtime.metrics.registry, disable_compression=True)
 
     async def metrics(request: web.Request) -> web.StreamResponse:
         try:
-            await refresh_metrics(runtime)
+            await operations.housekeeping.refresh_metrics()
         except Exception:
             # Counters are still worth scraping when the database is away; the gauges keep their last values.
             log.exception("metrics.refresh_failed")
@@ -324,7 +321,7 @@ def make_admin_app(operations: Operations) -> web.Application:
     """The admin API (see ``procurd/http/openapi.yaml``) acting through ``operations``."""
     runtime = operations.runtime
     token = runtime.settings.server.admin_token.get_secret_value()
-    throttle = SignInThrottle(runtime)
+    throttle = SignInThrottle(operations)
     app = listener_app(
         "admin",
         admin_error_body,
@@ -359,7 +356,7 @@ def make_admin_app(operations: Operations) -> web.Application:
     router.add_get("/api/v1/alerts", list_alerts)
     router.add_get("/api/v1/reconcile", list_reconciliations)
     add_provider_admin_routes(router)
-    router.add_get("/metrics", metrics_handler(runtime))
+    router.add_get("/metrics", metrics_handler(operations))
     router.add_get(DOCUMENT_PATH, serve_document)
     router.add_get(HEALTH_PATH, healthz)
     return app

@@ -26,9 +26,9 @@ from aiohttp.web_protocol import RequestPayloadError
 
 from procurd.config import ServerSettings
 from procurd.core.refusals import Refused
-from procurd.db.errors import DatabaseUnavailable
 from procurd.metrics import Metrics
-from procurd.operations import Operations
+from procurd.operations import DatabaseUnavailable, Operations
+from procurd.operations.runtime import Runtime
 from procurd.protocol.web import (
     BodyTooLarge,
     ClientGone,
@@ -37,7 +37,6 @@ from procurd.protocol.web import (
     read_bounded,
     unknown_length_text,
 )
-from procurd.runtime import Runtime
 
 log = structlog.get_logger("procurd.http")
 

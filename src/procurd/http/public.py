@@ -27,7 +27,6 @@ from aiohttp import web
 from procurd.config import UpstreamSettings
 from procurd.core.alerts import claim_unverified
 from procurd.core.procurement import Source
-from procurd.db.errors import DatabaseError
 from procurd.http.errors import (
     HEALTH_PATH,
     RUNTIME,
@@ -39,7 +38,8 @@ from procurd.http.errors import (
     public_error_body,
     read_body,
 )
-from procurd.operations import Operations
+from procurd.operations import DatabaseError, Operations
+from procurd.operations.runtime import Runtime
 from procurd.procurement.commands import ReportRejected
 from procurd.procurement.service import ReportOutcome
 from procurd.protocol.dujiao.callback import (
@@ -52,7 +52,6 @@ from procurd.protocol.dujiao.callback import (
     parse_callback,
 )
 from procurd.protocol.web import dumps
-from procurd.runtime import Runtime
 
 log = structlog.get_logger("procurd.callback")
 

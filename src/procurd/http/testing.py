@@ -1,8 +1,8 @@
 """Helpers for tests that drive procurd's HTTP listeners over real sockets (no pytest import here).
 
 - :func:`serve`: an aiohttp application on 127.0.0.1 (a free port, or a socket reserved beforehand).
-- :func:`procurd_stack`: the sandbox upstream, a :class:`~procurd.runtime.Runtime` on a given database, both
-  listeners, mirrored catalogues and submission workers driven by hand.
+- :func:`procurd_stack`: the sandbox upstream, a :class:`~procurd.operations.runtime.Runtime` on a given
+  database, both listeners, mirrored catalogues and submission workers driven by hand.
 - :func:`eventually`: poll an async probe with a deadline.
 """
 
@@ -29,10 +29,10 @@ from procurd.http.admin import make_admin_app
 from procurd.http.errors import LISTENER, listener_runner
 from procurd.http.public import make_public_app
 from procurd.operations import Operations
+from procurd.operations.runtime import Runtime
 from procurd.procurement.submitter import Submitter
 from procurd.protocol.dujiao.callback import CALLBACK_PATH
 from procurd.protocol.dujiao.signing import HeaderNames, signed_headers
-from procurd.runtime import Runtime
 from procurd.sandbox import Sandbox, SandboxConfig
 from procurd.sandbox.config import DEFAULT_API_KEY, DEFAULT_API_SECRET
 from procurd.sandbox.testing import LARGE_BODY_BYTES, SignedClient

@@ -31,6 +31,7 @@ import structlog
 from aiohttp import web
 
 from procurd.core.alerts import Kind, Occurrence
+from procurd.core.clock import utcnow
 from procurd.core.throttle import (
     BACKOFF_CAP_SECONDS,
     FREE_FAILURES,
@@ -40,10 +41,7 @@ from procurd.core.throttle import (
     retry_after,
     wait_seconds,
 )
-from procurd.db.auth_store import BLOCKED_UNTIL_QUERY
-from procurd.db.errors import DatabaseError
-from procurd.db.types import utcnow
-from procurd.runtime import Runtime
+from procurd.operations import DatabaseError, Operations
 
 log = structlog.get_logger("procurd.admin")
 
@@ -117,9 +115,10 @@ class _Window:
 class SignInThrottle:
     """The admin listener's count of wrong tokens (see the module's description)."""
 
-    def __init__(self, runtime: Runtime) -> None:
-        self.runtime = runtime
-        self.trusted = trusted_networks(runtime.settings.server.trusted_proxies)
+    def __init__(self, operations: Operations) -> None:
+        self.runtime = operations.runtime
+        self.sign_in = operations.sign_in
+        self.trusted = trusted_networks(self.runtime.settings.server.trusted_proxies)
         # What this instance knows of each address: its failures, as last read or written.
         self._known: OrderedDict[str, Failures] = OrderedDict()
         self._clear: dict[str, float] = {}  # address -> when it was last found not waiting (monotonic)
@@ -148,14 +147,14 @@ class SignInThrottle:
         if checked is not None and now - checked < CLEAR_FOR_SECONDS:
             return
         try:
-            until_ms = await self.runtime.database.glance(BLOCKED_UNTIL_QUERY, {"address": address})
+            until_ms = await self.sign_in.blocked_until_ms(address)
         except DatabaseError:
             return  # nothing can be counted either while the database is away
-        seconds = 0.0 if until_ms is None else int(until_ms) / 1000 - time.time()
-        if seconds > 0:
+        seconds = 0.0 if until_ms is None else until_ms / 1000 - time.time()
+        if until_ms is not None and seconds > 0:
             # Waiting here too from now on, without looking again (the count is the database's).
             moment = utcnow()
-            until = datetime.fromtimestamp(int(until_ms) / 1000, UTC)
+            until = datetime.fromtimestamp(until_ms / 1000, UTC)
             self._remember(Failures(address, FREE_FAILURES + 1, moment, moment, until, alerted=True))
             self._saw(address, door, refused=True)
             raise Throttled(seconds)
@@ -169,7 +168,7 @@ class SignInThrottle:
         self._clear.pop(address, None)
         now = utcnow()
         try:
-            counted = await self.runtime.database.write(lambda tx: tx.auth.record_failure(address, now))
+            counted = await self.sign_in.count_failure(address, now)
         except DatabaseError as exc:
             # The database is away: this instance counts on its own meanwhile.
             log.warning("admin.auth_failure_not_stored", reason=exc.reason)
@@ -186,7 +185,7 @@ class SignInThrottle:
     async def signed_in(self, address: str) -> None:
         """The right token signed in from ``address``: its count starts again."""
         self._known.pop(address, None)
-        await self.runtime.database.write(lambda tx: tx.auth.forget(address))
+        await self.sign_in.forget(address)
 
     # --- telling a person -------------------------------------------------------------------------------
 

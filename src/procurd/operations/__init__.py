@@ -4,10 +4,16 @@ The daemon's scheduled jobs, the admin API, the web console and the command line
 operation takes the same path, spends the same request budget, raises the same alerts and writes the same
 records whoever asked. An operation that does not apply raises :class:`Refused` (nothing changed).
 
-A command opens the installation with :func:`open_operations`: the same :class:`~procurd.runtime.Runtime`
-as the daemon's, without listeners or background workers. Its upstream clients take their slots from the
-budget every process of the installation shares in the database (orders first, wherever they are sent
-from), and the alerts it raises are sent before it ends.
+A command opens the installation with :func:`open_operations`: the same
+:class:`~procurd.operations.runtime.Runtime` as the daemon's, without listeners or background workers. Its
+upstream clients take their slots from the budget every process of the installation shares in the database
+(orders first, wherever they are sent from), and the alerts it raises are sent before it ends.
+
+The operations are the one place that opens transactions (the state path's batch writer aside): the
+listeners, the command line and the daemon call them, and the parts below them that keep something in the
+database (the singletons' leases, the request budget) are given a port that an operation implements. The
+database's failures reach the callers as this package's :class:`DatabaseError`, :class:`DatabaseUnavailable`
+and :class:`Conflict`.
 """
 
 from __future__ import annotations
@@ -17,8 +23,9 @@ from contextlib import asynccontextmanager
 
 from procurd.config import Settings
 from procurd.core.refusals import Refused
-from procurd.db.errors import DatabaseError
+from procurd.db.errors import Conflict, DatabaseError, DatabaseUnavailable
 from procurd.operations.catalog import CatalogOperations
+from procurd.operations.console import ConsoleReads
 from procurd.operations.housekeeping import HousekeepingOperations
 from procurd.operations.installation import (
     InstallationError,
@@ -32,12 +39,15 @@ from procurd.operations.installation import (
 from procurd.operations.offers import OfferOperations
 from procurd.operations.orders import OrderOperations
 from procurd.operations.provider import ProviderOperations
+from procurd.operations.runtime import Runtime
+from procurd.operations.sign_in import SignIn
 from procurd.operations.upstreams import UpstreamOperations
 from procurd.operations.views import ProcurementViews
-from procurd.runtime import Runtime
 
 __all__ = [
+    "Conflict",
     "DatabaseError",
+    "DatabaseUnavailable",
     "InstallationError",
     "Operations",
     "Refused",
@@ -60,6 +70,8 @@ class Operations:
         self.orders = OrderOperations(runtime, self.views)
         self.offers = OfferOperations(runtime)
         self.housekeeping = HousekeepingOperations(runtime)
+        self.console = ConsoleReads(runtime)
+        self.sign_in = SignIn(runtime)
         self.provider = ProviderOperations(runtime, self.orders)
         self.catalog.offered = self.provider.refresh
 

@@ -20,7 +20,7 @@ from procurd.core.pricing import ReleasedHold
 from procurd.core.refusals import Refused
 from procurd.db.errors import DatabaseError
 from procurd.operations.catalog_pass import holds, release_hold, reprice_upstream, run_sync
-from procurd.runtime import Runtime
+from procurd.operations.runtime import Runtime
 
 log = structlog.get_logger("procurd.catalog")
 

@@ -3,16 +3,19 @@ the alerts, and the status report."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
-from procurd.alerts import SendResult, alert_view, reachability, send, shown_url
+from procurd.catalog.sync import SyncReport
 from procurd.config import Settings
-from procurd.core.alerts import KINDS
+from procurd.core.alerts import KINDS, Kind, Occurrence
+from procurd.core.clock import utcnow
 from procurd.core.refusals import Refused
-from procurd.retention import TABLES, PruneReport, prune
-from procurd.runtime import Runtime
-from procurd.status import status_report
-from procurd.watch import stuck_orders
+from procurd.db.database import Database
+from procurd.operations.alerts import Alerts, SendResult, alert_view, reachability, send, shown_url
+from procurd.operations.retention import TABLES, PruneReport, prune
+from procurd.operations.runtime import Runtime
+from procurd.operations.status import last_sync, refresh_metrics, status_report
 
 __all__ = ["TABLES", "HousekeepingOperations", "PruneReport", "SendResult"]
 
@@ -43,6 +46,14 @@ class HousekeepingOperations:
         """The status report (``GET /api/v1/status``)."""
         return await status_report(self.runtime)
 
+    async def last_sync(self, upstream: str) -> SyncReport | None:
+        """The most recent catalogue pass of ``upstream`` that ran (the one under way while one runs)."""
+        return await last_sync(self.runtime, upstream)
+
+    async def refresh_metrics(self) -> dict[str, Any]:
+        """The gauges of ``/metrics`` set from a fresh status report (and this instance's own); the report."""
+        return await refresh_metrics(self.runtime)
+
     async def alerts(
         self, page: int, page_size: int, kind: str | None = None
     ) -> tuple[int, list[dict[str, Any]]]:
@@ -70,3 +81,24 @@ async def alert_url_problems(settings: Settings) -> list[tuple[str, str | None]]
     Apprise knows, or its host refuses a connection), or ``None``. Nothing is sent."""
     urls = settings.alerts.urls
     return [(shown_url(url), problem) for url, problem in zip(urls, await reachability(urls), strict=True)]
+
+
+async def stuck_orders(database: Database, settings: Settings, alerts: Alerts) -> int:
+    """An ``order_stuck`` alert for each submitted procurement undelivered for ``stuck_after_seconds`` that
+    has none for this wait yet; how many were raised."""
+    cutoff = utcnow() - timedelta(seconds=settings.alerts.stuck_after_seconds)
+    stuck = await database.read(lambda tx: tx.procurements.stuck_without_alert(cutoff))
+    occurrences = [
+        Occurrence(
+            Kind.ORDER_STUCK,
+            p.order_no,
+            f"order {p.order_no}: item {p.downstream_order_no} on {p.upstream} was submitted "
+            f"{p.submitted_at.isoformat() if p.submitted_at else '?'} (upstream order {p.upstream_order_id}, "
+            f"status {p.upstream_status}) and is not delivered yet; callbacks may be lost: check the "
+            "upstream order, then wait, or cancel upstream-first",
+            p.upstream,
+        )
+        for p in stuck
+    ]
+    await alerts.raise_(*occurrences)
+    return len(occurrences)

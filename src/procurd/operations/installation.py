@@ -11,12 +11,12 @@ from pathlib import Path
 
 import structlog
 
-from procurd.alerts import AlertDispatcher
 from procurd.config import Settings
 from procurd.db.database import Database, open_database, sqlite_file, sqlite_location_problem
 from procurd.db.errors import DatabaseError
-from procurd.db.revision import HEAD_REVISION, current_revision, describe_mismatch
-from procurd.runtime import Runtime
+from procurd.db.revision import HEAD_REVISION, describe_mismatch
+from procurd.operations.alerts import AlertDispatcher
+from procurd.operations.runtime import Runtime
 
 log = structlog.get_logger("procurd.installation")
 
@@ -126,13 +126,35 @@ async def open_checked_database(settings: Settings) -> Database:
     return database
 
 
+async def usable_database_problem(settings: Settings, database: Database) -> str | None:
+    """Why the daemon cannot use ``database`` (its file missing, unreachable, at another revision), for a
+    person, or ``None``."""
+    missing = missing_database(settings)
+    if missing is not None:
+        return missing
+    try:
+        current = await current_revision(database)
+    except DatabaseError as exc:
+        return database_problem(settings, exc)
+    return describe_mismatch(current)
+
+
+async def current_revision(database: Database) -> str | None:
+    """The revision ``database`` is at, or ``None`` when it has no schema yet (read without Alembic)."""
+    return await database.read(lambda tx: tx.schema.revision())
+
+
+async def migrate_schema(database: Database, revision: str = "head") -> tuple[str | None, str | None]:
+    """Create the schema of ``database`` or migrate it to ``revision`` in one transaction (on PostgreSQL
+    under an advisory lock that every instance takes for it); the revisions before and after."""
+    return await database.write(lambda tx: tx.schema.upgrade(revision))
+
+
 async def upgrade_database(settings: Settings, revision: str = "head") -> tuple[str | None, str | None]:
     """Create the schema or migrate it (``procurd db upgrade``); the revisions before and after."""
-    from procurd.db import migrate  # Alembic is loaded only here
-
     database = _open(settings, create=True)
     try:
-        return await migrate.upgrade(database, revision)
+        return await migrate_schema(database, revision)
     except DatabaseError as exc:
         raise InstallationError(database_problem(settings, exc)) from None
     finally:

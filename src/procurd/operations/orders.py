@@ -18,10 +18,10 @@ from procurd.core.json_limits import json_problem, text_problem
 from procurd.core.numbers import MAX_ID, ORDER_NO_PATTERN
 from procurd.core.procurement import NotAllowed, Resolve, Retry, Source
 from procurd.core.refusals import Refused
+from procurd.operations.runtime import Runtime
 from procurd.operations.views import ProcurementViews
 from procurd.procurement import cancel
 from procurd.procurement.service import IntakeResult
-from procurd.runtime import Runtime
 
 log = structlog.get_logger("procurd.orders")
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import structlog
 
+from procurd.core.clock import utcnow
 from procurd.core.dialect import (
     DIALECT_NAMES,
     SEED_PAGE_SIZE_MAX,
@@ -27,10 +28,10 @@ from procurd.core.dialect import (
     dialect_text,
     points,
 )
-from procurd.db.types import utcnow
+from procurd.db.views import WithDialects
+from procurd.operations.pings import describe_failure, ping_upstream
+from procurd.operations.runtime import Runtime
 from procurd.protocol.dujiao.models import CatalogPage, PingResult
-from procurd.runtime import Runtime
-from procurd.status import describe_failure, ping_upstream
 from procurd.upstream.errors import BusinessError, UpstreamError
 from procurd.upstream.ratelimit import Priority
 
@@ -132,11 +133,10 @@ async def probe(runtime: Runtime, upstream: str) -> Probe:
         if answer is not None:
             learned.update(inactive_detail=answer, inactive_detail_at=now)
 
-    def record(tx: Any) -> Learned:
+    def record(tx: WithDialects) -> Learned:
         if learned:
             tx.dialects.learn(upstream, learned, now)
-        known: Learned = tx.dialects.of(upstream)
-        return known
+        return tx.dialects.of(upstream)
 
     await runtime.save_dialects()
     found.learned = await runtime.database.write(record)

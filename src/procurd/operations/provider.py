@@ -47,11 +47,11 @@ from procurd.db.offered_store import VERSION_QUERY
 from procurd.db.types import utcnow
 from procurd.operations.orders import OrderOperations
 from procurd.operations.provider_accounts import ProviderAccountOperations
+from procurd.operations.runtime import Runtime
 from procurd.protocol.dujiao import listing_answer
 from procurd.provider.callbacks import CallbackSender, record_try
 from procurd.provider.catalog import OfferedCatalog, RefreshReport
 from procurd.provider.pages import Page, PageCache
-from procurd.runtime import Runtime
 
 log = structlog.get_logger("procurd.provider")
 

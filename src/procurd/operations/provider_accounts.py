@@ -33,7 +33,7 @@ from procurd.core.refusals import Refused
 from procurd.db.provider_store import LedgerEntry
 from procurd.db.types import utcnow
 from procurd.operations.orders import check_note
-from procurd.runtime import Runtime
+from procurd.operations.runtime import Runtime
 
 log = structlog.get_logger("procurd.provider")
 

@@ -8,12 +8,14 @@ the same budget, and records the same health row and alerts (``low_balance``). A
 
 from __future__ import annotations
 
+from typing import Any
+
 from procurd.core.dialect import Learned, Point, dialect_text
+from procurd.operations.pings import ping_upstream
 from procurd.operations.probe import Probe, probe
+from procurd.operations.reconcile import ReconcileReport, finding_view, recent_runs, reconcile
+from procurd.operations.runtime import Runtime
 from procurd.protocol.dujiao.models import PingResult
-from procurd.reconcile import ReconcileReport, finding_view, reconcile
-from procurd.runtime import Runtime
-from procurd.status import ping_upstream
 from procurd.upstream.errors import AuthError, UpstreamError
 
 __all__ = [
@@ -68,3 +70,7 @@ class UpstreamOperations:
             repair=settings.repair if repair is None else repair,
             trigger=trigger,
         )
+
+    async def reconcile_runs(self, limit: int) -> list[dict[str, Any]]:
+        """The last ``limit`` reconciliation passes, the newest first, each with its findings."""
+        return await recent_runs(self.runtime.database, limit)

@@ -16,8 +16,8 @@ from procurd.core.intake import OrderRequest
 from procurd.core.orders import exception_view, iso, order_view
 from procurd.core.procurement import Reason
 from procurd.db.procurement_store import AuditRow
+from procurd.operations.runtime import Runtime
 from procurd.procurement.admission import preview, preview_facts
-from procurd.runtime import Runtime
 from procurd.upstream.errors import AUTH_ERROR_CODES, BUSINESS_ERROR_CODES
 
 # Exception reasons: procurd's own, and the upstream's refusal codes it records as they come.

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from procurd.core.intake import IntakeError, ItemRequest, OrderRequest, refusal_status
 from procurd.core.machine import Policy, decide
@@ -27,7 +27,7 @@ from procurd.core.procurement import Admit, Decision, MirroredSku, SourceRef, St
 from procurd.core.sources import Skipped, default_limit, first_available, offer_limits, selling_terms
 from procurd.db.offer_store import Offer
 from procurd.db.procurement_store import NumberRow
-from procurd.db.stores import Tx
+from procurd.db.views import WithOffers, WithProcurements
 
 STOCK = "out_of_stock"  # the mirror's reason a source is passed over for its stock
 INSUFFICIENT_STOCK = "insufficient_stock"  # intake's refusal, the upstream protocol's word for it
@@ -213,7 +213,11 @@ class PreviewFacts:
     existing: str | None
 
 
-def preview_facts(tx: Tx, request: OrderRequest) -> PreviewFacts:
+class PreviewTx(WithOffers, WithProcurements, Protocol):
+    """The stores an order's preview reads."""
+
+
+def preview_facts(tx: PreviewTx, request: OrderRequest) -> PreviewFacts:
     """Read in ``tx`` what :func:`preview` decides on (``request``'s upstreams filled in)."""
     offers = tx.offers.many(item.offer for item in request.items if item.offer is not None)
     sku_keys, number_keys = item_keys(request, offers)

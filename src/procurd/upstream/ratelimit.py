@@ -5,7 +5,7 @@ One limiter is shared by everything in a process that talks to one upstream API 
 * :class:`SharedRateLimiter` takes its slots from a budget that every process of an installation shares
   (:class:`SharedBudget`, in the database): it asks the budget for slots with the priority of its best
   waiter, and hands each slot to the best waiter when the slot starts. Every client a
-  :class:`procurd.runtime.Runtime` builds uses it.
+  :class:`procurd.operations.runtime.Runtime` builds uses it.
 * :class:`PriorityRateLimiter` is a token bucket of one process alone, for a client used on its own (the
   sandbox's tests, a benchmark's probe). Waiters wait on futures; a single timer handle on the event loop
   wakes the queue when the next token is due.
@@ -219,7 +219,7 @@ class PriorityRateLimiter(_QueuedLimiter):
 
 
 class SharedBudget(Protocol):
-    """A request budget shared with other processes (:class:`procurd.db.rate_budget.SharedBudget`)."""
+    """A request budget shared with other processes (:class:`procurd.operations.budgets.SharedBudget`)."""
 
     async def take(self, priority: int, then: int | None, count: int = 1) -> tuple[int, float]:
         """Ask for ``count`` consecutive slots for requests of ``priority``, ``then`` being the best priority

@@ -20,7 +20,7 @@ def setup_console(app: web.Application, operations: Operations) -> None:
     settings = operations.settings
     token = settings.server.admin_token.get_secret_value()
     codec = SessionCodec(token, settings.server.console_session_seconds)
-    sessions = SessionBook(operations.runtime.database)
+    sessions = SessionBook(operations.sign_in)
     app[CONSOLE] = Console(
         operations, codec, login_required=bool(token), admin_token=token, sessions=sessions
     )

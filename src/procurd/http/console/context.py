@@ -21,7 +21,7 @@ from procurd.http.console.session import (
 )
 from procurd.http.errors import ApiError
 from procurd.operations import Operations
-from procurd.runtime import Runtime
+from procurd.operations.runtime import Runtime
 
 PREFIX = "/ui"
 HOME = "/ui/"

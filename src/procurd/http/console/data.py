@@ -1,6 +1,6 @@
-"""What each console page shows: one function per page, reading through the same service and stores as the
-JSON API; the two actions that say what they did in words (a pass started, a hold released) act through the
-installation's operations, as the JSON API does.
+"""What each console page shows: one function per page, reading through the installation's operations (the
+JSON API's, and the console's own reads in :mod:`procurd.operations.console`); the two actions that say what
+they did in words (a pass started, a hold released) act through the operations as the JSON API does.
 """
 
 from __future__ import annotations
@@ -11,24 +11,19 @@ from datetime import datetime, timedelta
 from decimal import Decimal, InvalidOperation
 from typing import Any, Generic, TypeVar
 
-from procurd import offers
-from procurd.alerts import alert_view
 from procurd.config import ProviderSettings, UpstreamSettings
+from procurd.core.clock import utcnow
 from procurd.core.instances import fold_stopped
 from procurd.core.offering import balance_below
 from procurd.core.orders import STATUS_MEANINGS, fulfillment_view, iso
 from procurd.core.provider import cents_text
+from procurd.core.records import OrderSummary
 from procurd.core.rollup import DAY_COLUMNS, HOUR, VALUE_COLUMNS, hour_of, hours_from_rows, runway_hours
-from procurd.db.console_store import CatalogSlice, OrderSummary
-from procurd.db.stores import Tx
-from procurd.db.types import utcnow
 from procurd.http.console import pulse
 from procurd.http.console.charts import Chart
 from procurd.http.errors import ApiError
 from procurd.operations import Operations
-from procurd.operations.views import ProcurementViews
-from procurd.runtime import Runtime
-from procurd.status import status_report
+from procurd.operations.alerts import alert_view
 
 T = TypeVar("T")
 
@@ -89,18 +84,19 @@ class Overview:
     charts: bool = True  # drawn (the page may be asked for without them: ?charts=off)
 
 
-async def overview(runtime: Runtime, *, charts: bool = True) -> Overview:
+async def overview(operations: Operations, *, charts: bool = True) -> Overview:
     """Per upstream: the status report (health, balance, runway, queue, oldest queued, last sync, callbacks)
     with its open exceptions by reason and (unless ``charts`` is off) its charts; recent alerts and the
     daemon instances (those stopped cleanly more than a day ago apart)."""
-    report = await status_report(runtime)
+    settings = operations.settings
+    report = await operations.housekeeping.status()
     shown, folded = fold_stopped(report["instances"], utcnow())
-    pulses = await upstream_pulses(runtime, report["upstreams"]) if charts else {}
+    pulses = await upstream_pulses(operations, report["upstreams"]) if charts else {}
     upstreams = [
         UpstreamOverview(
             status=entry,
             exceptions_by_reason=dict(sorted(entry["exceptions_by_reason"].items())),
-            low_balance_threshold=low_balance_threshold(runtime.settings.upstream(entry["name"])),
+            low_balance_threshold=low_balance_threshold(settings.upstream(entry["name"])),
             charts=pulses.get(entry["name"], []),
         )
         for entry in report["upstreams"]
@@ -110,10 +106,10 @@ async def overview(runtime: Runtime, *, charts: bool = True) -> Overview:
         instance=report["instance"],
         upstreams=upstreams,
         storefront=report["storefront"],
-        alerts=await recent_alerts(runtime, limit=10),
+        alerts=await recent_alerts(operations, limit=10),
         instances=[dict(instance) for instance in shown],
         stopped_earlier=[dict(instance) for instance in folded],
-        provider=provider_overview(runtime.settings.provider, report["provider"]),
+        provider=provider_overview(settings.provider, report["provider"]),
         charts=charts,
     )
 
@@ -140,33 +136,23 @@ def _balance_hours(
     return pulse.carried([first, *(at_hour.get(hour) for hour in hours)])[1:]
 
 
-async def upstream_pulses(runtime: Runtime, statuses: Sequence[dict[str, Any]]) -> dict[str, list[Chart]]:
+async def upstream_pulses(
+    operations: Operations, statuses: Sequence[dict[str, Any]]
+) -> dict[str, list[Chart]]:
     """Each upstream's charts: one read of its hourly rollup (30 days) and of its balance (7 days)."""
     now = utcnow()
     hours_since, days_since = pulse.windows(now)
     balance_since = hour_of(now) - HOUR * (pulse.BALANCE_DAYS * 24 - 1)
     names = [entry["name"] for entry in statuses]
-
-    def read(tx: Tx) -> dict[str, tuple[Any, Any, Any]]:
-        charts = tx.charts
-        return {
-            name: (
-                charts.hours([name], 0, hours_since),
-                charts.days([name], 0, days_since),
-                charts.balances(name, balance_since),
-            )
-            for name in names
-        }
-
-    found = await runtime.database.read(read)
+    found = await operations.console.upstream_history(names, hours_since, days_since, balance_since)
     pulses = {}
     for entry in statuses:
-        hours, days, samples = found[entry["name"]]
+        history = found[entry["name"]]
         ping = entry["last_ping"]
         facts = pulse.PulseFacts(
-            name=entry["name"], now=now, hours=hours_from_rows(hours, VALUE_COLUMNS),
-            days=hours_from_rows(days, DAY_COLUMNS),
-            balances=_balance_hours(samples, balance_since), balance=_decimal(ping["balance"]),
+            name=entry["name"], now=now, hours=hours_from_rows(history.hours, VALUE_COLUMNS),
+            days=hours_from_rows(history.days, DAY_COLUMNS),
+            balances=_balance_hours(history.balances, balance_since), balance=_decimal(ping["balance"]),
             currency=ping["currency"], spend_24h=_decimal(entry["spend_24h"]) or Decimal(0),
             runway_hours=entry["runway_hours"], runway_alert_hours=entry["runway_alert_hours"],
         )  # fmt: skip
@@ -185,33 +171,28 @@ class ExceptionsPage:
 
 
 async def exceptions_page(
-    runtime: Runtime, upstream: str | None, reason: str | None, page: int, page_size: int
+    operations: Operations, upstream: str | None, reason: str | None, page: int, page_size: int
 ) -> ExceptionsPage:
-    total, items = await ProcurementViews(runtime).exceptions(upstream, reason, page, page_size)
-    by_upstream = await runtime.database.read(lambda tx: tx.procurements.exception_reasons())
+    total, items = await operations.views.exceptions(upstream, reason, page, page_size)
+    by_upstream = await operations.console.exception_reasons()
     reasons: dict[str, int] = {}
     for name, counts in by_upstream.items():
         if upstream is None or name == upstream:
             for key, count in counts.items():
                 reasons[key] = reasons.get(key, 0) + count
-    return ExceptionsPage(
-        Paged(items, total, page, page_size), dict(sorted(reasons.items())), runtime.service.upstream_names
-    )
+    upstreams = operations.runtime.service.upstream_names
+    return ExceptionsPage(Paged(items, total, page, page_size), dict(sorted(reasons.items())), upstreams)
 
 
 # --- orders -----------------------------------------------------------------------------------------------
 
 
 async def orders_page(
-    runtime: Runtime, text: str | None, status: str | None, page: int, page_size: int
+    operations: Operations, text: str | None, status: str | None, page: int, page_size: int
 ) -> Paged[OrderSummary]:
     """Orders, newest first; ``text`` matches an order number (or its start), a downstream number, an upstream
     order id or an upstream order number."""
-
-    def find(tx: Tx) -> tuple[int, list[OrderSummary]]:
-        return tx.console.find_orders(text, status, page, page_size)
-
-    total, items = await runtime.database.read(find)
+    total, items = await operations.console.orders(text, status, page, page_size)
     return Paged(items, total, page, page_size)
 
 
@@ -223,16 +204,16 @@ class OrderDetail:
 
 
 async def order_detail(
-    runtime: Runtime, order_no: str, *, reveal: int | None = None, audit_page: int = 1
+    operations: Operations, order_no: str, *, reveal: int | None = None, audit_page: int = 1
 ) -> OrderDetail | None:
     """The order view and (a page of) the audit trail of the JSON API; delivered goods (payload, delivery
     data) only for the procurement ``reveal``: the others' never reach the template."""
-    view = await ProcurementViews(runtime).order(order_no)
+    view = await operations.views.order(order_no)
     if view is None:
         return None
     procurements = [_goods_hidden(item) if item["id"] != reveal else item for item in view["procurements"]]
     revealed = reveal if any(item["id"] == reveal for item in view["procurements"]) else None
-    trail = await ProcurementViews(runtime).audit(order_no)
+    trail = await operations.views.audit(order_no)
     start = (audit_page - 1) * AUDIT_PAGE_SIZE
     audit = Paged(trail[start : start + AUDIT_PAGE_SIZE], len(trail), audit_page, AUDIT_PAGE_SIZE)
     return OrderDetail(dict(view, procurements=procurements), audit, revealed)
@@ -257,16 +238,13 @@ class CatalogPage:
 
 
 async def catalog_page(
-    runtime: Runtime, text: str | None, upstream: str | None, page: int, page_size: int
+    operations: Operations, text: str | None, upstream: str | None, page: int, page_size: int
 ) -> CatalogPage:
-    def read(tx: Tx) -> CatalogSlice:
-        return tx.console.catalog(text, upstream, page, page_size)
-
-    found = await runtime.database.read(read)
+    found = await operations.console.catalog(text, upstream, page, page_size)
     return CatalogPage(
         Paged(found.products, found.total, page, page_size),
         found.skus,
-        upstreams=runtime.service.upstream_names,
+        upstreams=operations.runtime.service.upstream_names,
     )
 
 
@@ -279,14 +257,11 @@ class SyncPage:
     upstreams: list[str]
 
 
-async def sync_page(runtime: Runtime, upstream: str | None, page: int, page_size: int) -> SyncPage:
-    def read(tx: Tx) -> tuple[int, list[dict[str, Any]]]:
-        return tx.console.sync_runs(upstream, page, page_size)
-
-    total, runs = await runtime.database.read(read)
+async def sync_page(operations: Operations, upstream: str | None, page: int, page_size: int) -> SyncPage:
+    total, runs = await operations.console.sync_runs(upstream, page, page_size)
     return SyncPage(
         Paged(runs, total, page, page_size),
-        runtime.service.upstream_names,
+        operations.runtime.service.upstream_names,
     )
 
 
@@ -309,25 +284,25 @@ def low_balance_threshold(upstream: UpstreamSettings) -> str | None:
     return upstream.low_balance_threshold or None
 
 
-async def recent_alerts(runtime: Runtime, limit: int) -> list[dict[str, Any]]:
+async def recent_alerts(operations: Operations, limit: int) -> list[dict[str, Any]]:
     """The latest alerts (the rows of ``GET /api/v1/alerts``)."""
-    return (await alerts_page(runtime, 1, limit)).items
+    return (await alerts_page(operations, 1, limit)).items
 
 
-async def alerts_page(runtime: Runtime, page: int, page_size: int) -> Paged[dict[str, Any]]:
-    total, found = await runtime.alerts.recent(page, page_size)
+async def alerts_page(operations: Operations, page: int, page_size: int) -> Paged[dict[str, Any]]:
+    total, found = await operations.runtime.alerts.recent(page, page_size)
     return Paged([alert_view(alert) for alert in found], total, page, page_size)
 
 
-async def offers_page(runtime: Runtime, page: int, page_size: int) -> Paged[dict[str, Any]]:
+async def offers_page(operations: Operations, page: int, page_size: int) -> Paged[dict[str, Any]]:
     """Offers with their sources in priority order and the source in use (``GET /api/v1/offers``)."""
-    total, items = await offers.offers_page(runtime.database, page, page_size)
+    total, items = await operations.offers.page(page, page_size)
     return Paged(items, total, page, page_size)
 
 
-async def reconcile_page(runtime: Runtime, page: int, page_size: int) -> Paged[dict[str, Any]]:
+async def reconcile_page(operations: Operations, page: int, page_size: int) -> Paged[dict[str, Any]]:
     """Reconciliation findings, newest first."""
-    total, found = await runtime.database.read(lambda tx: tx.reconcile.recent_findings(page, page_size))
+    total, found = await operations.console.findings(page, page_size)
     items = [
         {
             "found_at": iso(finding.found_at),
@@ -410,29 +385,20 @@ class ProviderAccountPage:
 async def account_pulse(operations: Operations, account: Mapping[str, Any]) -> list[Chart]:
     """A downstream account's charts: its share of the hourly rollup (its orders, on every upstream), and
     its wallet from its ledger (one index seek per hour) with its runway at the last 24 h's spend."""
-    runtime = operations.runtime
     now = utcnow()
-    hours_since, days_since = pulse.windows(now)
     start = hour_of(now) - HOUR * (pulse.BALANCE_DAYS * 24 - 1)
     ends = [min(start + HOUR * (index + 1), now) for index in range(pulse.BALANCE_DAYS * 24)]
     upstreams = [upstream.name for upstream in operations.settings.upstreams]
     account_id = int(account["id"])
-
-    def read(tx: Tx) -> tuple[Any, Any, list[int | None], int]:
-        return (
-            tx.charts.hours(upstreams, account_id, hours_since),
-            tx.charts.days(upstreams, account_id, days_since),
-            tx.charts.wallet_at(account_id, ends),
-            tx.charts.wallet_spend(account_id, now - timedelta(hours=24)),
-        )
-
-    hours, days, wallet, spent_cents = await runtime.database.read(read)
+    history = await operations.console.account_history(
+        account_id, upstreams, pulse.windows(now), ends, now - timedelta(hours=24)
+    )
     balance = _decimal(account["balance"])
-    spent = Decimal(cents_text(spent_cents))
+    spent = Decimal(cents_text(history.spent_cents))
     facts = pulse.PulseFacts(
-        name=f"account-{account_id}", now=now, hours=hours_from_rows(hours, VALUE_COLUMNS),
-        days=hours_from_rows(days, DAY_COLUMNS),
-        balances=[None if cents is None else Decimal(cents_text(cents)) for cents in wallet],
+        name=f"account-{account_id}", now=now, hours=hours_from_rows(history.hours, VALUE_COLUMNS),
+        days=hours_from_rows(history.days, DAY_COLUMNS),
+        balances=[None if cents is None else Decimal(cents_text(cents)) for cents in history.wallet],
         balance=balance, currency=account["currency"], spend_24h=spent,
         runway_hours=runway_hours(balance, spent), runway_alert_hours=None, wallet="account's wallet",
         wallet_spent="Charged to the account's wallet for its orders in the last 24 h (refunds deducted)",

@@ -22,7 +22,6 @@ from multidict import MultiDict
 
 from procurd.core.json_limits import text_problem
 from procurd.core.refusals import Refused
-from procurd.db.errors import DatabaseUnavailable
 from procurd.http.console.context import (
     CONSOLE,
     COOKIE_PATH,
@@ -42,6 +41,7 @@ from procurd.http.console.context import (
 from procurd.http.console.render import render
 from procurd.http.console.session import FLASH_COOKIE, SESSION_COOKIE, Session
 from procurd.http.errors import ApiError, Handler, read_body, route_name
+from procurd.operations import DatabaseUnavailable
 
 log = structlog.get_logger("procurd.console")
 

@@ -25,9 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from procurd.db.auth_store import SESSION_QUERY
-from procurd.db.database import Database
-from procurd.db.types import utcnow
+from procurd.core.clock import utcnow
+from procurd.operations.sign_in import SignIn
 
 SESSION_COOKIE = "procurd_console"
 FLASH_COOKIE = "procurd_console_flash"
@@ -76,27 +75,26 @@ def session_key(session: Session) -> str:
 
 
 class SessionBook:
-    """The signed-in sessions, in the database every instance shares."""
+    """The signed-in sessions, in the database every instance shares (:class:`procurd.operations.sign_in.
+    SignIn`)."""
 
-    def __init__(self, database: Database, clock: Callable[[], float] = time.time) -> None:
-        self.database = database
+    def __init__(self, sign_in: SignIn, clock: Callable[[], float] = time.time) -> None:
+        self.sign_in = sign_in
         self.clock = clock
 
     async def alive(self, session: Session) -> bool:
         """Whether the signed-in session was not signed out (one glance at its row)."""
-        expires = await self.database.glance(SESSION_QUERY, {"id": session_key(session)})
-        return expires is not None and int(expires) > self.clock()
+        expires = await self.sign_in.session_expiry(session_key(session))
+        return expires is not None and expires > self.clock()
 
     async def start(self, session: Session, address: str | None) -> None:
-        key, expires, now = session_key(session), session.expires_at, utcnow()
-        await self.database.write(lambda tx: tx.auth.start_session(key, expires, address, now))
+        await self.sign_in.start_session(session_key(session), session.expires_at, address, utcnow())
 
     async def end(self, session: Session) -> bool:
-        key = session_key(session)
-        return await self.database.write(lambda tx: tx.auth.end_session(key))
+        return await self.sign_in.end_session(session_key(session))
 
     async def end_all(self) -> int:
-        return await self.database.write(lambda tx: tx.auth.end_all_sessions())
+        return await self.sign_in.end_all_sessions()
 
 
 class SessionCodec:

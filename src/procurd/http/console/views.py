@@ -51,7 +51,7 @@ from procurd.operations import Operations
 from procurd.operations.orders import DEFAULT_BULK_RETRY, MAX_NOTE_CHARS, check_order_no, order_not_found
 from procurd.operations.provider import ProviderOperations
 from procurd.operations.provider_accounts import ACCOUNT_NAME, account_not_found
-from procurd.runtime import Runtime
+from procurd.operations.runtime import Runtime
 
 log = structlog.get_logger("procurd.console")
 
@@ -173,7 +173,7 @@ async def overview(request: web.Request) -> web.Response:
     charts = request.query.get("charts", "on")
     if charts not in ("on", "off"):
         raise ApiError(400, "invalid_query", "charts must be on or off")
-    found = await data.overview(_runtime(request), charts=charts == "on")
+    found = await data.overview(_operations(request), charts=charts == "on")
     return render(request, "overview.html", {"nav": "overview", "overview": found})
 
 
@@ -184,7 +184,7 @@ async def exceptions(request: web.Request) -> web.Response:
     upstream = _upstream_filter(request)
     reason = query_text(request.query, "reason")
     page, page_size = _paging(request)
-    found = await data.exceptions_page(_runtime(request), upstream, reason, page, page_size)
+    found = await data.exceptions_page(_operations(request), upstream, reason, page, page_size)
     context = {"nav": "exceptions", "found": found, "upstream": upstream, "reason": reason,
                "default_limit": DEFAULT_BULK_RETRY}  # fmt: skip
     return render(request, "exceptions.html", context)
@@ -234,7 +234,7 @@ async def orders(request: web.Request) -> web.Response:
     if status is not None and status not in data.ORDER_STATUSES:
         raise ApiError(400, "invalid_query", f"status must be one of {', '.join(data.ORDER_STATUSES)}")
     page, page_size = _paging(request)
-    found = await data.orders_page(_runtime(request), text, status, page, page_size)
+    found = await data.orders_page(_operations(request), text, status, page, page_size)
     if text and found.total == 1 and page == 1:
         return redirect(order_path(found.items[0].order_no))
     context = {"nav": "orders", "found": found, "q": text, "status": status, "statuses": data.ORDER_STATUSES}
@@ -244,7 +244,7 @@ async def orders(request: web.Request) -> web.Response:
 async def order(request: web.Request) -> web.Response:
     order_no = check_order_no(request.match_info["order_no"])
     audit_page = query_int(request.query, "audit_page", 1, 1, MAX_PAGE)
-    detail = await data.order_detail(_runtime(request), order_no, audit_page=audit_page)
+    detail = await data.order_detail(_operations(request), order_no, audit_page=audit_page)
     if detail is None:
         raise order_not_found(order_no)
     return render(request, "order.html", _order_context(detail))
@@ -255,7 +255,7 @@ async def reveal(request: web.Request) -> web.Response:
     never in a page's source, a URL or a cache before someone asks)."""
     order_no = check_order_no(request.match_info["order_no"])
     procurement_id = parse_procurement_id(form_text(request, "procurement_id"))
-    detail = await data.order_detail(_runtime(request), order_no, reveal=procurement_id)
+    detail = await data.order_detail(_operations(request), order_no, reveal=procurement_id)
     if detail is None:
         raise order_not_found(order_no)
     if detail.revealed is None:
@@ -292,7 +292,7 @@ async def catalog(request: web.Request) -> web.Response:
     text = query_text(request.query, "q", MAX_SEARCH_CHARS)
     upstream = _upstream_filter(request)
     page, page_size = _paging(request)
-    found = await data.catalog_page(_runtime(request), text, upstream, page, page_size)
+    found = await data.catalog_page(_operations(request), text, upstream, page, page_size)
     context = {"nav": "catalog", "found": found, "q": text, "upstream": upstream}
     return render(request, "catalog.html", context)
 
@@ -309,7 +309,7 @@ async def release_hold(request: web.Request) -> web.Response:
 async def sync_runs(request: web.Request) -> web.Response:
     upstream = _upstream_filter(request)
     page, page_size = _paging(request)
-    found = await data.sync_page(_runtime(request), upstream, page, page_size)
+    found = await data.sync_page(_operations(request), upstream, page, page_size)
     return render(request, "sync.html", {"nav": "sync", "found": found, "upstream": upstream})
 
 
@@ -326,19 +326,19 @@ async def sync_now(request: web.Request) -> web.Response:
 
 async def alerts(request: web.Request) -> web.Response:
     page, page_size = _paging(request)
-    found = await data.alerts_page(_runtime(request), page, page_size)
+    found = await data.alerts_page(_operations(request), page, page_size)
     return render(request, "alerts.html", {"nav": "alerts", "found": found})
 
 
 async def offers(request: web.Request) -> web.Response:
     page, page_size = _paging(request)
-    found = await data.offers_page(_runtime(request), page, page_size)
+    found = await data.offers_page(_operations(request), page, page_size)
     return render(request, "offers.html", {"nav": "offers", "found": found})
 
 
 async def reconcile(request: web.Request) -> web.Response:
     page, page_size = _paging(request)
-    found = await data.reconcile_page(_runtime(request), page, page_size)
+    found = await data.reconcile_page(_operations(request), page, page_size)
     return render(request, "reconcile.html", {"nav": "reconcile", "found": found})
 
 

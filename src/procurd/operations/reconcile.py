@@ -21,14 +21,15 @@ from typing import Any
 
 import structlog
 
-from procurd.alerts import Alerts
 from procurd.core.alerts import Kind, Occurrence
+from procurd.core.clock import utcnow
 from procurd.core.orders import iso
 from procurd.core.procurement import NotAllowed, Procurement, Reconciled, Source
 from procurd.core.reconcile import Mismatch, mismatches
-from procurd.db.reconcile_store import Finding
-from procurd.db.stores import Tx
-from procurd.db.types import utcnow
+from procurd.core.records import Finding
+from procurd.db.database import Database
+from procurd.db.views import WithReconcile
+from procurd.operations.alerts import Alerts
 from procurd.procurement.answers import answer_problem, finding_of, report_of
 from procurd.procurement.service import ProcurementService
 from procurd.protocol.dujiao.client import UpstreamClient
@@ -185,7 +186,13 @@ def _alerts(findings: Sequence[Finding], repair: bool) -> list[Occurrence]:
     return occurrences
 
 
-def runs_with_findings(tx: Tx, limit: int) -> list[dict[str, Any]]:
+async def recent_runs(database: Database, limit: int) -> list[dict[str, Any]]:
+    """The last ``limit`` passes, the newest first, each with its findings (what ``GET /api/v1/reconcile``
+    answers), in one snapshot."""
+    return await database.read(runs_with_findings, limit)
+
+
+def runs_with_findings(tx: WithReconcile, limit: int) -> list[dict[str, Any]]:
     """The last ``limit`` passes, the newest first, each with its findings (what ``GET /api/v1/reconcile``
     answers)."""
     runs = tx.reconcile.runs(limit)

@@ -22,11 +22,11 @@ import structlog
 from procurd.background import Worker
 from procurd.config import AlertsSettings
 from procurd.core.alerts import ERRORS, RECOVERIES, Alert, Occurrence
+from procurd.core.clock import utcnow
 from procurd.core.orders import iso
 from procurd.core.procurement import ExceptionOpened
 from procurd.db.database import Database
 from procurd.db.errors import Conflict
-from procurd.db.types import utcnow
 from procurd.logs import register_secret, scrub
 from procurd.metrics import Metrics
 from procurd.procurement.transitions import Applied

@@ -1,7 +1,7 @@
 """The parts of a running procurd, built once from the settings: the database, the procurement service, one
 upstream client per upstream (each taking its slots from the request budget that every process of the
 installation shares), metrics, alerts and the watches. The daemon and every command build the same
-runtime; :mod:`procurd.operations` acts through it."""
+runtime; :mod:`procurd.operations` acts through it, and composes every part below it here."""
 
 from __future__ import annotations
 
@@ -10,16 +10,17 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from procurd.alerts import Alerts
 from procurd.catalog.pages import PageMemory
 from procurd.config import Settings
+from procurd.core.clock import utcnow
 from procurd.db.database import Database, open_database
 from procurd.db.errors import DatabaseError
-from procurd.db.rate_budget import SharedBudget, budget_key
-from procurd.db.stores import Tx
-from procurd.db.types import utcnow
+from procurd.db.rate_budget import budget_key
+from procurd.db.views import WithDialects
 from procurd.instance import instance_id
 from procurd.metrics import Metrics
+from procurd.operations.alerts import Alerts
+from procurd.operations.budgets import SharedBudget
 from procurd.procurement.service import ProcurementService, Wakeups
 from procurd.protocol.dujiao.client import UpstreamClient
 from procurd.upstream.errors import AuthError, UpstreamError
@@ -184,7 +185,7 @@ class Runtime:
             return
         now = utcnow()
 
-        def learn(tx: Tx) -> None:
+        def learn(tx: WithDialects) -> None:
             for upstream, values in notes.items():
                 tx.dialects.learn(upstream, values, now)
 

@@ -15,10 +15,10 @@ from datetime import datetime, timedelta
 import structlog
 
 from procurd.config import RetentionSettings
+from procurd.core.clock import utcnow
+from procurd.core.records import Batch
 from procurd.db.database import Database
-from procurd.db.retention_store import Batch
-from procurd.db.stores import Tx
-from procurd.db.types import utcnow
+from procurd.db.views import WithRetention
 
 log = structlog.get_logger("procurd.retention")
 
@@ -97,5 +97,5 @@ async def _prune_table(database: Database, name: str, before: datetime, batch_ro
     return deleted
 
 
-def _delete_batch(tx: Tx, name: str, before: datetime, after_key: int, batch_rows: int) -> Batch:
+def _delete_batch(tx: WithRetention, name: str, before: datetime, after_key: int, batch_rows: int) -> Batch:
     return tx.retention.delete_batch(name, before, after_key, batch_rows)

@@ -8,6 +8,9 @@ their tries in flight logged as of unknown outcome), and the singletons it ran a
 instance to take. The heartbeat looks again right when the oldest heartbeat of the others turns stale, so a
 vanished instance is found about three beats after its last one. A daemon restarted on the same host
 recognises its dead predecessors at start-up, by their process ids.
+
+The leases of the singletons an instance runs (:class:`procurd.background.Singletons`) are kept in the
+database by :class:`SharedJobLeases`.
 """
 
 from __future__ import annotations
@@ -15,19 +18,22 @@ from __future__ import annotations
 import os
 import socket
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Protocol
 
 import structlog
 
 from procurd import __version__
 from procurd.background import Worker
 from procurd.core.alerts import Kind, Occurrence
+from procurd.core.clock import utcnow
+from procurd.core.records import Instance
+from procurd.db.database import Database
 from procurd.db.errors import DatabaseError
-from procurd.db.instance_store import Instance
-from procurd.db.stores import Tx
-from procurd.db.types import utcnow
-from procurd.runtime import Runtime
+from procurd.db.views import WithInstances, WithLeases, WithOutbox, WithProvider, WithRateBudget
+from procurd.operations.runtime import Runtime
 
 log = structlog.get_logger("procurd.heartbeat")
 
@@ -157,7 +163,12 @@ class _TakenOver:
     callbacks: list[int] = field(default_factory=list)  # provider callbacks released (order ids)
 
 
-def _mark_down(tx: Tx, stale_before: datetime, now: datetime, also: list[str]) -> _TakenOver:
+class TakeoverTx(WithInstances, WithLeases, WithRateBudget, WithOutbox, WithProvider, Protocol):
+    """What a takeover touches: the instances, the leases they held, what they waited for, the storefront
+    events and provider callbacks they were sending."""
+
+
+def _mark_down(tx: TakeoverTx, stale_before: datetime, now: datetime, also: list[str]) -> _TakenOver:
     """Mark the vanished instances down, free the leases they held, release the storefront events and
     provider callbacks they were sending (their tries in flight logged as of unknown outcome) and forget
     what they waited for, in one transaction."""
@@ -180,3 +191,22 @@ def _process_alive(pid: int) -> bool:
     except PermissionError:
         return True  # another user's process
     return True
+
+
+class SharedJobLeases:
+    """The singletons' leases (:class:`procurd.background.JobLeases`) in the database's ``leases``, which
+    every instance shares: each call one write transaction."""
+
+    def __init__(self, database: Database) -> None:
+        self.database = database
+
+    async def acquire(self, name: str, holder: str, now: datetime, ttl_seconds: float) -> bool:
+        return await self.database.write(lambda tx: tx.leases.acquire(name, holder, now, ttl_seconds))
+
+    async def renew_all(
+        self, names: Collection[str], holder: str, now: datetime, ttl_seconds: float
+    ) -> set[str]:
+        return await self.database.write(lambda tx: tx.leases.renew_all(names, holder, now, ttl_seconds))
+
+    async def release_all(self, names: Collection[str], holder: str) -> None:
+        await self.database.write(lambda tx: [tx.leases.release(name, holder) for name in names])

@@ -21,10 +21,10 @@ import structlog
 from procurd.background import Worker
 from procurd.config import StorefrontSettings
 from procurd.core.backoff import retry_delay
+from procurd.core.clock import utcnow
+from procurd.core.records import OutboxRow
 from procurd.db.database import Database
-from procurd.db.outbox_store import OutboxRow
-from procurd.db.stores import Tx
-from procurd.db.types import utcnow
+from procurd.db.views import WithOutbox
 from procurd.protocol.dujiao.signing import HeaderNames, signed_headers
 
 log = structlog.get_logger("procurd.webhook")
@@ -35,11 +35,11 @@ LEASE = timedelta(seconds=60)
 BATCH = 20
 
 
-def _claim_events(tx: Tx, owner: str, now: datetime) -> list[OutboxRow]:
+def _claim_events(tx: WithOutbox, owner: str, now: datetime) -> list[OutboxRow]:
     return tx.outbox.claim_events(owner, now, now + LEASE, BATCH)
 
 
-def _delivered(tx: Tx, row_id: int, now: datetime) -> None:
+def _delivered(tx: WithOutbox, row_id: int, now: datetime) -> None:
     tx.outbox.event_delivered(row_id, now)
 
 

@@ -1,4 +1,5 @@
-"""The status report (``GET /api/v1/status`` and ``procurd status``) and the record of upstream pings.
+"""The status report (``GET /api/v1/status`` and ``procurd status``) and the gauges of ``/metrics`` set
+from it.
 
 Everything comes from the database, so every instance on a shared database (and the command line, with or
 without a running daemon) reports the same thing. An upstream is healthy when its last ping succeeded and no
@@ -10,31 +11,32 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal, InvalidOperation
-from typing import Any
-
-import structlog
+from typing import Any, Protocol
 
 from procurd.catalog.sync import SyncReport
 from procurd.config import UpstreamSettings
 from procurd.core.alerts import Alert, Kind
+from procurd.core.clock import utcnow
 from procurd.core.dialect import Learned, dialect_text
 from procurd.core.offering import OfferFacts, why_nothing_is_offered
 from procurd.core.orders import iso
 from procurd.core.procurement import State
 from procurd.core.provider import cents_text
+from procurd.core.records import Instance, ReconcileRun, UpstreamHealth
 from procurd.core.rollup import runway_hours, window_start
-from procurd.db.health_store import UpstreamHealth
-from procurd.db.instance_store import Instance
-from procurd.db.reconcile_store import ReconcileRun
-from procurd.db.stores import Tx
-from procurd.db.types import utcnow
-from procurd.logs import scrub
-from procurd.protocol.dujiao.models import PingResult
-from procurd.runtime import Runtime
-from procurd.upstream.errors import AuthError, UpstreamError, truncate
-from procurd.watch import balance_runway, low_balance
-
-log = structlog.get_logger("procurd.status")
+from procurd.db.views import (
+    WithAlerts,
+    WithCharts,
+    WithDialects,
+    WithHealth,
+    WithInstances,
+    WithMirror,
+    WithOffered,
+    WithOutbox,
+    WithProvider,
+    WithReconcile,
+)
+from procurd.operations.runtime import Runtime
 
 QUEUE_STATES = tuple(state.value for state in State)
 ALIVE_BEATS = 3  # an instance is alive while its heartbeat is at most this many heartbeat_seconds old
@@ -65,7 +67,18 @@ class _ProviderScope:
     rules: int
 
 
-def _provider_facts(tx: Tx, scope: _ProviderScope) -> dict[str, Any]:
+class ProviderFactsTx(WithProvider, WithOffered, Protocol):
+    """What the provider's part of the status report reads."""
+
+
+class StatusTx(
+    WithMirror, WithCharts, WithHealth, WithDialects, WithOutbox, WithInstances, WithAlerts, WithReconcile,
+    ProviderFactsTx, Protocol,
+):  # fmt: skip
+    """What the status report reads, in one snapshot."""
+
+
+def _provider_facts(tx: ProviderFactsTx, scope: _ProviderScope) -> dict[str, Any]:
     """The provider's accounts (with each balance), orders by status, callbacks, offered products; when it
     lists none, why (``offer_problem``)."""
     currency = scope.currency
@@ -105,12 +118,13 @@ def _provider_facts(tx: Tx, scope: _ProviderScope) -> dict[str, Any]:
 
 
 def _facts(
-    tx: Tx, upstreams: list[str], day_ago: datetime, provider: _ProviderScope | None, spend_from: datetime
+    tx: StatusTx,
+    upstreams: list[str],
+    day_ago: datetime,
+    provider: _ProviderScope | None,
+    spend_from: datetime,
 ) -> _Facts:
-    syncs = {}
-    for name in upstreams:
-        row = tx.mirror.last_run(name)
-        syncs[name] = None if row is None else SyncReport.from_row(row)
+    syncs = {name: _last_pass(tx, name) for name in upstreams}
     return _Facts(
         queue=tx.charts.states(),  # from the hourly rollup, not a count of every procurement
         oldest=tx.charts.oldest_queued(upstreams),
@@ -131,6 +145,17 @@ def _facts(
             if alert.last_at >= day_ago
         ],
     )
+
+
+def _last_pass(tx: WithMirror, upstream: str, finished: bool = False) -> SyncReport | None:
+    row = tx.mirror.last_run(upstream, finished=finished)
+    return None if row is None else SyncReport.from_row(row)
+
+
+async def last_sync(runtime: Runtime, upstream: str, *, finished: bool = False) -> SyncReport | None:
+    """The most recent catalogue pass of ``upstream`` that ran (skipped ones are not), or ``None``: while a
+    pass is under way the ``running`` one, unless ``finished`` asks for the last that ended."""
+    return await runtime.database.read(_last_pass, upstream, finished)
 
 
 async def status_report(runtime: Runtime) -> dict[str, Any]:
@@ -339,87 +364,3 @@ async def refresh_metrics(runtime: Runtime) -> dict[str, Any]:
     for name, client in runtime.clients.items():
         runtime.metrics.set_waiting(name, client.limiter.waiting)
     return report
-
-
-# --- pings ------------------------------------------------------------------------------------------------
-
-
-async def record_ping(runtime: Runtime, upstream: str, outcome: PingResult | BaseException) -> None:
-    """Store the outcome of a ping of ``upstream``.
-
-    A success records the site, balance and latency and clears any pending authentication error; a failure
-    keeps the last known balance and records the error (an authentication error also marks the upstream
-    unhealthy until a later ping succeeds).
-    """
-    now = utcnow()
-    values: dict[str, Any] = {"last_ping_at": now}
-    if isinstance(outcome, PingResult):
-        values.update(
-            last_ping_ok=True,
-            last_ping_error=None,
-            site_name=outcome.site_name,
-            protocol_version=outcome.protocol_version,
-            balance=str(outcome.balance),
-            currency=outcome.currency,
-            member_level=outcome.member_level.to_json() if outcome.member_level is not None else None,
-            latency_ms=round(outcome.latency_ms),
-            auth_error_code=None,
-            auth_error_at=None,
-        )
-    else:
-        values.update(last_ping_ok=False, last_ping_error=describe_failure(outcome), latency_ms=None)
-        if isinstance(outcome, AuthError):
-            values.update(auth_error_code=outcome.code, auth_error_at=now)
-
-    def record(tx: Tx) -> None:
-        tx.health.update(upstream, values, now)
-        if isinstance(outcome, PingResult):  # the wallet's chart, hour by hour
-            tx.charts.record_balance(upstream, str(outcome.balance), outcome.currency, now)
-            if outcome.clock_offset_seconds is not None:
-                tx.dialects.learn(upstream, {"clock_offset_seconds": outcome.clock_offset_seconds}, now)
-
-    await runtime.database.write(record)
-    await runtime.save_dialects()
-    log.info(
-        "upstream.ping_recorded",
-        upstream=upstream,
-        ok=values["last_ping_ok"],
-        error=values.get("last_ping_error"),
-    )
-
-
-async def ping_upstream(runtime: Runtime, upstream: str) -> PingResult | UpstreamError:
-    """Ping ``upstream`` now and record the outcome (what the daemon's ping job runs)."""
-    try:
-        result: PingResult | UpstreamError = await runtime.client(upstream).ping()
-    except UpstreamError as exc:
-        result = exc
-    except Exception as exc:
-        await record_ping(runtime, upstream, exc)
-        raise
-    await record_ping(runtime, upstream, result)
-    if isinstance(result, PingResult):
-        settings = runtime.settings.upstream(upstream)
-        for check in (low_balance, balance_runway):
-            found = await check(runtime.database, settings, result)
-            if found is not None:
-                await runtime.alerts.raise_(found)
-    return result
-
-
-def describe_failure(error: BaseException) -> str:
-    """One line about a failure, without secrets (upstream errors already describe themselves safely).
-
-    A failure that says what to check carries it: for an authentication failure the clock and its measured
-    offset, for an endpoint the site does not serve the base_url.
-    """
-    if isinstance(error, UpstreamError) and error.hint:
-        return truncate(f"{error}; {error.hint}", 400)
-    if isinstance(error, UpstreamError):
-        return truncate(str(error), 300)
-    return truncate(scrub(f"{type(error).__name__}: {error}"), 300)
-
-
-async def update_health(runtime: Runtime, upstream: str, values: dict[str, Any], now: datetime) -> None:
-    """Update the upstream's health row, creating it first when the daemon never did."""
-    await runtime.database.write(lambda tx: tx.health.update(upstream, values, now))
