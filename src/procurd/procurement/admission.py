@@ -24,9 +24,8 @@ from procurd.core.machine import Policy, decide
 from procurd.core.numbers import item_number
 from procurd.core.pricing import PricingRule
 from procurd.core.procurement import Admit, Decision, MirroredSku, SourceRef, State
+from procurd.core.records import NumberRow, Offer
 from procurd.core.sources import Skipped, default_limit, first_available, offer_limits, selling_terms
-from procurd.db.offer_store import Offer
-from procurd.db.procurement_store import NumberRow
 from procurd.db.views import WithOffers, WithProcurements
 
 STOCK = "out_of_stock"  # the mirror's reason a source is passed over for its stock

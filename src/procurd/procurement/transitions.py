@@ -55,10 +55,9 @@ from procurd.core.procurement import (
 )
 from procurd.core.provider import ProviderIntake, ProviderOrder
 from procurd.core.reconcile import GOODS_RECORDED, goods_after_resolution
+from procurd.core.records import Finding, NumberRow, Offer
 from procurd.core.rollup import Deltas, difference
-from procurd.db.offer_store import Offer
-from procurd.db.procurement_store import AuditRow, NumberRow
-from procurd.db.reconcile_store import Finding
+from procurd.db.procurement_store import AuditRow
 from procurd.db.stores import Tx
 from procurd.procurement.admission import admit_items, item_keys
 from procurd.procurement.answers import finding_of
