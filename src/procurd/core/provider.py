@@ -212,6 +212,16 @@ class ProviderIntake:
     currency: str
 
 
+@dataclass(frozen=True, slots=True)
+class ProviderTerms:
+    """What the provider's configuration decides of a downstream's order: the currency it sells in, the
+    upstreams it offers, and each configured level's discount (a level no longer configured has none)."""
+
+    currency: str
+    upstreams: frozenset[str]
+    discounts: Mapping[str, Decimal] = field(default_factory=dict)
+
+
 def provider_status(p: Procurement) -> str:
     """What the provider order bought by ``p`` shows its downstream site.
 
