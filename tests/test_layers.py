@@ -2,7 +2,8 @@
 transaction's function is typed.
 
 A transaction (``Database.read``, ``.write``, ``.autocommit``, ``.glance``) is opened in two places only: the
-operations (``procurd.operations``) and the state path's group-commit writer (``procurd.db.batching``);
+operations (``procurd.operations``, and for the provider role ``procurd.provider`` but its side of the signed
+API, ``procurd.provider.backend``) and the state path's group-commit writer (``procurd.db.batching``);
 ``procurd.db.database`` defines them. Everything else that keeps something in the database is given a port
 that an operation implements. The scan reads every module of ``src/procurd`` (nothing is imported or run)
 and finds a call of one of the four on anything that holds the database, whatever its name: a parameter,
@@ -29,19 +30,18 @@ DATABASE_TYPES = frozenset({"Database", "SqliteDatabase", "PostgresDatabase"})
 DATABASE_NAMES = frozenset({"database", "db"})
 
 # Where a transaction may be opened.
-ALLOWED = ("procurd.operations",)
+ALLOWED = ("procurd.operations", "procurd.provider")
 ALLOWED_MODULES = frozenset({"procurd.db.database", "procurd.db.batching"})
+NOT_ALLOWED = frozenset({"procurd.provider.backend"})  # the provider's HTTP side, within an allowed place
 
 # Modules that still open transactions of their own until their part of the house moves, and who moves
 # them: the catalogue pass (behind a port of its own), the state path (its reads become commands of the
-# batch writer), the provider (into one place, whose operations open them).
+# batch writer).
 NOT_MOVED_YET = {
     "procurd.catalog.sync": "the catalogue pass",
     "procurd.catalog.pricing": "the catalogue pass",
     "procurd.procurement.service": "the state path",
     "procurd.procurement.cancel": "the state path",
-    "procurd.provider.callbacks": "the provider",
-    "procurd.provider.catalog": "the provider",
 }
 
 # Modules whose transaction functions still take the whole Tx (or Any), for the same reason.
@@ -50,11 +50,6 @@ UNTYPED_YET = {
     "procurd.catalog.pricing": "the catalogue pass",
     "procurd.procurement.service": "the state path",
     "procurd.procurement.transitions": "the state path",
-    "procurd.procurement.provider_orders": "the provider",
-    "procurd.provider.callbacks": "the provider",
-    "procurd.provider.catalog": "the provider",
-    "procurd.operations.provider": "the provider",
-    "procurd.operations.provider_accounts": "the provider",
 }
 
 
@@ -291,6 +286,8 @@ def transactions_opened(trees: dict[str, ast.Module], known: Knowledge) -> list[
 
 
 def _allowed(module: str) -> bool:
+    if module in NOT_ALLOWED:
+        return False
     return module in ALLOWED_MODULES or any(
         module == place or module.startswith(place + ".") for place in ALLOWED
     )
@@ -314,6 +311,10 @@ def test_transactions_are_opened_by_the_operations_and_the_batch_writer_alone() 
         "procurd.operations.status",
         "procurd.operations.sign_in",
         "procurd.operations.instances",
+        "procurd.provider.operations",
+        "procurd.provider.accounts",
+        "procurd.provider.callbacks",
+        "procurd.provider.catalog",
         "procurd.db.batching",
     }
 

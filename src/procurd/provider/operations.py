@@ -1,10 +1,10 @@
 """The provider role's operations: the offered catalogue, orders from downstream sites, their callbacks.
 
-An order from a downstream site is checked against the mirror (what the offered catalogue shows), priced at
-what its account is shown, then charged and taken in for procurement in one transaction through the one
-state path; its status then follows the procurement. A cancel from the downstream is upstream-first, as a
-person's is. The signed API (:mod:`procurd.http.provider`), the admin API, the console and the command line
-all act through here.
+An order from a downstream site has its request's fields checked here, then is checked against the mirror,
+priced at what its account is shown, charged and taken in for procurement in one transaction of the one
+state path (:mod:`procurd.procurement.provider_orders`); its status then follows the procurement. A cancel
+from the downstream is upstream-first, as a person's is. The signed API (:mod:`procurd.provider.backend`),
+the admin API, the console and the command line all act through here.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import structlog
 from procurd.config import ProviderLevelSettings
 from procurd.core.addresses import private_url_reason
 from procurd.core.alerts import Kind, Occurrence
+from procurd.core.clock import utcnow
 from procurd.core.intake import MAX_QUANTITY
 from procurd.core.json_limits import json_problem, text_problem
 from procurd.core.offering import OfferFacts
@@ -37,15 +38,14 @@ from procurd.core.provider import (
 from procurd.core.refusals import Refused
 from procurd.db.errors import Conflict
 from procurd.db.offered_store import VERSION_QUERY
-from procurd.db.types import utcnow
-from procurd.operations.orders import OrderOperations
-from procurd.operations.provider_accounts import ProviderAccountOperations
-from procurd.operations.runtime import Runtime
+from procurd.db.views import WithProvider
 from procurd.procurement.commands import ProviderPlacement
 from procurd.protocol.dujiao import listing_answer
+from procurd.provider.accounts import ProviderAccountOperations
 from procurd.provider.callbacks import CallbackSender, record_try
 from procurd.provider.catalog import OfferedCatalog, RefreshReport
 from procurd.provider.pages import Page, PageCache
+from procurd.provider.ports import Installation, LocalOrders
 
 log = structlog.get_logger("procurd.provider")
 
@@ -88,7 +88,7 @@ def order_view(order: ProviderOrder, account: str | None = None) -> dict[str, An
 
 
 class ProviderOperations:
-    def __init__(self, runtime: Runtime, orders: OrderOperations) -> None:
+    def __init__(self, runtime: Installation, orders: LocalOrders) -> None:
         self.runtime = runtime
         self.settings = runtime.settings.provider
         self.local_orders = orders
@@ -351,7 +351,7 @@ class ProviderOperations:
     async def order_detail(self, order_id: int) -> dict[str, Any]:
         """One order with the procurement behind it and its callback delivery log."""
 
-        def read(tx: Any) -> Any:
+        def read(tx: WithProvider) -> Any:
             order = tx.provider.order(order_id)
             if order is None:
                 return None
@@ -385,7 +385,7 @@ class ProviderOperations:
         """Tell the order's latest status to its downstream now, signed afresh (idempotent for the
         receiver); the order with its delivery log."""
 
-        def read(tx: Any) -> tuple[ProviderOrder | None, Account | None]:
+        def read(tx: WithProvider) -> tuple[ProviderOrder | None, Account | None]:
             order = tx.provider.order(order_id)
             return order, None if order is None else tx.provider.account(id=order.account_id)
 
