@@ -40,6 +40,7 @@ from procurd.db.errors import Conflict
 from procurd.db.offered_store import VERSION_QUERY
 from procurd.db.views import WithProvider
 from procurd.procurement.commands import ProviderPlacement
+from procurd.procurement.provider_orders import bad_request
 from procurd.protocol.dujiao import listing_answer
 from procurd.provider.accounts import ProviderAccountOperations
 from procurd.provider.callbacks import CallbackSender, record_try
@@ -53,10 +54,6 @@ MAX_DOWNSTREAM_NO_CHARS = 128
 MAX_TRACE_CHARS = 128
 MAX_URL_CHARS = 2048
 NUMBER_TRIES = 3
-
-
-def bad_request(message: str) -> Refused:
-    return Refused(400, "bad_request", message)
 
 
 def order_view(order: ProviderOrder, account: str | None = None) -> dict[str, Any]:
