@@ -22,7 +22,6 @@ from procurd.core.machine import Policy
 from procurd.core.pricing import PricingRule
 from procurd.core.procurement import Event, Procurement, Source, UpstreamReport
 from procurd.core.provider import ProviderIntake, ProviderTerms
-from procurd.core.refusals import Refused
 
 
 class ReportRejected(Exception):
@@ -73,8 +72,9 @@ class ProviderPlacement:
     """A downstream site's order of an offered SKU, its request's fields checked: the state path finds an
     earlier order of the account under ``downstream_order_no`` (which it answers), else checks the SKU
     against the mirror, prices it at the account's level, charges the wallet and takes the order in
-    (:mod:`procurd.procurement.provider_orders`). ``callback_refusal``: what is wrong with the callback URL,
-    which refuses a new order but not a repeat."""
+    (:mod:`procurd.procurement.provider_orders`). ``callback_problem``: what is wrong with the callback URL
+    (the message of its refusal, 400 ``invalid_callback_url``), which refuses a new order but not a
+    repeat."""
 
     account_id: int
     order_no: str  # the number the provider order and the local order that buys it take
@@ -84,7 +84,7 @@ class ProviderPlacement:
     downstream_order_no: str | None
     trace_id: str | None
     callback_url: str | None
-    callback_refusal: Refused | None = None
+    callback_problem: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

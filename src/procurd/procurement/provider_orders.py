@@ -44,18 +44,27 @@ from procurd.db.offered_store import SkuSource
 from procurd.db.views import WithOffered, WithProvider
 from procurd.procurement.commands import ProviderPlacement
 
-SKU_UNAVAILABLE = Refused(400, "sku_unavailable", "sku is missing or inactive")
-PRODUCT_UNAVAILABLE = Refused(400, "product_unavailable", "product is inactive or unavailable")
-INSUFFICIENT_STOCK = Refused(409, "insufficient_stock", "stock is too low for this quantity")
-
 
 def bad_request(message: str) -> Refused:
     return Refused(400, "bad_request", message)
 
 
-def offered_sources(tx: WithOffered, sku_ids: Collection[int]) -> dict[int, SkuSource | None]:
-    """What each offered SKU id stands for (``None``: nothing the provider ever offered)."""
-    return {sku_id: tx.offered.sku_source(sku_id) for sku_id in sorted(set(sku_ids))}
+def sku_unavailable() -> Refused:
+    return Refused(400, "sku_unavailable", "sku is missing or inactive")
+
+
+def product_unavailable() -> Refused:
+    return Refused(400, "product_unavailable", "product is inactive or unavailable")
+
+
+def insufficient_stock() -> Refused:
+    return Refused(409, "insufficient_stock", "stock is too low for this quantity")
+
+
+def offered_sources(tx: WithOffered, sku_ids: Collection[int]) -> dict[int, SkuSource]:
+    """What each offered SKU id stands for, in one statement (an id the provider never offered is left
+    out)."""
+    return tx.offered.sku_sources(sku_ids) if sku_ids else {}
 
 
 def placement_intake(
@@ -69,10 +78,10 @@ def placement_intake(
     """A downstream's new order checked against the offered SKU's ``source`` and its mirror row in ``skus``,
     priced for ``account`` (as its locked row says now): the local order that buys it and the provider order
     to charge. :class:`Refused` with what the downstream is told when it cannot be sold as asked."""
-    if placement.callback_refusal is not None:
-        raise placement.callback_refusal
+    if placement.callback_problem is not None:
+        raise Refused(400, "invalid_callback_url", placement.callback_problem)
     if source is None or source.upstream not in terms.upstreams:
-        raise SKU_UNAVAILABLE
+        raise sku_unavailable()
     mirrored = skus.get((source.upstream, source.upstream_id))
     if (
         mirrored is None
@@ -82,9 +91,9 @@ def placement_intake(
         or mirrored.sell_price is None
         or mirrored.sell_currency != terms.currency
     ):
-        raise SKU_UNAVAILABLE
+        raise sku_unavailable()
     if not mirrored.product_known or mirrored.product_removed or not mirrored.product_active:
-        raise PRODUCT_UNAVAILABLE
+        raise product_unavailable()
     form = placement.manual_form_data
     if mirrored.fulfillment_type == "manual":
         missing = [
@@ -98,7 +107,7 @@ def placement_intake(
                 + (f": missing {', '.join(missing)}" if missing else "")
             )
     if mirrored.stock_problem(placement.quantity) is not None:
-        raise INSUFFICIENT_STOCK
+        raise insufficient_stock()
     discount = None if account is None else terms.discounts.get(account.level or "")
     unit, limit = unit_price(source.upstream, mirrored, discount, pricing)
     request = OrderRequest(
@@ -149,13 +158,13 @@ def intake_refusal(exc: IntakeError) -> Refused:
     """What a downstream is told when intake refuses its order (the account disabled since its request was
     authenticated, or what intake checks of every order)."""
     if exc.code in ("sku_not_found", "sku_inactive"):
-        return SKU_UNAVAILABLE
+        return sku_unavailable()
     if exc.code == "account_disabled":
         return Refused(401, "invalid_api_key", "API key is invalid or disabled")
     if exc.code in ("product_not_found", "product_inactive"):
-        return PRODUCT_UNAVAILABLE
+        return product_unavailable()
     if exc.code == "insufficient_stock":
-        return INSUFFICIENT_STOCK
+        return insufficient_stock()
     return bad_request(exc.message)
 
 

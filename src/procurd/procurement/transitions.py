@@ -188,7 +188,7 @@ class _Batch:
     exceptions_opened: list[tuple[Key, ExceptionOpened]] = field(default_factory=list)
     provider: ProviderBatch = field(default_factory=ProviderBatch)
     provider_ids: dict[str, int] = field(default_factory=dict)  # new provider orders' ids, once flushed
-    offered: Mapping[int, SkuSource | None] = field(default_factory=dict)  # the offered SKUs placements name
+    offered: Mapping[int, SkuSource] = field(default_factory=dict)  # the offered SKUs placements name
     # What the commands name, as looked up first: numbers, the orders of changes named by id, SKUs, offers.
     numbers: Mapping[tuple[str, str], NumberRow] = field(default_factory=dict)
     order_nos: Mapping[int, str] = field(default_factory=dict)
@@ -215,7 +215,7 @@ def apply_batch(tx: Tx, commands: Sequence[Command], rules: Rules) -> list[Resul
     placements = [c for c in commands if isinstance(c, ProviderPlacement)]
     batch.offered = offered_sources(tx, [placement.sku_id for placement in placements])
     for placement in placements:
-        source = batch.offered[placement.sku_id]
+        source = batch.offered.get(placement.sku_id)
         if source is not None:
             sku_keys.append((source.upstream, source.upstream_id))
             number_keys.append((source.upstream, item_number(placement.order_no, 0)))

@@ -228,13 +228,13 @@ class ProviderOperations:
         earlier order under the number, checks the SKU against the mirror, prices, charges and takes the
         order in: :mod:`procurd.procurement.provider_orders`)."""
         _check_fields(quantity, manual_form_data, downstream_order_no, trace_id, callback_url)
-        callback_refusal = self._callback_refusal(callback_url) if callback_url else None
+        callback_problem = self._callback_problem(callback_url) if callback_url else None
         for _ in range(NUMBER_TRIES):
             placement = ProviderPlacement(
                 account_id=account.id, order_no=f"P{account.id}-{secrets.token_hex(6)}", sku_id=sku_id,
                 quantity=quantity, manual_form_data=manual_form_data,
                 downstream_order_no=downstream_order_no or None, trace_id=trace_id or None,
-                callback_url=callback_url or None, callback_refusal=callback_refusal,
+                callback_url=callback_url or None, callback_problem=callback_problem,
             )  # fmt: skip
             try:
                 result = await self.runtime.service.place(placement)
@@ -262,8 +262,9 @@ class ProviderOperations:
                 await self.accounts.check_balance(result.wallet, result.wallet.balance_cents)
         return order, result.created
 
-    def _callback_refusal(self, url: str) -> Refused | None:
-        """What is wrong with a callback URL (a new order is refused for it, a repeat is not)."""
+    def _callback_problem(self, url: str) -> str | None:
+        """What is wrong with a callback URL, as its refusal (400 ``invalid_callback_url``) says: a new order
+        is refused for it, a repeat is not."""
         try:
             parts = urlsplit(url)
         except ValueError:  # a bracketed host that is not one ("http://[::1"): no URL at all
@@ -271,15 +272,13 @@ class ProviderOperations:
         # urlsplit drops surrounding spaces and any tab or newline: a URL holding them is refused, not mended.
         unclean = any(char.isspace() or char < " " or char == "\x7f" for char in url)
         if unclean or parts.scheme not in ("http", "https") or not parts.hostname:
-            return Refused(
-                400,
-                "invalid_callback_url",
-                "callback_url must be an http or https URL with a host, without spaces or control characters",
+            return (
+                "callback_url must be an http or https URL with a host, without spaces or control characters"
             )
         if not self.settings.allow_private_callback_url:
             problem = private_url_reason(url)
             if problem is not None:
-                return Refused(400, "invalid_callback_url", refused_callback_url(problem))
+                return refused_callback_url(problem)
         return None
 
     async def order_of(self, account: Account, order_id: int) -> ProviderOrder:
