@@ -15,8 +15,8 @@ from aiohttp.abc import AbstractResolver, ResolveResult
 from procurd.catalog.sync import SyncReport
 from procurd.config import Settings
 from procurd.core.provider import ProviderOrder
+from procurd.core.records import LedgerEntry
 from procurd.daemon import Daemon
-from procurd.db.provider_store import LedgerEntry
 from procurd.operations import Operations
 from procurd.sandbox import SandboxConfig
 from support import UpstreamSite, config_data, wait_until

@@ -20,11 +20,11 @@ from typing import Any
 import pytest
 
 from console_support import ADMIN_TOKEN, CSP, ConsoleClient, Page
+from procurd.core.orders import MAX_NOTE_CHARS
 from procurd.daemon import Daemon
 from procurd.http.console.data import ProviderOrderDetail
 from procurd.http.console.render import Templates
 from procurd.http.testing import procurd_stack
-from procurd.operations.orders import MAX_NOTE_CHARS
 from procurd.sandbox import Sandbox, SandboxConfig
 from procurd.sandbox.testing import CallbackReceiver, SignedClient
 from provider_support import ProviderSite, add_account, provider_settings, settled

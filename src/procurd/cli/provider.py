@@ -1,6 +1,6 @@
 """``procurd provider``: the accounts of downstream sites, their wallets, and the orders they send.
 
-Each command is the provider's operation (:mod:`procurd.operations.provider`), as the admin API and the
+Each command is the provider's operation (:mod:`procurd.provider.operations`), as the admin API and the
 console run it. An account's API secret is printed once, when the account is added or its secret rotated.
 """
 
@@ -16,10 +16,9 @@ from procurd.cli.base import CliState, common_options, emit_json, main, pass_sta
 from procurd.cli.orders import json_option
 from procurd.config import Settings
 from procurd.core.orders import iso
-from procurd.core.provider import ORDER_STATUSES, Account
+from procurd.core.provider import ORDER_STATUSES, Account, account_view
 from procurd.core.times import count
 from procurd.operations import open_operations
-from procurd.operations.provider_accounts import account_view
 from procurd.output import Column, ago, echo, print_fields, print_table, utc, when
 
 MAX_PAGE_SIZE = 100

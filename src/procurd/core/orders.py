@@ -8,7 +8,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from procurd.core.json_limits import text_problem
 from procurd.core.procurement import Procurement, State
+from procurd.core.refusals import Refused
+
+MAX_NOTE_CHARS = 4000  # a person's note on an order, a wallet movement, an exception
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -162,3 +166,18 @@ def order_view(order: Order, items: Sequence[Procurement]) -> dict[str, Any]:
         "updated_at": iso(order.updated_at),
         "procurements": views,
     }
+
+
+def check_note(note: Any, *, required: bool) -> str | None:
+    """A person's note: stripped, ``None`` when empty and optional; 400 ``note_required`` when required and
+    missing, 400 ``invalid_request`` when too long or not storable text."""
+    if note is None and not required:
+        return None
+    if not isinstance(note, str) or (required and not note.strip()):
+        raise Refused(400, "note_required", "note must be a non-empty string")
+    if len(note) > MAX_NOTE_CHARS:
+        raise Refused(400, "invalid_request", f"note is longer than {MAX_NOTE_CHARS} characters")
+    problem = text_problem(note)
+    if problem is not None:
+        raise Refused(400, "invalid_request", f"note {problem}")
+    return note.strip() or None

@@ -122,6 +122,36 @@ class OldSecret:
     last_used_at: datetime | None
 
 
+def account_view(
+    account: Account, orders: dict[str, int] | None = None, old_secrets: Sequence[OldSecret] = ()
+) -> dict[str, Any]:
+    """An account as the admin API shows it (never a secret): with its orders by status and the previous
+    secrets that still verify its requests (each's end, and the requests it verified: when they stop, the
+    downstream has switched to the new one)."""
+    return {
+        "id": account.id,
+        "name": account.name,
+        "api_key": account.api_key,
+        "status": account.status,
+        "level": account.level,
+        "balance": cents_text(account.balance_cents),
+        "currency": account.currency,
+        "orders": orders or {},
+        "old_secrets": [_old_secret_view(old) for old in old_secrets],
+        "created_at": iso(account.created_at),
+        "updated_at": iso(account.updated_at),
+    }
+
+
+def _old_secret_view(old: OldSecret) -> dict[str, Any]:
+    return {
+        "replaced_at": iso(old.replaced_at),
+        "valid_until": iso(old.valid_until),
+        "requests": old.requests,
+        "last_used_at": iso(old.last_used_at),
+    }
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ProviderOrder:
     """An order received from a downstream site (``provider_orders`` row)."""
@@ -210,6 +240,16 @@ class ProviderIntake:
     unit_price: str
     amount_cents: int
     currency: str
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderTerms:
+    """What the provider's configuration decides of a downstream's order: the currency it sells in, the
+    upstreams it offers, and each configured level's discount (a level no longer configured has none)."""
+
+    currency: str
+    upstreams: frozenset[str]
+    discounts: Mapping[str, Decimal] = field(default_factory=dict)
 
 
 def provider_status(p: Procurement) -> str:

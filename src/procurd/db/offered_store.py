@@ -25,8 +25,9 @@ CHUNK = 500
 VERSION = "version"  # provider_state's row for the offered catalogue's version
 
 _PRODUCT_IDS = provider_ids.alias("product_ids")
-_SKU_SOURCE = (
+_SKU_SOURCES = (
     select(
+        provider_ids.c.id,
         provider_ids.c.upstream,
         provider_ids.c.upstream_id,
         _PRODUCT_IDS.c.id.label("product_id"),
@@ -56,7 +57,7 @@ _SKU_SOURCE = (
             ),
         )
     )
-    .where(provider_ids.c.entity == "sku", provider_ids.c.id == bindparam("sku_id"))
+    .where(provider_ids.c.entity == "sku", provider_ids.c.id.in_(bindparam("sku_ids", expanding=True)))
 )
 
 
@@ -213,15 +214,17 @@ class OfferedStore:
                 skus.setdefault(int(row["product_id"]), []).append(dict(row))
         return products, skus
 
-    def sku_source(self, offered_id: int) -> SkuSource | None:
-        """What an offered SKU id stands for: its upstream and upstream id, and, while the mirror has its
-        product, that product's offered id and title."""
-        row = self.connection.execute(_SKU_SOURCE, {"sku_id": offered_id}).first()
-        if row is None:
-            return None
-        title = row.title if isinstance(row.title, dict) else None
-        product_id = None if row.product_id is None else int(row.product_id)
-        return SkuSource(str(row.upstream), int(row.upstream_id), product_id, title)
+    def sku_sources(self, offered_ids: Collection[int]) -> dict[int, SkuSource]:
+        """What each offered SKU id stands for (one statement; an id never offered is left out): its
+        upstream and upstream id, and, while the mirror has its product, that product's offered id and
+        title."""
+        found: dict[int, SkuSource] = {}
+        for chunk in _chunks(sorted(set(offered_ids))):
+            for row in self.connection.execute(_SKU_SOURCES, {"sku_ids": list(chunk)}):
+                title = row.title if isinstance(row.title, dict) else None
+                product_id = None if row.product_id is None else int(row.product_id)
+                found[int(row.id)] = SkuSource(str(row.upstream), int(row.upstream_id), product_id, title)
+        return found
 
     def categories(self, upstreams: Collection[str]) -> list[dict[str, Any]]:
         """The mirror's categories of the upstreams that are still listed."""

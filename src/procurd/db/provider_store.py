@@ -8,7 +8,6 @@ id order, after the orders it locks) and writes the balances it decided.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -27,6 +26,15 @@ from sqlalchemy import (
 )
 
 from procurd.core.provider import Account, OldSecret, ProviderOrder
+from procurd.core.records import (
+    IN_FLIGHT,
+    CallbackAttempt,
+    CallbackDue,
+    CallbackState,
+    LedgerEntry,
+    SettledTry,
+    unknown_outcome,
+)
 from procurd.db.keys import by_pairs
 from procurd.db.schema import (
     alerts,
@@ -45,93 +53,6 @@ def to_account(row: RowMapping) -> Account:
 
 def to_order(row: RowMapping) -> ProviderOrder:
     return ProviderOrder(**{column.name: row[column.name] for column in provider_orders.c})
-
-
-@dataclass(frozen=True, slots=True)
-class LedgerEntry:
-    id: int
-    account_id: int
-    amount_cents: int
-    kind: str
-    order_id: int | None
-    note: str | None
-    balance_after_cents: int
-    created_at: datetime
-
-
-@dataclass(frozen=True, slots=True)
-class CallbackDue:
-    """A provider order whose status is to be told to its downstream site, claimed by one dispatcher."""
-
-    order_id: int
-    account_id: int
-    status: str
-    attempts: int
-    first_attempt_at: datetime | None
-    attempt_id: int | None = None  # the try this claim recorded as in flight, in the delivery log
-
-
-# A try is in the delivery log from the claim that starts it ("in flight"), so that a crash before its
-# answer leaves it there; the instance that finds the claim dead marks it "outcome unknown".
-IN_FLIGHT = "in flight: no answer yet"
-UNKNOWN = "outcome unknown: "
-
-
-def unknown_outcome(why: str) -> str:
-    """The delivery log's message for a try whose answer never came back (the downstream may have it)."""
-    return f"{UNKNOWN}{why}; sent again"
-
-
-@dataclass(frozen=True, slots=True)
-class SettledTry:
-    """A try of telling ``status`` to the downstream of order ``order_id``, and what follows from it
-    (``attempt_id``: its row in the delivery log, recorded in flight by its claim; ``None`` for a replay)."""
-
-    order_id: int
-    status: str
-    http_status: int | None
-    message: str | None
-    delivered: bool
-    gave_up: bool
-    error: str | None
-    next_attempt_at: datetime | None
-    attempt_id: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class CallbackState:
-    order_id: int
-    account_id: int
-    status: str
-    pending: bool
-    attempts: int
-    first_attempt_at: datetime | None
-    next_attempt_at: datetime | None
-    delivered_at: datetime | None
-    given_up_at: datetime | None
-    last_error: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class CallbackAttempt:
-    at: datetime
-    status: str
-    http_status: int | None
-    ok: bool
-    message: str | None
-    replay: bool
-
-    @property
-    def outcome(self) -> str:
-        """``ok``, ``failed``, ``in_flight`` (no answer yet) or ``unknown`` (the instance sending it stopped
-        before its answer: the downstream may have been told)."""
-        if self.ok:
-            return "ok"
-        if self.http_status is None and self.message == IN_FLIGHT:
-            return "in_flight"
-        if self.http_status is None and (self.message or "").startswith(UNKNOWN):
-            return "unknown"
-        return "failed"
 
 
 _BY_DOWNSTREAM = select(provider_orders).where(

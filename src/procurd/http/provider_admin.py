@@ -1,8 +1,8 @@
 """The provider's part of the admin listener: accounts of downstream sites, their wallets and ledgers, the
 orders they sent, and their callbacks (``/api/v1/provider/...``, described in ``openapi.yaml``).
 
-Each handler reads its input and calls one provider operation (:mod:`procurd.operations.provider` and
-:mod:`procurd.operations.provider_accounts`), as ``procurd provider`` and the console do. The routes answer
+Each handler reads its input and calls one provider operation (:mod:`procurd.provider.operations` and
+:mod:`procurd.provider.accounts`), as ``procurd provider`` and the console do. The routes answer
 whether or not ``[provider] enabled`` is set: accounts can be prepared and wallets topped up before the
 signed API is switched on, and orders received earlier stay readable after it is switched off. An account's
 API secret is in two answers only, creating the account and rotating its secret, and never in a log line.
@@ -16,7 +16,7 @@ from typing import Any
 from aiohttp import web
 
 from procurd.core.orders import iso
-from procurd.core.provider import ACCOUNT_NAME_RULE, Account
+from procurd.core.provider import ACCOUNT_NAME_RULE, Account, account_view
 from procurd.http.errors import OPERATIONS, ApiError, Handler
 from procurd.http.inputs import (
     DEFAULT_PAGE_SIZE,
@@ -28,9 +28,9 @@ from procurd.http.inputs import (
     query_text,
 )
 from procurd.operations import Operations
-from procurd.operations.provider import ProviderOperations
-from procurd.operations.provider_accounts import ACCOUNT_NAME, account_view
 from procurd.protocol.web import json_response
+from procurd.provider.accounts import ACCOUNT_NAME
+from procurd.provider.operations import ProviderOperations
 
 PREFIX = "/api/v1/provider"
 

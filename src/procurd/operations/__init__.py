@@ -38,11 +38,11 @@ from procurd.operations.installation import (
 )
 from procurd.operations.offers import OfferOperations
 from procurd.operations.orders import OrderOperations
-from procurd.operations.provider import ProviderOperations
 from procurd.operations.runtime import Runtime
 from procurd.operations.sign_in import SignIn
 from procurd.operations.upstreams import UpstreamOperations
 from procurd.operations.views import ProcurementViews
+from procurd.provider.operations import ProviderOperations
 
 __all__ = [
     "Conflict",

@@ -14,8 +14,9 @@ import structlog
 
 from procurd.core.exact import loads_exact
 from procurd.core.intake import IntakeError, parse_order_request, refusal_status
-from procurd.core.json_limits import json_problem, text_problem
+from procurd.core.json_limits import json_problem
 from procurd.core.numbers import MAX_ID, ORDER_NO_PATTERN
+from procurd.core.orders import check_note
 from procurd.core.procurement import NotAllowed, Resolve, Retry, Source
 from procurd.core.refusals import Refused
 from procurd.operations.runtime import Runtime
@@ -25,7 +26,6 @@ from procurd.procurement.service import IntakeResult
 
 log = structlog.get_logger("procurd.orders")
 
-MAX_NOTE_CHARS = 4000
 DEFAULT_BULK_RETRY = 100  # exceptions one bulk retry sends again unless told otherwise
 MAX_BULK_RETRY = 1000
 
@@ -86,21 +86,6 @@ def check_procurement_id(value: int) -> int:
     if not 0 < value <= MAX_ID:
         raise Refused(404, "procurement_not_found", f"no procurement {value}")
     return value
-
-
-def check_note(note: Any, *, required: bool) -> str | None:
-    """A person's note: stripped, ``None`` when empty and optional; 400 ``note_required`` when required and
-    missing, 400 ``invalid_request`` when too long or not storable text."""
-    if note is None and not required:
-        return None
-    if not isinstance(note, str) or (required and not note.strip()):
-        raise Refused(400, "note_required", "note must be a non-empty string")
-    if len(note) > MAX_NOTE_CHARS:
-        raise Refused(400, "invalid_request", f"note is longer than {MAX_NOTE_CHARS} characters")
-    problem = text_problem(note)
-    if problem is not None:
-        raise Refused(400, "invalid_request", f"note {problem}")
-    return note.strip() or None
 
 
 def check_bulk_limit(limit: Any) -> int:

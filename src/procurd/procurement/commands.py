@@ -1,7 +1,8 @@
 """The state path's commands, which the procurement service hands to the batch
 (:func:`procurd.procurement.transitions.apply_batch`).
 
-Intake, one event or several for a procurement, what an upstream says about an order, claims for submission
+Intake (a paid order, or a downstream site's order of an offered SKU), one event or several for a
+procurement, what an upstream says about an order, claims for submission
 and for a poll, the release of a gone instance's claims, and a look at one procurement. Each runs in the
 writer's transaction with the others of its batch and fails alone: a refused report raises
 :class:`ReportRejected` (or :class:`ReportUnverified`, which the claim's confirmation takes up).
@@ -14,12 +15,13 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from procurd.core.intake import OrderRequest
 from procurd.core.machine import Policy
 from procurd.core.pricing import PricingRule
 from procurd.core.procurement import Event, Procurement, Source, UpstreamReport
-from procurd.core.provider import ProviderIntake
+from procurd.core.provider import ProviderIntake, ProviderTerms
 
 
 class ReportRejected(Exception):
@@ -63,6 +65,26 @@ class Intake:
     request: OrderRequest
     fingerprint: str
     provider: ProviderIntake | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderPlacement:
+    """A downstream site's order of an offered SKU, its request's fields checked: the state path finds an
+    earlier order of the account under ``downstream_order_no`` (which it answers), else checks the SKU
+    against the mirror, prices it at the account's level, charges the wallet and takes the order in
+    (:mod:`procurd.procurement.provider_orders`). ``callback_problem``: what is wrong with the callback URL
+    (the message of its refusal, 400 ``invalid_callback_url``), which refuses a new order but not a
+    repeat."""
+
+    account_id: int
+    order_no: str  # the number the provider order and the local order that buys it take
+    sku_id: int  # the offered SKU id
+    quantity: int
+    manual_form_data: dict[str, Any] | None
+    downstream_order_no: str | None
+    trace_id: str | None
+    callback_url: str | None
+    callback_problem: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +152,17 @@ class Current:
     order_no: str
 
 
-Command = Intake | Change | ChangeAll | Report | ClaimSubmissions | ClaimPolls | ReleaseClaims | Current
+Command = (
+    Intake
+    | ProviderPlacement
+    | Change
+    | ChangeAll
+    | Report
+    | ClaimSubmissions
+    | ClaimPolls
+    | ReleaseClaims
+    | Current
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +179,7 @@ class Rules:
     alert_delivery: bool = False  # alert URLs are configured: opened exceptions are to be sent
     pricing: tuple[PricingRule, ...] = ()  # [[pricing.rules]]: an item without max_unit_price is limited
     writer: str = ""  # this process's rows of the hourly rollup (its instance id)
+    provider: ProviderTerms | None = None  # [provider]: what a downstream site's order is sold on
 
     @property
     def default_upstream(self) -> str | None:

@@ -32,7 +32,7 @@ from procurd.core.procurement import (
     State,
     UpstreamReport,
 )
-from procurd.core.provider import ProviderIntake
+from procurd.core.provider import ProviderTerms
 from procurd.db.batching import BatchWriter
 from procurd.db.database import Database
 from procurd.db.types import utcnow
@@ -44,6 +44,7 @@ from procurd.procurement.commands import (
     ClaimSubmissions,
     Command,
     Intake,
+    ProviderPlacement,
     ReleaseClaims,
     Report,
     ReportUnverified,
@@ -125,6 +126,11 @@ class ProcurementService:
             alert_delivery=bool(settings.alerts.urls),
             pricing=settings.pricing.compiled().rules,
             writer=writer or instance_id(),
+            provider=ProviderTerms(
+                settings.provider.currency,
+                frozenset(settings.offered_upstreams()),
+                {level.slug: level.discount() for level in settings.provider.levels},
+            ),
         )
         self._writer: BatchWriter[Command, Result] = BatchWriter(
             database, partial(apply_batch, rules=self.rules)
@@ -144,21 +150,29 @@ class ProcurementService:
 
     # --- changes ------------------------------------------------------------------------------------------
 
-    async def submit(self, request: OrderRequest, provider: ProviderIntake | None = None) -> IntakeResult:
+    async def submit(self, request: OrderRequest) -> IntakeResult:
         """Accept a locally paid order: validate it against the mirror and queue one procurement per item.
 
         Never calls an upstream. A repeat of the same body returns the existing order; the same number with
-        another body raises ``order_conflict`` (:class:`procurd.core.intake.IntakeError`). With ``provider``
-        the order is a downstream site's, charged to its wallet in the same transaction (see
-        :mod:`procurd.procurement.provider_orders`).
+        another body raises ``order_conflict`` (:class:`procurd.core.intake.IntakeError`).
         """
         request = request.with_upstream(self.rules.default_upstream)
-        result = await self._submit(Intake(request, request.fingerprint(), provider))
+        result = await self._submit(Intake(request, request.fingerprint()))
+        return self._accepted(result, request.order_no, len(request.items))
+
+    async def place(self, placement: ProviderPlacement) -> IntakeResult:
+        """A downstream site's order, checked against the mirror, priced, charged to its wallet and taken in
+        for procurement in one transaction (:mod:`procurd.procurement.provider_orders`); or the earlier order
+        it repeats. Raises :class:`~procurd.core.refusals.Refused` with what the downstream is told when it
+        cannot be sold as asked (nothing written)."""
+        return self._accepted(await self._submit(placement), placement.order_no, 1)
+
+    def _accepted(self, result: Result, order_no: str, items: int) -> IntakeResult:
         assert isinstance(result, IntakeResult)
         if result.created:
             for applied in result.admitted:
                 self._after(applied)
-            log.info("order.accepted", order_no=request.order_no, items=len(request.items))
+            log.info("order.accepted", order_no=order_no, items=items)
         return result
 
     async def apply(

@@ -32,13 +32,14 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 from procurd.core import alerts
 from procurd.core.alerts import Occurrence
 from procurd.core.events import order_event
 from procurd.core.intake import IntakeError, OrderRequest
 from procurd.core.machine import decide, is_noop
+from procurd.core.numbers import item_number
 from procurd.core.orders import Order, OrderStatus, derive_status, event_for, order_view
 from procurd.core.procurement import (
     Claim,
@@ -55,13 +56,22 @@ from procurd.core.procurement import (
     Procurement,
     Source,
 )
-from procurd.core.provider import ProviderIntake, ProviderOrder
+from procurd.core.provider import Account, ProviderIntake, ProviderOrder, ProviderTerms
 from procurd.core.reconcile import GOODS_RECORDED, goods_after_resolution
 from procurd.core.records import Finding, NumberRow, Offer
+from procurd.core.refusals import Refused
 from procurd.core.rollup import Deltas, difference
+from procurd.db.offered_store import SkuSource
 from procurd.db.procurement_store import AuditRow
-from procurd.db.stores import Tx
-from procurd.db.views import WithAlerts, WithCharts, WithOffers, WithProcurements, WithProvider, WithReconcile
+from procurd.db.views import (
+    WithAlerts,
+    WithCharts,
+    WithOffered,
+    WithOffers,
+    WithProcurements,
+    WithProvider,
+    WithReconcile,
+)
 from procurd.procurement.admission import admit_items, item_keys
 from procurd.procurement.answers import finding_of
 from procurd.procurement.audit import write_audit
@@ -74,20 +84,30 @@ from procurd.procurement.commands import (
     Command,
     Current,
     Intake,
+    ProviderPlacement,
     ReleaseClaims,
     Report,
     ReportRejected,
     ReportUnverified,
     Rules,
 )
-from procurd.procurement.provider_orders import ProviderBatch
+from procurd.procurement.provider_orders import (
+    ProviderBatch,
+    intake_refusal,
+    offered_sources,
+    placement_intake,
+)
 
 ACCEPTED: OrderStatus = ("paid", False)  # an order as intake first records it
+OFFERING_NOTHING = ProviderTerms("", frozenset())  # without [provider]: every offered SKU is unavailable
 
 
-class BatchTx(WithProcurements, WithOffers, WithProvider, WithAlerts, WithCharts, WithReconcile, Protocol):
+class BatchTx(
+    WithProcurements, WithOffers, WithProvider, WithOffered, WithAlerts, WithCharts, WithReconcile, Protocol
+):
     """The stores a batch touches: procurements, orders, numbers, audit and events; the offers intake
-    names; provider orders and wallets; the alerts and findings it raises; the hourly rollup."""
+    names; provider orders and wallets, and the offered SKUs a provider order names; the alerts and
+    findings it raises; the hourly rollup."""
 
 
 # --- results ------------------------------------------------------------------------------------------------
@@ -120,6 +140,7 @@ class IntakeResult:
     order: dict[str, Any]  # the local order's view ({} for a provider order its wallet could not pay)
     admitted: tuple[Applied, ...] = ()
     provider: ProviderOrder | None = None  # a provider intake's order (new, or the one it repeats)
+    wallet: Account | None = None  # a new provider order's account, its balance as the intake left it
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,6 +206,7 @@ class _Batch:
     exceptions_opened: list[tuple[Key, ExceptionOpened]] = field(default_factory=list)
     provider: ProviderBatch = field(default_factory=ProviderBatch)
     provider_ids: dict[str, int] = field(default_factory=dict)  # new provider orders' ids, once flushed
+    offered: Mapping[int, SkuSource] = field(default_factory=dict)  # the offered SKUs placements name
     # What the commands name, as looked up first: numbers, the orders of changes named by id, SKUs, offers.
     numbers: Mapping[tuple[str, str], NumberRow] = field(default_factory=dict)
     order_nos: Mapping[int, str] = field(default_factory=dict)
@@ -208,6 +230,13 @@ def apply_batch(tx: BatchTx, commands: Sequence[Command], rules: Rules) -> list[
         skus_of, numbers_of = item_keys(intake.request, batch.offers)
         sku_keys += skus_of
         number_keys += numbers_of
+    placements = [c for c in commands if isinstance(c, ProviderPlacement)]
+    batch.offered = offered_sources(tx, [placement.sku_id for placement in placements])
+    for placement in placements:
+        source = batch.offered.get(placement.sku_id)
+        if source is not None:
+            sku_keys.append((source.upstream, source.upstream_id))
+            number_keys.append((source.upstream, item_number(placement.order_no, 0)))
     batch.numbers = store.numbers(number_keys)
     batch.order_nos = store.order_nos_of(
         c.procurement_id for c in commands if isinstance(c, Change) and not c.order_no
@@ -222,6 +251,7 @@ def apply_batch(tx: BatchTx, commands: Sequence[Command], rules: Rules) -> list[
             claims[index] = store.claimed_by(command.instances)
     skus = store.mirrored_skus(sku_keys)
     wanted: set[str] = {intake.request.order_no for intake in intakes}
+    wanted.update(placement.order_no for placement in placements)
     wanted.update(row.order_no for row in batch.numbers.values())
     wanted.update(batch.order_nos.values())
     wanted.update(c.order_no for c in commands if isinstance(c, Change | ChangeAll | Current) and c.order_no)
@@ -229,9 +259,7 @@ def apply_batch(tx: BatchTx, commands: Sequence[Command], rules: Rules) -> list[
         wanted.update(claimed.values())
     batch.orders = store.lock_orders(wanted)
     batch.items = store.items_of(batch.orders)
-    provider_intakes = [intake.provider for intake in intakes if intake.provider is not None]
-    # ProviderBatch still takes the whole Tx; it reads tx.provider alone.
-    batch.provider = ProviderBatch.load(cast(Tx, tx), batch.orders, provider_intakes)
+    batch.provider = ProviderBatch.load(tx, batch.orders, placements)
     # A claim checks the cost (and an offer every source) against the mirror as it is now.
     claimed_keys = [
         key
@@ -250,7 +278,7 @@ def apply_batch(tx: BatchTx, commands: Sequence[Command], rules: Rules) -> list[
     for index, command in enumerate(commands):
         try:
             pending.append(_run(batch, command, claims.get(index, {})))
-        except (NotAllowed, IntakeError, ReportRejected) as refused:
+        except (NotAllowed, IntakeError, ReportRejected, Refused) as refused:
             pending.append(refused)
 
     # 3. Write everything, then build the results that need the new ids.
@@ -276,6 +304,8 @@ def _run(batch: _Batch, command: Command, claimed: Mapping[int, str]) -> Callabl
     match command:
         case Intake():
             return _intake(batch, command)
+        case ProviderPlacement():
+            return _place(batch, command)
         case Change():
             order_no = command.order_no or batch.order_nos.get(command.procurement_id)
             current = _find(batch, order_no, command.procurement_id)
@@ -372,14 +402,29 @@ def _report(batch: _Batch, command: Report) -> Callable[[dict[Key, int]], Result
     return lambda ids: applied
 
 
+def _place(batch: _Batch, command: ProviderPlacement) -> Callable[[dict[Key, int]], Result]:
+    """A downstream site's order: the one it repeats, or checked, priced, charged and taken in."""
+    repeated = batch.provider.existing(command)
+    if repeated is not None:
+        return lambda ids: IntakeResult(False, {}, provider=_provider_with_id(batch, repeated))
+    request, intake = placement_intake(
+        command,
+        batch.offered.get(command.sku_id),
+        batch.skus,
+        batch.provider.accounts.get(command.account_id),
+        batch.rules.provider or OFFERING_NOTHING,
+        batch.rules.pricing,
+    )
+    try:
+        return _intake(batch, Intake(request, request.fingerprint(), intake))
+    except IntakeError as refused:
+        raise intake_refusal(refused) from None
+
+
 def _intake(batch: _Batch, command: Intake) -> Callable[[dict[Key, int]], Result]:
     request = command.request
     order_no = request.order_no
     provider = command.provider
-    if provider is not None:
-        repeated = batch.provider.existing(provider)
-        if repeated is not None:
-            return lambda ids: IntakeResult(False, {}, provider=_provider_with_id(batch, repeated))
     existing = batch.orders.get(order_no) or batch.new_orders.get(order_no)
     if existing is not None:
         if existing.fingerprint != command.fingerprint:
@@ -391,7 +436,12 @@ def _intake(batch: _Batch, command: Intake) -> Callable[[dict[Key, int]], Result
         raise IntakeError("account_disabled", "the provider account is disabled")
     if provider is not None and not batch.provider.can_pay(provider):
         refused = batch.provider.record(provider, batch.now, paid=False)
-        return lambda ids: IntakeResult(True, {}, provider=_provider_with_id(batch, refused))
+        return lambda ids: IntakeResult(
+            True,
+            {},
+            provider=_provider_with_id(batch, refused),
+            wallet=batch.provider.wallet(provider.account_id),
+        )
     order = Order(
         order_no=order_no,
         trace_id=request.trace_id,
@@ -413,6 +463,7 @@ def _intake(batch: _Batch, command: Intake) -> Callable[[dict[Key, int]], Result
         order_view(batch.orders[order_no], _with_ids(tuple(batch.items[order_no]), ids)),
         tuple(_with_id(applied, ids) for applied in admitted),
         None if charged is None else _provider_with_id(batch, charged),
+        None if provider is None else batch.provider.wallet(provider.account_id),
     )
 
 
@@ -536,7 +587,7 @@ def _flush(batch: _Batch) -> dict[Key, int]:
             for order in batch.new_orders.values()
         ]
     )
-    batch.provider_ids = batch.provider.flush(cast(Tx, batch.tx), batch.now)
+    batch.provider_ids = batch.provider.flush(batch.tx, batch.now)
     new = list(batch.inserted.values())
     ids = {_key(p): p.id for p in batch.updated.values()}
     ids.update(zip([_key(p) for p in new], store.insert_procurements(new), strict=True))

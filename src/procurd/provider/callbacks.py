@@ -24,11 +24,11 @@ from aiohttp.abc import AbstractResolver
 
 from procurd.background import Worker
 from procurd.config import ProviderSettings
+from procurd.core.clock import utcnow
 from procurd.core.provider import Account, ProviderOrder
+from procurd.core.records import CallbackDue, SettledTry
 from procurd.db.database import Database
-from procurd.db.provider_store import CallbackDue, SettledTry
-from procurd.db.stores import Tx
-from procurd.db.types import utcnow
+from procurd.db.views import WithProvider
 from procurd.metrics import Metrics
 from procurd.protocol.dujiao.callback import MESSAGE_CHARS, CallbackPoster, Delivery, callback_body
 from procurd.upstream.errors import truncate
@@ -50,7 +50,7 @@ class Claimed:
     account: Account
 
 
-def _claim(tx: Tx, owner: str, now: datetime, limit: int) -> list[Claimed]:
+def _claim(tx: WithProvider, owner: str, now: datetime, limit: int) -> list[Claimed]:
     """Take up to ``limit`` due callbacks, and read their orders and accounts, in one transaction."""
     dues = tx.provider.claim_callbacks(owner, now, now + LEASE, limit)
     if not dues:
@@ -257,7 +257,7 @@ async def record_tries(
         for attempt, _, gave_up, error, next_at in plans
     ]  # fmt: skip
 
-    def settle(tx: Tx) -> None:
+    def settle(tx: WithProvider) -> None:
         tx.provider.settle_callbacks(settled, owner, now)
 
     await database.write(settle)

@@ -22,12 +22,12 @@ from typing import Any
 import structlog
 
 from procurd.config import Settings
+from procurd.core.clock import utcnow
 from procurd.core.orders import iso
 from procurd.core.pricing import PricingRule, SkuFacts, exchange_rate_of
 from procurd.core.provider import CENT, OfferedProduct, OfferedSku, allocate_ids, canonical, offered_document
 from procurd.db.database import Database
-from procurd.db.stores import Tx
-from procurd.db.types import utcnow
+from procurd.db.views import WithOffered
 
 log = structlog.get_logger("procurd.provider")
 
@@ -104,7 +104,7 @@ class OfferedCatalog:
     async def _refresh_upstream(self, upstream: str, full: bool, report: RefreshReport) -> int:
         began = utcnow()
 
-        def changed(tx: Tx) -> tuple[int, list[int]]:
+        def changed(tx: WithOffered) -> tuple[int, list[int]]:
             offered = tx.offered
             up_to = offered.last_change()
             after = offered.state(f"seq:{upstream}")
@@ -128,14 +128,14 @@ class OfferedCatalog:
             report.changed += changed_here
         report.products += rebuilt
 
-        def advance(tx: Tx) -> None:
+        def advance(tx: WithOffered) -> None:
             tx.offered.set_state(f"seq:{upstream}", up_to)
             tx.offered.set_state(f"since:{upstream}", _micros(began))
 
         await self.database.write(advance)
         return rebuilt
 
-    def _number_categories(self, tx: Tx, upstream: str) -> None:
+    def _number_categories(self, tx: WithOffered, upstream: str) -> None:
         """Give an offered id to every category of the upstream's mirror not numbered yet: a parent with
         no product of its own is offered too, so the downstream sees the same two levels."""
         wanted = [("category", upstream, identity) for identity in tx.offered.category_ids(upstream)]
@@ -144,7 +144,7 @@ class OfferedCatalog:
             tx.offered.add_ids(allocate_ids(wanted, known, tx.offered.taken_ids()))
 
     def _rebuild(
-        self, tx: Tx, upstream: str, product_ids: Sequence[int], taken: dict[str, set[int]]
+        self, tx: WithOffered, upstream: str, product_ids: Sequence[int], taken: dict[str, set[int]]
     ) -> tuple[int, int]:
         """Rebuild the documents of these products (one transaction); how many, and how many changed."""
         rows, skus = tx.offered.mirror_rows(upstream, product_ids)

@@ -17,6 +17,7 @@ from urllib.parse import quote, urlencode
 import structlog
 from aiohttp import web
 
+from procurd.core.orders import MAX_NOTE_CHARS
 from procurd.core.provider import ORDER_STATUSES as PROVIDER_ORDER_STATUSES
 from procurd.core.refusals import Refused
 from procurd.core.times import plural
@@ -48,10 +49,10 @@ from procurd.http.inputs import (
 )
 from procurd.http.throttle import THROTTLE, Throttled
 from procurd.operations import Operations
-from procurd.operations.orders import DEFAULT_BULK_RETRY, MAX_NOTE_CHARS, check_order_no, order_not_found
-from procurd.operations.provider import ProviderOperations
-from procurd.operations.provider_accounts import ACCOUNT_NAME, account_not_found
+from procurd.operations.orders import DEFAULT_BULK_RETRY, check_order_no, order_not_found
 from procurd.operations.runtime import Runtime
+from procurd.provider.accounts import ACCOUNT_NAME, account_not_found
+from procurd.provider.operations import ProviderOperations
 
 log = structlog.get_logger("procurd.console")
 

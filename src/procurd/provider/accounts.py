@@ -7,7 +7,6 @@ import math
 import re
 import secrets
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -17,7 +16,8 @@ import structlog
 
 from procurd.config import MAX_ROTATION_OVERLAP_HOURS
 from procurd.core.alerts import Kind, Occurrence
-from procurd.core.orders import iso
+from procurd.core.clock import utcnow
+from procurd.core.orders import check_note, iso
 from procurd.core.provider import (
     ACCOUNT_NAME_RULE,
     ACTIVE,
@@ -25,15 +25,15 @@ from procurd.core.provider import (
     Account,
     AmountError,
     OldSecret,
+    account_view,
     cents_text,
     positive_cents,
     to_cents,
 )
+from procurd.core.records import LedgerEntry
 from procurd.core.refusals import Refused
-from procurd.db.provider_store import LedgerEntry
-from procurd.db.types import utcnow
-from procurd.operations.orders import check_note
-from procurd.operations.runtime import Runtime
+from procurd.db.views import WithProvider
+from procurd.provider.ports import Installation
 
 log = structlog.get_logger("procurd.provider")
 
@@ -44,36 +44,6 @@ KEY_PREFIX = "pk_"
 
 def account_not_found(name: str) -> Refused:
     return Refused(404, "account_not_found", f"no provider account {name!r}")
-
-
-def account_view(
-    account: Account, orders: dict[str, int] | None = None, old_secrets: Sequence[OldSecret] = ()
-) -> dict[str, Any]:
-    """An account as the admin API shows it (never a secret): with its orders by status and the previous
-    secrets that still verify its requests (each's end, and the requests it verified: when they stop, the
-    downstream has switched to the new one)."""
-    return {
-        "id": account.id,
-        "name": account.name,
-        "api_key": account.api_key,
-        "status": account.status,
-        "level": account.level,
-        "balance": cents_text(account.balance_cents),
-        "currency": account.currency,
-        "orders": orders or {},
-        "old_secrets": [_old_secret_view(old) for old in old_secrets],
-        "created_at": iso(account.created_at),
-        "updated_at": iso(account.updated_at),
-    }
-
-
-def _old_secret_view(old: OldSecret) -> dict[str, Any]:
-    return {
-        "replaced_at": iso(old.replaced_at),
-        "valid_until": iso(old.valid_until),
-        "requests": old.requests,
-        "last_used_at": iso(old.last_used_at),
-    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +98,7 @@ def ledger_view(entry: LedgerEntry) -> dict[str, Any]:
 
 
 class ProviderAccountOperations:
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: Installation) -> None:
         self.runtime = runtime
         self.settings = runtime.settings.provider
         # Accounts the signed API looked up by key, for CREDENTIAL_SECONDS: each request would otherwise
@@ -144,7 +114,7 @@ class ProviderAccountOperations:
         secret = secrets.token_hex(32)
         now = utcnow()
 
-        def create(tx: Any) -> Account | None:
+        def create(tx: WithProvider) -> Account | None:
             if tx.provider.account(name=name) is not None:
                 return None
             created: Account = tx.provider.create_account(name, api_key, secret, self.settings.currency, now)
@@ -170,7 +140,7 @@ class ProviderAccountOperations:
         if cached is not None and cached[0] > now:
             return cached[1]
 
-        def read(tx: Any) -> Credentials | None:
+        def read(tx: WithProvider) -> Credentials | None:
             account = tx.provider.account(api_key=api_key)
             if account is None:
                 return None
@@ -196,7 +166,9 @@ class ProviderAccountOperations:
     async def list(self) -> list[dict[str, Any]]:
         """Every account with its balance, level, orders by status and previous secrets, by name."""
 
-        def read(tx: Any) -> tuple[list[Account], dict[int, dict[str, int]], dict[int, list[OldSecret]]]:
+        def read(
+            tx: WithProvider,
+        ) -> tuple[list[Account], dict[int, dict[str, int]], dict[int, list[OldSecret]]]:
             accounts = tx.provider.accounts()
             old = tx.provider.old_secrets([account.id for account in accounts], utcnow())
             return accounts, tx.provider.order_counts(), old
@@ -216,7 +188,7 @@ class ProviderAccountOperations:
                 tx.provider.old_secrets([account.id], utcnow()).get(account.id, []),
             )
         )
-        view = account_view(account, counts.get(account.id, {}), old)
+        view: dict[str, Any] = account_view(account, counts.get(account.id, {}), old)
         view["ledger"] = {
             "items": [ledger_view(entry) for entry in entries],
             "total": total,

@@ -1,10 +1,10 @@
 """The provider role's operations: the offered catalogue, orders from downstream sites, their callbacks.
 
-An order from a downstream site is checked against the mirror (what the offered catalogue shows), priced at
-what its account is shown, then charged and taken in for procurement in one transaction through the one
-state path; its status then follows the procurement. A cancel from the downstream is upstream-first, as a
-person's is. The signed API (:mod:`procurd.http.provider`), the admin API, the console and the command line
-all act through here.
+An order from a downstream site has its request's fields checked here, then is checked against the mirror,
+priced at what its account is shown, charged and taken in for procurement in one transaction of the one
+state path (:mod:`procurd.procurement.provider_orders`); its status then follows the procurement. A cancel
+from the downstream is upstream-first, as a person's is. The signed API (:mod:`procurd.provider.backend`),
+the admin API, the console and the command line all act through here.
 """
 
 from __future__ import annotations
@@ -12,9 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
-from dataclasses import dataclass
 from datetime import timedelta
-from decimal import ROUND_UP, Decimal
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -23,35 +21,32 @@ import structlog
 from procurd.config import ProviderLevelSettings
 from procurd.core.addresses import private_url_reason
 from procurd.core.alerts import Kind, Occurrence
-from procurd.core.intake import MAX_QUANTITY, IntakeError, ItemRequest, OrderRequest
+from procurd.core.clock import utcnow
+from procurd.core.intake import MAX_QUANTITY
 from procurd.core.json_limits import json_problem, text_problem
 from procurd.core.offering import OfferFacts
 from procurd.core.orders import iso
-from procurd.core.pricing import SkuFacts, cost_limit, exchange_rate_of
-from procurd.core.procurement import MirroredSku, Source, required_form_fields
+from procurd.core.procurement import Source
 from procurd.core.provider import (
     CANCELED,
-    CENT,
     ORDER_STATUSES,
     Account,
-    ProviderIntake,
     ProviderOrder,
     cents_text,
     member_document,
-    member_price,
-    price_cents,
 )
 from procurd.core.refusals import Refused
 from procurd.db.errors import Conflict
 from procurd.db.offered_store import VERSION_QUERY
-from procurd.db.types import utcnow
-from procurd.operations.orders import OrderOperations
-from procurd.operations.provider_accounts import ProviderAccountOperations
-from procurd.operations.runtime import Runtime
+from procurd.db.views import WithProvider
+from procurd.procurement.commands import ProviderPlacement
+from procurd.procurement.provider_orders import bad_request
 from procurd.protocol.dujiao import listing_answer
+from procurd.provider.accounts import ProviderAccountOperations
 from procurd.provider.callbacks import CallbackSender, record_try
 from procurd.provider.catalog import OfferedCatalog, RefreshReport
 from procurd.provider.pages import Page, PageCache
+from procurd.provider.ports import Installation, LocalOrders
 
 log = structlog.get_logger("procurd.provider")
 
@@ -59,10 +54,6 @@ MAX_DOWNSTREAM_NO_CHARS = 128
 MAX_TRACE_CHARS = 128
 MAX_URL_CHARS = 2048
 NUMBER_TRIES = 3
-
-
-def bad_request(message: str) -> Refused:
-    return Refused(400, "bad_request", message)
 
 
 def order_view(order: ProviderOrder, account: str | None = None) -> dict[str, Any]:
@@ -93,20 +84,8 @@ def order_view(order: ProviderOrder, account: str | None = None) -> dict[str, An
     }
 
 
-@dataclass(frozen=True, slots=True)
-class OrderFacts:
-    """What a downstream's order is checked against: the account's earlier order under the same
-    ``downstream_order_no``, or the upstream, mirrored SKU, offered product id and title of the SKU."""
-
-    existing: ProviderOrder | None
-    upstream: str | None = None
-    mirrored: MirroredSku | None = None
-    product_id: int | None = None
-    title: dict[str, Any] | None = None
-
-
 class ProviderOperations:
-    def __init__(self, runtime: Runtime, orders: OrderOperations) -> None:
+    def __init__(self, runtime: Installation, orders: LocalOrders) -> None:
         self.runtime = runtime
         self.settings = runtime.settings.provider
         self.local_orders = orders
@@ -230,12 +209,6 @@ class ProviderOperations:
 
     # --- orders from downstream sites -------------------------------------------------------------------
 
-    async def existing_order(self, account: Account, downstream_order_no: str) -> ProviderOrder | None:
-        """The account's order under ``downstream_order_no``, if it has one."""
-        key = (account.id, downstream_order_no)
-        found = await self.runtime.database.read(lambda tx: tx.provider.orders_by_downstream([key]))
-        return found.get(key)
-
     async def create_order(
         self,
         account: Account,
@@ -251,57 +224,22 @@ class ProviderOperations:
         order and whether it is new (a repeat of ``downstream_order_no`` answers the earlier one, whatever
         it asks now). An order the wallet cannot pay is recorded ``canceled``: seed 000's ``payment_failed``.
 
-        What the checks need (the earlier order, the SKU, its product) is read in one transaction."""
+        The request's fields are checked here; the state path does the rest in one transaction (it finds an
+        earlier order under the number, checks the SKU against the mirror, prices, charges and takes the
+        order in: :mod:`procurd.procurement.provider_orders`)."""
         _check_fields(quantity, manual_form_data, downstream_order_no, trace_id, callback_url)
-        facts = await self.runtime.database.read(self._order_facts, account.id, downstream_order_no, sku_id)
-        if facts.existing is not None:
-            self.runtime.metrics.provider_orders.labels(account.name, "repeat").inc()
-            return facts.existing, False
-        if callback_url:
-            self._check_callback_url(callback_url)
-        upstream, mirrored, product_id = self._offered(facts)
-        if mirrored.fulfillment_type == "manual":
-            missing = [
-                key
-                for key in required_form_fields(mirrored.manual_form_schema)
-                if not manual_form_data or manual_form_data.get(key) in (None, "")
-            ]
-            if not manual_form_data or missing:
-                raise bad_request(
-                    "manual_form_data is required for this product"
-                    + (f": missing {', '.join(missing)}" if missing else "")
-                )
-        if mirrored.stock_problem(quantity) is not None:
-            raise Refused(409, "insufficient_stock", "stock is too low for this quantity")
-        unit, limit = self._price(account, upstream, mirrored)
+        callback_problem = self._callback_problem(callback_url) if callback_url else None
         for _ in range(NUMBER_TRIES):
-            order_no = f"P{account.id}-{secrets.token_hex(6)}"
-            request = OrderRequest(
-                order_no=order_no,
-                trace_id=trace_id or None,
-                items=[
-                    ItemRequest(
-                        upstream=upstream,
-                        sku_id=mirrored.id,
-                        quantity=quantity,
-                        manual_form_data=manual_form_data,
-                        max_unit_price=limit,
-                    )
-                ],
-            )
-            intake = ProviderIntake(
-                account_id=account.id, order_no=order_no, downstream_order_no=downstream_order_no or None,
-                trace_id=trace_id or None, callback_url=callback_url or None, upstream=upstream,
-                product_id=product_id, sku_id=sku_id, upstream_sku_id=mirrored.id, title=facts.title,
-                fulfillment_type=mirrored.fulfillment_type, quantity=quantity, unit_price=unit,
-                amount_cents=price_cents(unit) * quantity, currency=self.settings.currency,
+            placement = ProviderPlacement(
+                account_id=account.id, order_no=f"P{account.id}-{secrets.token_hex(6)}", sku_id=sku_id,
+                quantity=quantity, manual_form_data=manual_form_data,
+                downstream_order_no=downstream_order_no or None, trace_id=trace_id or None,
+                callback_url=callback_url or None, callback_problem=callback_problem,
             )  # fmt: skip
             try:
-                result = await self.runtime.service.submit(request, intake)
+                result = await self.runtime.service.place(placement)
             except Conflict:
                 continue  # another process took this number, or this downstream number, at the same moment
-            except IntakeError as exc:
-                raise _intake_refusal(exc) from None
             break
         else:
             raise Refused(503, "busy", "the order could not be numbered; try again")
@@ -320,12 +258,13 @@ class ProviderOperations:
                 amount=cents_text(order.amount_cents),
                 outcome=outcome,
             )
-            if outcome == "paid" and self.settings.low_balance_threshold:
-                after = await self.accounts.get(account.name)
-                await self.accounts.check_balance(after, after.balance_cents)
+            if outcome == "paid" and self.settings.low_balance_threshold and result.wallet is not None:
+                await self.accounts.check_balance(result.wallet, result.wallet.balance_cents)
         return order, result.created
 
-    def _check_callback_url(self, url: str) -> None:
+    def _callback_problem(self, url: str) -> str | None:
+        """What is wrong with a callback URL, as its refusal (400 ``invalid_callback_url``) says: a new order
+        is refused for it, a repeat is not."""
         try:
             parts = urlsplit(url)
         except ValueError:  # a bracketed host that is not one ("http://[::1"): no URL at all
@@ -333,68 +272,14 @@ class ProviderOperations:
         # urlsplit drops surrounding spaces and any tab or newline: a URL holding them is refused, not mended.
         unclean = any(char.isspace() or char < " " or char == "\x7f" for char in url)
         if unclean or parts.scheme not in ("http", "https") or not parts.hostname:
-            raise Refused(
-                400,
-                "invalid_callback_url",
-                "callback_url must be an http or https URL with a host, without spaces or control characters",
+            return (
+                "callback_url must be an http or https URL with a host, without spaces or control characters"
             )
         if not self.settings.allow_private_callback_url:
             problem = private_url_reason(url)
             if problem is not None:
-                raise Refused(400, "invalid_callback_url", refused_callback_url(problem))
-
-    def _order_facts(
-        self, tx: Any, account_id: int, downstream_order_no: str | None, sku_id: int
-    ) -> OrderFacts:
-        """What an order of ``sku_id`` is checked against, read in one transaction."""
-        existing = None
-        if downstream_order_no:
-            key = (account_id, downstream_order_no)
-            existing = tx.provider.orders_by_downstream([key]).get(key)
-            if existing is not None:
-                return OrderFacts(existing)
-        source = tx.offered.sku_source(sku_id)
-        if source is None or source.upstream not in self.runtime.settings.offered_upstreams():
-            return OrderFacts(None)
-        key = (source.upstream, source.upstream_id)
-        mirrored = tx.procurements.mirrored_skus([key]).get(key)
-        return OrderFacts(None, source.upstream, mirrored, source.product_id, source.title)
-
-    def _offered(self, facts: OrderFacts) -> tuple[str, MirroredSku, int]:
-        """The upstream, the mirrored SKU and the offered product id an offered SKU id stands for; 400
-        ``sku_unavailable`` / ``product_unavailable`` when it cannot be sold now."""
-        mirrored = facts.mirrored
-        if (
-            facts.upstream is None
-            or mirrored is None
-            or facts.product_id is None
-            or mirrored.sku_removed
-            or not mirrored.sku_active
-            or mirrored.sell_price is None
-            or mirrored.sell_currency != self.settings.currency
-        ):
-            raise Refused(400, "sku_unavailable", "sku is missing or inactive")
-        if not mirrored.product_known or mirrored.product_removed or not mirrored.product_active:
-            raise Refused(400, "product_unavailable", "product is inactive or unavailable")
-        return facts.upstream, mirrored, facts.product_id
-
-    def _price(self, account: Account, upstream: str, sku: MirroredSku) -> tuple[str, str | None]:
-        """The unit price ``account`` is shown (its tier's member price, never under cost), and the most a
-        unit may cost upstream for it not to be a loss."""
-        assert sku.sell_price is not None
-        offered = format(Decimal(sku.sell_price).quantize(CENT, rounding=ROUND_UP), "f")
-        facts = SkuFacts(
-            id=sku.id, product_id=sku.product_id, category_id=sku.category_id, cost=sku.price_amount,
-            live=True, sell_price=sku.sell_price, sell_currency=sku.sell_currency, held=False,
-        )  # fmt: skip
-        rate = exchange_rate_of(upstream, facts, self.runtime.settings.pricing.compiled().rules)
-        unit = offered
-        level = self.level(account)
-        if level is not None:
-            floor = None if rate is None else format(Decimal(sku.price_amount) * rate, "f")
-            unit = member_price(offered, level.discount(), floor)
-        limit = None if rate is None else cost_limit(unit, rate, sku.price_amount)
-        return unit, limit
+                return refused_callback_url(problem)
+        return None
 
     async def order_of(self, account: Account, order_id: int) -> ProviderOrder:
         """The account's own order; 404 ``order_not_found`` for any other."""
@@ -462,7 +347,7 @@ class ProviderOperations:
     async def order_detail(self, order_id: int) -> dict[str, Any]:
         """One order with the procurement behind it and its callback delivery log."""
 
-        def read(tx: Any) -> Any:
+        def read(tx: WithProvider) -> Any:
             order = tx.provider.order(order_id)
             if order is None:
                 return None
@@ -496,7 +381,7 @@ class ProviderOperations:
         """Tell the order's latest status to its downstream now, signed afresh (idempotent for the
         receiver); the order with its delivery log."""
 
-        def read(tx: Any) -> tuple[ProviderOrder | None, Account | None]:
+        def read(tx: WithProvider) -> tuple[ProviderOrder | None, Account | None]:
             order = tx.provider.order(order_id)
             return order, None if order is None else tx.provider.account(id=order.account_id)
 
@@ -588,17 +473,3 @@ def _check_fields(
         problem = json_problem(form)
         if problem is not None:
             raise bad_request(f"manual_form_data cannot be accepted: {problem}")
-
-
-def _intake_refusal(exc: IntakeError) -> Refused:
-    """What a downstream is told when its order, checked against the mirror a moment ago, can no longer be
-    taken in (the mirror changed meanwhile)."""
-    if exc.code in ("sku_not_found", "sku_inactive"):
-        return Refused(400, "sku_unavailable", "sku is missing or inactive")
-    if exc.code == "account_disabled":
-        return Refused(401, "invalid_api_key", "API key is invalid or disabled")
-    if exc.code in ("product_not_found", "product_inactive"):
-        return Refused(400, "product_unavailable", "product is inactive or unavailable")
-    if exc.code == "insufficient_stock":
-        return Refused(409, "insufficient_stock", "stock is too low for this quantity")
-    return bad_request(exc.message)
