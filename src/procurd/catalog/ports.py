@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from procurd.core.catalog import Entity, PassHistory, PassKind, Plan, Snapshot
 from procurd.core.listing import ListingSaid, RunOutcome, Written
 from procurd.core.pricing import Pricing, Repricing
-from procurd.protocol.dujiao.models import CatalogPage, PingResult, SeenPage
+from procurd.upstream.models import CatalogPage, PingResult, SeenPage
 from procurd.upstream.ratelimit import Priority
 
 
@@ -37,7 +37,7 @@ class CurrencySource(Protocol):
 
 
 class CatalogClient(CurrencySource, Protocol):
-    """What a pass needs of :class:`procurd.protocol.dujiao.client.UpstreamClient`."""
+    """What a pass needs of an upstream (:class:`procurd.upstream.interface.Upstream`)."""
 
     async def catalog_categories(self, *, priority: Priority = ...) -> list[dict[str, Any]]: ...
 

@@ -60,8 +60,8 @@ from procurd.core.listing import (
 )
 from procurd.core.pricing import NewHold
 from procurd.instance import instance_id
-from procurd.protocol.dujiao.models import CatalogPage
 from procurd.upstream.errors import UpstreamError
+from procurd.upstream.models import CatalogPage
 from procurd.upstream.ratelimit import Priority
 
 log = structlog.get_logger("procurd.catalog")

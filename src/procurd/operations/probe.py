@@ -31,8 +31,8 @@ from procurd.core.dialect import (
 from procurd.db.views import WithDialects
 from procurd.operations.pings import describe_failure, ping_upstream
 from procurd.operations.runtime import Runtime
-from procurd.protocol.dujiao.models import CatalogPage, PingResult
 from procurd.upstream.errors import BusinessError, UpstreamError
+from procurd.upstream.models import CatalogPage, PingResult
 from procurd.upstream.ratelimit import Priority
 
 log = structlog.get_logger("procurd.probe")

@@ -15,8 +15,8 @@ from procurd.operations.pings import ping_upstream
 from procurd.operations.probe import Probe, probe
 from procurd.operations.reconcile import ReconcileReport, finding_view, recent_runs, reconcile
 from procurd.operations.runtime import Runtime
-from procurd.protocol.dujiao.models import PingResult
 from procurd.upstream.errors import AuthError, UpstreamError
+from procurd.upstream.models import PingResult
 
 __all__ = [
     "AuthError",

@@ -25,8 +25,6 @@ from procurd.core.procurement import (
 )
 from procurd.db.errors import DatabaseUnavailable
 from procurd.procurement.service import ProcurementService
-from procurd.protocol.dujiao.client import UpstreamClient
-from procurd.protocol.dujiao.models import CreateOrderRequest, OrderCreated
 from procurd.upstream.errors import (
     AuthError,
     BusinessError,
@@ -35,6 +33,8 @@ from procurd.upstream.errors import (
     RateLimited,
     UpstreamError,
 )
+from procurd.upstream.interface import Upstream
+from procurd.upstream.models import CreateOrderRequest, OrderCreated
 
 log = structlog.get_logger("procurd.submitter")
 
@@ -94,7 +94,7 @@ class Submitter(Worker):
     def __init__(
         self,
         service: ProcurementService,
-        client: UpstreamClient,
+        client: Upstream,
         instance: str,
         size: int,
         callback_url: str | None,

@@ -22,19 +22,6 @@ from procurd.core.catalog import rfc3339
 from procurd.core.exact import loads_exact, loads_listing
 from procurd.core.problems import problems
 from procurd.protocol.dujiao.answers import classify_response
-from procurd.protocol.dujiao.models import (
-    CancelResult,
-    CatalogPage,
-    Category,
-    CreateOrderRequest,
-    OrderCreated,
-    PingResult,
-    Product,
-    ProductPage,
-    SeenPage,
-    UpstreamModel,
-    UpstreamOrder,
-)
 from procurd.protocol.dujiao.signing import HeaderNames, signed_headers
 from procurd.protocol.transport import RequestObserver, clock_offset, describe_transport_failure
 from procurd.upstream.errors import (
@@ -46,6 +33,19 @@ from procurd.upstream.errors import (
     UpstreamError,
     UpstreamTimeout,
     truncate,
+)
+from procurd.upstream.models import (
+    CancelResult,
+    CatalogPage,
+    Category,
+    CreateOrderRequest,
+    OrderCreated,
+    PingResult,
+    Product,
+    ProductPage,
+    SeenPage,
+    UpstreamModel,
+    UpstreamOrder,
 )
 from procurd.upstream.ratelimit import Priority, PriorityRateLimiter, RateLimiter
 
@@ -115,6 +115,10 @@ class UpstreamClient:
     @property
     def name(self) -> str:
         return self._settings.name
+
+    @property
+    def protocol(self) -> str:
+        return "dujiao"
 
     @property
     def settings(self) -> UpstreamSettings:

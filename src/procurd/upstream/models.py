@@ -1,4 +1,6 @@
-"""The upstream's resources (seed 000, part 2) as pydantic models.
+"""The vocabulary the engine speaks to every upstream, whatever its protocol: seed 000's resources (part 2)
+as pydantic models. Dujiao-Next's client reads them off its wire as they are; acg-faka's adapter builds them
+from its supplier's answers (a product per commodity, a SKU per orderable choice).
 
 Fields carry the upstream's names. Fields a real site adds are kept (``model_extra``). Amounts keep the
 exact decimal text the upstream sent (``"9.90"`` stays ``"9.90"``); a JSON number is taken from its JSON
