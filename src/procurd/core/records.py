@@ -179,3 +179,18 @@ class Batch:
 
     deleted: int
     last_key: int | None  # where the next batch starts (None: the table is done)
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamChoice:
+    """An orderable choice of an upstream that has no SKU ids of its own (acg-faka: a commodity, a variant and
+    one option per add-on group), and the SKU id procurd gave it: stable, never reused."""
+
+    upstream: str
+    key: str  # the choice's stable name (protocol.acgfaka.goods.choice_key)
+    sku_id: int
+    product_id: int
+    code: str
+    race: str | None
+    options: tuple[tuple[str, str], ...]
+    first_seen_at: datetime

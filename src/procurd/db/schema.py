@@ -228,6 +228,22 @@ upstream_dialects = Table(
     Column("updated_at", UtcDateTime(), nullable=False),
 )
 
+# The SKU ids procurd gives the orderable choices of an upstream that numbers none (acg-faka): one per choice
+# key, per upstream, from max + 1, never deleted (a choice seen again gets its id back, none is reused).
+upstream_choices = Table(
+    "upstream_choices",
+    metadata,
+    Column("upstream", String(64), primary_key=True),
+    Column("sku_id", BigInteger, primary_key=True, autoincrement=False),
+    Column("choice_key", Text, nullable=False),
+    Column("product_id", BigInteger, nullable=False),
+    Column("code", String(255), nullable=False),
+    Column("race", Text, nullable=True),
+    Column("options", JsonDocument, nullable=False),
+    Column("first_seen_at", UtcDateTime(), nullable=False),
+    UniqueConstraint("upstream", "choice_key", name="uq_upstream_choices_key"),
+)
+
 # --- procurement ------------------------------------------------------------------------------------------
 
 orders = Table(

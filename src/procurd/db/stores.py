@@ -10,6 +10,7 @@ from sqlalchemy import Connection
 from procurd.db.alert_store import AlertStore
 from procurd.db.auth_store import AuthStore
 from procurd.db.chart_store import ChartStore
+from procurd.db.choice_store import ChoiceStore
 from procurd.db.console_store import ConsoleStore
 from procurd.db.dialect_store import DialectStore
 from procurd.db.health_store import HealthStore
@@ -105,6 +106,10 @@ class Tx:
     @cached_property
     def charts(self) -> ChartStore:
         return ChartStore(self.connection)
+
+    @cached_property
+    def choices(self) -> ChoiceStore:
+        return ChoiceStore(self.connection)
 
     @cached_property
     def schema(self) -> SchemaStore:

@@ -17,6 +17,7 @@ from typing import Protocol
 from procurd.db.alert_store import AlertStore
 from procurd.db.auth_store import AuthStore
 from procurd.db.chart_store import ChartStore
+from procurd.db.choice_store import ChoiceStore
 from procurd.db.console_store import ConsoleStore
 from procurd.db.dialect_store import DialectStore
 from procurd.db.health_store import HealthStore
@@ -122,3 +123,8 @@ class WithCharts(Protocol):
 class WithSchema(Protocol):
     @property
     def schema(self) -> SchemaStore: ...
+
+
+class WithChoices(Protocol):
+    @property
+    def choices(self) -> ChoiceStore: ...
