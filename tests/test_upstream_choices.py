@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from procurd.db.choice_store import NewChoice
+from procurd.core.records import ListedChoice
 from procurd.db.database import Database
 
 NOW = datetime(2026, 11, 27, 12, 0, tzinfo=UTC)
 
 
-def _choice(key: str, product_id: int = 7) -> NewChoice:
-    return NewChoice(key, product_id, "CODE", "red", (("size", "L"),))
+def _choice(key: str, product_id: int = 7) -> ListedChoice:
+    return ListedChoice(key, product_id, "CODE", "red", (("size", "L"),))
 
 
 async def test_a_choice_keeps_its_id_and_a_new_one_takes_the_next(database: Database) -> None:

@@ -182,6 +182,17 @@ class Batch:
 
 
 @dataclass(frozen=True, slots=True)
+class ListedChoice:
+    """A choice a catalogue pass listed: its key, its commodity's id and what a trade names it by."""
+
+    key: str
+    product_id: int
+    code: str
+    race: str | None
+    options: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class UpstreamChoice:
     """An orderable choice of an upstream that has no SKU ids of its own (acg-faka: a commodity, a variant and
     one option per add-on group), and the SKU id procurd gave it: stable, never reused."""

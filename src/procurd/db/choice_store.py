@@ -3,27 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection, func, insert, select
 
-from procurd.core.records import UpstreamChoice
+from procurd.core.records import ListedChoice, UpstreamChoice
 from procurd.db.schema import upstream_choices
 
 CHUNK = 500  # keys in one IN list
-
-
-@dataclass(frozen=True, slots=True)
-class NewChoice:
-    """A choice a pass listed: its key, its commodity's id and what a trade names it by."""
-
-    key: str
-    product_id: int
-    code: str
-    race: str | None
-    options: tuple[tuple[str, str], ...] = ()
 
 
 def _choice(row: Any) -> UpstreamChoice:
@@ -57,7 +45,7 @@ class ChoiceStore:
             found.update((row.choice_key, _choice(row)) for row in rows)
         return found
 
-    def assign(self, upstream: str, choices: Sequence[NewChoice], now: datetime) -> dict[str, int]:
+    def assign(self, upstream: str, choices: Sequence[ListedChoice], now: datetime) -> dict[str, int]:
         """The SKU id of each choice, by key: the one it had, or the next of ``upstream``'s (never reused).
         Two writers giving out the same id cannot both commit (the key and the id are unique)."""
         known = self.known(upstream, (choice.key for choice in choices))
