@@ -21,7 +21,9 @@ from procurd.instance import instance_id
 from procurd.metrics import Metrics
 from procurd.operations.alerts import Alerts
 from procurd.operations.budgets import SharedBudget
+from procurd.operations.choices import DatabaseChoices
 from procurd.procurement.service import ProcurementService, Wakeups
+from procurd.protocol.acgfaka.upstream import AcgFakaUpstream
 from procurd.protocol.dujiao.client import UpstreamClient
 from procurd.protocol.transport import RequestObserver
 from procurd.upstream.errors import AuthError, UpstreamError
@@ -101,8 +103,13 @@ def rate_limiters(settings: Settings, database: Database, instance: str) -> dict
     return limiters
 
 
-def upstream_of(settings: UpstreamSettings, *, limiter: RateLimiter, observer: RequestObserver) -> Upstream:
+def upstream_of(
+    settings: UpstreamSettings, *, limiter: RateLimiter, observer: RequestObserver, database: Database
+) -> Upstream:
     """The client of one ``[[upstreams]]`` block, for the protocol it names."""
+    if settings.protocol == "acg-faka":
+        choices = DatabaseChoices(database)
+        return AcgFakaUpstream(settings, choices=choices, limiter=limiter, observer=observer)
     return UpstreamClient(settings, limiter=limiter, observer=observer)
 
 
@@ -139,7 +146,9 @@ class Runtime:
 
         limiters = rate_limiters(settings, database, instance)
         clients = {
-            upstream.name: upstream_of(upstream, limiter=limiters[upstream.name], observer=observe)
+            upstream.name: upstream_of(
+                upstream, limiter=limiters[upstream.name], observer=observe, database=database
+            )
             for upstream in settings.upstreams
         }
         alerts = Alerts(database, settings.alerts, metrics)
