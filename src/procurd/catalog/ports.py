@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Collection, Container, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from procurd.core.catalog import Entity, PassHistory, PassKind, Plan, Snapshot
 from procurd.core.listing import ListingSaid, RunOutcome, Written
@@ -51,6 +51,15 @@ class CatalogClient(CurrencySource, Protocol):
         seen: Container[bytes],
     ) -> CatalogPage | SeenPage:
         """Page ``page`` of the products, or :class:`SeenPage` when its body's digest is among ``seen``."""
+
+
+@runtime_checkable
+class NotingClient(Protocol):
+    """An upstream whose listing can leave goods out for reasons of its own (acg-faka: a commodity the API
+    cannot buy, a request bound reached): the pass records what it says as violations of its run."""
+
+    def catalog_notes(self) -> list[str]:
+        """What the latest listing left out, and why."""
 
 
 class StorageFailures(Protocol):

@@ -34,7 +34,7 @@ from procurd.catalog.errors import describe_error
 from procurd.catalog.fetch import Failure, PageFetcher
 from procurd.catalog.lease import DEFAULT_LEASE_TTL_SECONDS, LeaseKeeper
 from procurd.catalog.pages import FetchedPage, PackedPage, PageMemory
-from procurd.catalog.ports import CatalogClient, CatalogStore
+from procurd.catalog.ports import CatalogClient, CatalogStore, NotingClient
 from procurd.catalog.pricing import reprice_products
 from procurd.config import PricingSettings, Settings
 from procurd.core.catalog import (
@@ -514,6 +514,9 @@ class _SyncPass:
             store=self._write_products,
         )
         self._failure.raise_if_set()
+        if isinstance(self._client, NotingClient):
+            for note in self._client.catalog_notes():
+                self._violation(note)
         if self._plan.kind == "full":
             listing.check_complete()
 

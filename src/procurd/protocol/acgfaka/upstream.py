@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Container
 from datetime import datetime
-from typing import Any, overload
+from typing import Any, Self, overload
 
 from procurd.config import UpstreamSettings
 from procurd.protocol.acgfaka.catalogue import AcgFakaCatalogue
-from procurd.protocol.acgfaka.client import AcgFakaClient
+from procurd.protocol.acgfaka.client import AcgFakaClient, Features
 from procurd.protocol.acgfaka.ports import ChoiceBook
 from procurd.protocol.acgfaka.trading import AcgFakaTrading
 from procurd.protocol.transport import RequestObserver
@@ -39,7 +39,9 @@ class AcgFakaUpstream:
         observer: RequestObserver | None = None,
     ) -> None:
         self.client = AcgFakaClient(settings, limiter=limiter, observer=observer)
-        self.catalogue = AcgFakaCatalogue(settings, self.client, choices)
+        self.catalogue = AcgFakaCatalogue(
+            settings, self.client, choices, requests_per_pass=settings.catalog_requests_per_pass
+        )
         self.trading = AcgFakaTrading(settings, self.client, choices)
 
     def __repr__(self) -> str:
@@ -64,6 +66,12 @@ class AcgFakaUpstream:
     async def close(self) -> None:
         await self.client.close()
 
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
     async def ping(self, *, priority: Priority = Priority.PING) -> PingResult:
         """The shop's name and the member's balance, in the block's ``currency`` (acg-faka reports none).
         The member id is the block's ``app_id``; no clock offset (nothing dates its
@@ -80,6 +88,15 @@ class AcgFakaUpstream:
 
     async def catalog_categories(self, *, priority: Priority = Priority.CATALOG) -> list[dict[str, Any]]:
         return await self.catalogue.catalog_categories(priority=priority)
+
+    def catalog_notes(self) -> list[str]:
+        """What the latest listing could not mirror, and why (the pass records them on its run)."""
+        return self.catalogue.catalog_notes()
+
+    async def features(self, *, priority: Priority = Priority.PING, fresh: bool = True) -> Features:
+        """Which of the later endpoints the supplier's version has (asked again unless ``fresh`` is
+        False and they were asked within the hour)."""
+        return await self.catalogue.features(priority=priority, fresh=fresh)
 
     @overload
     async def catalog_page(
