@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Container
 from datetime import datetime
+from decimal import Decimal
 from typing import Any, Self, overload
 
 from procurd.config import UpstreamSettings
@@ -25,6 +26,8 @@ from procurd.upstream.models import (
     UpstreamOrder,
 )
 from procurd.upstream.ratelimit import Priority, RateLimiter
+
+CENT = Decimal("0.01")
 
 
 class AcgFakaUpstream:
@@ -81,7 +84,7 @@ class AcgFakaUpstream:
             site_name=connected.shop_name or None,
             protocol_version=None,
             user_id=int(self.settings.app_id),
-            balance=connected.balance,
+            balance=_cents(connected.balance),
             currency=self.settings.currency or "",
             latency_ms=connected.latency_ms,
         )
@@ -146,3 +149,9 @@ class AcgFakaUpstream:
 
     async def cancel_order(self, order_id: int, *, priority: Priority = Priority.ORDER) -> CancelResult:
         return await self.trading.cancel_order(order_id, priority=priority)
+
+
+def _cents(amount: Decimal) -> Decimal:
+    """A balance the shop printed as a float (``1000.0``) with its cents (``1000.00``); never rounded."""
+    exponent = amount.as_tuple().exponent
+    return amount.quantize(CENT) if isinstance(exponent, int) and exponent > -2 else amount
