@@ -344,17 +344,26 @@ class AcgFakaCatalogue:
             )
 
     def _categories(self, listing: Listing, products: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-        """The listed categories; with ``codes``, those holding a mirrored commodity and their parents."""
+        """The listed categories; with ``codes``, those holding a mirrored commodity and their parents. The
+        supplier leaves out a category without goods of its own for docking, the parent of listed ones too:
+        such a child is mirrored at the top (its parent's id kept as ``acg_faka_pid``)."""
+        listed = {category["id"] for category in listing.categories}
+        categories = [
+            category
+            if category["parent_id"] in listed or not category["parent_id"]
+            else {**category, "parent_id": 0, "acg_faka_pid": category["parent_id"]}
+            for category in listing.categories
+        ]
         if not self.settings.codes:
-            return list(listing.categories)
-        by_id = {category["id"]: category for category in listing.categories}
+            return categories
+        by_id = {category["id"]: category for category in categories}
         wanted: set[int] = set()
         for product in products:
             identity = product.get("category_id")
             while isinstance(identity, int) and identity in by_id and identity not in wanted:
                 wanted.add(identity)
                 identity = by_id[identity]["parent_id"]
-        return [category for category in listing.categories if category["id"] in wanted]
+        return [category for category in categories if category["id"] in wanted]
 
 
 def _options(sku: dict[str, Any]) -> tuple[tuple[str, str], ...]:
