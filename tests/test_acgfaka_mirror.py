@@ -105,9 +105,14 @@ def paid_requests(shop: AcgFakaSandbox) -> int:
     return sum(shop.request_counts[name] for name in ("valuation", "stock", "inventory", "item"))
 
 
-async def test_the_mirror_of_a_shop(shop: AcgFakaSandbox, control: ControlClient, database: Database) -> None:
+@pytest.mark.parametrize(("version", "source"), [("3.6.0", "valuation"), ("3.2.0", "inventory")])
+async def test_the_mirror_of_a_shop(
+    shop: AcgFakaSandbox, control: ControlClient, database: Database, version: str, source: str
+) -> None:
     """One product per commodity listed for docking (the hidden one is not), one SKU per variant and add-on
-    option with procurd's ids, priced by valuation and stocked by stock, buyer inputs as the form schema."""
+    option with procurd's ids, priced by valuation (3.2.0: inventory's cost fields plus the add-ons, the same
+    amounts here) and stocked by stock, buyer inputs as the form schema."""
+    await control.post("/config", {"version": version})
     ids = await build_shop(control)
     async with upstream_of(shop, database) as upstream:
         report = await sync(database, upstream)
@@ -134,6 +139,7 @@ async def test_the_mirror_of_a_shop(shop: AcgFakaSandbox, control: ControlClient
     assert (skus[key(EMPTY)]["stock_quantity"], skus[key(EMPTY)]["stock_status"]) == (0, "out_of_stock")
     assert skus[key(PLAIN)]["stock_quantity"] == 7
     assert skus[key(MANUAL)]["stock_quantity"] == 5
+    assert {row["extra"]["price_source"] for row in skus.values()} == {source}
     sku_ids = [row["id"] for row in skus.values()]
     assert len(set(sku_ids)) == len(sku_ids) == 9
 

@@ -200,10 +200,12 @@ class SyncOptions:
     @classmethod
     def from_settings(cls, settings: Settings, upstream: str) -> SyncOptions:
         catalog = settings.catalog
+        block = settings.upstream(upstream)
         return cls(
             page_size=catalog.page_size,
             concurrency=catalog.concurrency,
-            incremental=settings.upstream(upstream).incremental_sync,
+            # An acg-faka shop has no updated_after: each of its listings is the whole shop.
+            incremental="off" if block.protocol == "acg-faka" else block.incremental_sync,
             full_interval_seconds=catalog.full_sync_interval_seconds,
             max_removed_fraction=catalog.max_removed_fraction,
             pricing=settings.pricing,
