@@ -18,6 +18,7 @@ from procurd.operations.choices import DatabaseChoices
 from procurd.protocol.acgfaka.upstream import AcgFakaUpstream
 from procurd.sandbox.acgfaka import AcgFakaSandbox, ShopConfig
 from procurd.sandbox.acgfaka.testing import ControlClient, shop_settings
+from procurd.upstream.errors import BusinessError
 
 UPSTREAM = "acg"
 CARD = "C0000000000000A1"  # variants 月卡 / 年卡, add-on group 区服
@@ -116,6 +117,10 @@ async def test_the_mirror_of_a_shop(
     ids = await build_shop(control)
     async with upstream_of(shop, database) as upstream:
         report = await sync(database, upstream)
+        card_product = await upstream.product(ids[CARD])
+        with pytest.raises(BusinessError) as hidden:
+            await upstream.product(ids[HIDDEN])
+    assert hidden.value.code == "product_unavailable"
     assert (report.status, report.violations) == ("ok", [])
     products = {row["slug"]: row for row in await rows(database, mirror_products)}
     assert set(products) == {CARD, ADDONS, MANUAL, EMPTY, PLAIN}
@@ -133,6 +138,7 @@ async def test_the_mirror_of_a_shop(
         key(CARD, "年卡", ("区服", "二区")): (Decimal("101.50"), 1, {"商品类型": "年卡", "区服": "二区"}),
     }
     assert all(row["product_id"] == ids[CARD] for row in card.values())
+    assert sorted(sku.id for sku in card_product.skus) == sorted(row["id"] for row in card.values())
     assert Decimal(skus[key(ADDONS, "", ("时长", "30天"))]["price_amount"]) == Decimal("10.00")
     assert skus[key(ADDONS, "", ("时长", "30天"))]["stock_quantity"] == 1
     assert skus[key(ADDONS, "", ("时长", "7天"))]["stock_quantity"] == 0
@@ -206,23 +212,29 @@ async def test_passes_that_find_nothing_changed_write_nothing(
 async def test_requests_a_pass_makes_are_bounded(
     shop: AcgFakaSandbox, control: ControlClient, database: Database
 ) -> None:
-    """With a bound of 6 price and stock requests, the first pass reads what the bound allows, says how
-    many wait and removes nothing; the next passes read the rest; then a changed commodity alone costs
-    requests."""
+    """With a bound of 8 price and stock requests, each pass reads what fits (the card goods' 4 choices
+    first, then the next three commodities, then the last), says how many wait and removes nothing; then a
+    changed commodity alone costs requests."""
     await build_shop(control)
-    async with upstream_of(shop, database, catalog_requests_per_pass=6) as upstream:
-        shop.reset_requests()
-        first = await sync(database, upstream)
-        assert first.status == "failed"  # incomplete: what was never read cannot be listed
-        assert "commodities wait for the next pass" in first.violations[0]
-        assert shop.request_counts["valuation"] + shop.request_counts["stock"] <= 6 + 8  # one goes over
-        mirrored = len(await rows(database, mirror_products))
-        assert 0 < mirrored < 5
-        reports = [first]
-        while reports[-1].status != "ok":
+    async with upstream_of(shop, database, catalog_requests_per_pass=8) as upstream:
+        reports: list[SyncReport] = []
+        priced: list[int] = []
+        mirrored: list[int] = []
+        while not reports or reports[-1].status != "ok":
+            shop.reset_requests()
             reports.append(await sync(database, upstream))
-            assert len(reports) < 6
-        assert len(await rows(database, mirror_products)) == 5
+            priced.append(shop.request_counts["valuation"] + shop.request_counts["stock"])
+            mirrored.append(len(await rows(database, mirror_products)))
+            assert len(reports) < 5
+        assert [report.status for report in reports] == ["failed", "failed", "ok"]
+        # The first pass also asks the version's features: one valuation and one stock about nothing.
+        assert priced == [8 + 2, 8, 2]
+        assert mirrored == [1, 4, 5]
+        assert reports[0].violations[0] == (
+            "4 commodities wait for the next pass: this pass's 8 price and stock requests were spent "
+            "(0 kept as last read, 4 not read yet; nothing is removed until every listed commodity was read)"
+        )
+        assert reports[0].error == "saw 1 distinct products but the upstream reported a total of 5"
         assert sum(report.removed for report in reports) == 0
 
         await control.post(f"/commodities/{PLAIN}", {"user_price": "3.30"})
@@ -231,6 +243,21 @@ async def test_requests_a_pass_makes_are_bounded(
         assert (changed.status, changed.changed) == ("ok", 2)  # the product and its SKU
         assert (shop.request_counts["valuation"], shop.request_counts["stock"]) == (1, 1)
         assert Decimal((await skus_by_choice(database))[key(PLAIN)]["price_amount"]) == Decimal("3.30")
+
+
+async def test_a_commodity_beyond_the_bound_is_named(
+    shop: AcgFakaSandbox, control: ControlClient, database: Database
+) -> None:
+    """A commodity that alone needs more requests than the bound is not read, not mirrored and named on
+    every run; the others are mirrored and the pass completes."""
+    await build_shop(control)
+    async with upstream_of(shop, database, catalog_requests_per_pass=7) as upstream:
+        reports = [await sync(database, upstream), await sync(database, upstream)]
+    assert [report.status for report in reports] == ["failed", "ok"]  # 6 requests, then 4
+    assert {row["slug"] for row in await rows(database, mirror_products)} == {ADDONS, MANUAL, EMPTY, PLAIN}
+    named = f"too_many_requests: {CARD}: needs 8 price and stock requests, more than catalog_requests"
+    for report in reports:
+        assert any(named in violation for violation in report.violations)
 
 
 async def test_codes_choose_what_is_mirrored(

@@ -11,7 +11,8 @@ version has: :meth:`~procurd.protocol.acgfaka.client.AcgFakaClient.goods`) only 
 changed since this process last built it, or the build is older than :data:`REFRESH_AFTER` (a member-level
 discount changes prices without changing the listing); otherwise its product is handed on as built, at no
 request. The requests a pass makes for prices and stock are bounded (``requests_per_pass``): what the bound
-leaves out keeps its last build, and is built by a later pass. A commodity the process never built (the
+leaves out keeps its last build, and is built by a later pass (a commodity that alone needs more than the
+bound is not mirrored, and named). A commodity the process never built (the
 first pass after a start) that the bound leaves out cannot be handed on: the listing then says more
 commodities than it hands, so the pass is incomplete and removes nothing, and the next pass goes on where
 it stopped. :meth:`AcgFakaCatalogue.catalog_notes` says what a listing left out and why, for the run.
@@ -292,15 +293,25 @@ class AcgFakaCatalogue:
         stale.sort(key=lambda entry: entry[0])
         fresh: list[tuple[Commodity, bytes, Goods]] = []
         deferred: list[Commodity] = []
+        bound = self.requests_per_pass
         for _, commodity, record in stale:
             cost = requests_for(commodity, features)
-            if stats.requests and stats.requests + cost > self.requests_per_pass:
-                deferred.append(commodity)  # the first always goes: a pass makes progress
+            if cost > bound:  # no pass could read it: not mirrored, and not waited for
+                reason = (
+                    f"{commodity.code}: needs {cost} price and stock requests, more than "
+                    f"catalog_requests_per_pass ({bound}) allows a pass"
+                )
+                fresh.append(
+                    (commodity, record, Goods(None, (Problem("too_many_requests", commodity.id, reason),)))
+                )
+                continue
+            if stats.requests + cost > bound:
+                deferred.append(commodity)
                 continue
             stats.requests += cost
+            stats.built += 1
             goods = await self.client.goods(commodity, features, priority=priority)
             fresh.append((commodity, record, goods))
-        stats.built = len(fresh)
         listed = [
             ListedChoice(sku["choice_key"], commodity.id, commodity.code, sku["race"], _options(sku))
             for commodity, _, goods in fresh
