@@ -147,6 +147,12 @@ class AcgFakaCatalogue:
         self._served: set[Half] = set()
         self._last: PassListing | None = None
 
+    def close(self) -> None:
+        """Stop a listing still being built (its pass was cancelled): the client is about to close."""
+        if self._listing is not None and not self._listing.done():
+            self._listing.cancel()
+        self._listing = None
+
     @property
     def features_known(self) -> Features | None:
         """The version's features as last detected, if they were."""

@@ -67,6 +67,7 @@ class AcgFakaUpstream:
         return self.client.limiter
 
     async def close(self) -> None:
+        self.catalogue.close()
         await self.client.close()
 
     async def __aenter__(self) -> Self:
