@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -156,11 +157,11 @@ async def test_the_daemon_beside_an_acg_faka_upstream(database_url: str) -> None
             assert status == 200
             assert [u["name"] for u in body["upstreams"]] == ["main", "acg"]
 
-            async def acg_mirrored() -> dict[str, object] | None:
+            async def acg_mirrored() -> dict[str, Any] | None:
                 _, body = await admin.call("GET", "/api/v1/status")
-                acg = body["upstreams"][1]
-                return acg if acg["last_sync"]["status"] == "ok" and acg["last_ping"]["ok"] else None
+                found: dict[str, Any] = body["upstreams"][1]
+                return found if found["last_sync"]["status"] == "ok" and found["last_ping"]["ok"] else None
 
-            acg = await wait_until(acg_mirrored)
-            assert (acg["protocol"], acg["mirror"]["products"]) == ("acg-faka", 4)
+            mirrored = await wait_until(acg_mirrored)
+            assert (mirrored["protocol"], mirrored["mirror"]["products"]) == ("acg-faka", 4)
         assert shop.request_counts["trade"] == 0

@@ -56,10 +56,15 @@ class CatalogClient(CurrencySource, Protocol):
 @runtime_checkable
 class NotingClient(Protocol):
     """An upstream whose listing can leave goods out for reasons of its own (acg-faka: a commodity the API
-    cannot buy, a request bound reached): the pass records what it says as violations of its run."""
+    cannot buy, a request bound reached): the pass records what it says as violations of its run, and
+    removes nothing after a listing that was not complete."""
 
     def catalog_notes(self) -> list[str]:
         """What the latest listing left out, and why."""
+
+    def catalog_complete(self) -> bool:
+        """Whether the latest listing held everything the upstream offers (False: some of it waits for a
+        later listing, so what the pass does not see is not gone)."""
 
 
 class StorageFailures(Protocol):

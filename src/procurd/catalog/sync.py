@@ -317,6 +317,7 @@ class _SyncPass:
         self._initial = False
         self._ignored_updated_after = False
         self._blocked: Closing | None = None  # what the mass-removal guard held back
+        self._partial = False  # the upstream said its listing left some of its goods for a later one
         self._new_holds: tuple[NewHold, ...] = ()
 
     @property
@@ -519,7 +520,8 @@ class _SyncPass:
         if isinstance(self._client, NotingClient):
             for note in self._client.catalog_notes():
                 self._violation(note)
-        if self._plan.kind == "full":
+            self._partial = not self._client.catalog_complete()
+        if self._plan.kind == "full" and not self._partial:
             listing.check_complete()
 
     def _check_page(self, page: CatalogPage | FetchedPage, number: int) -> None:
@@ -594,7 +596,7 @@ class _SyncPass:
         held = self._listing.held_ids()
         as_stored = await self._store.products_as_stored(self._upstream, held) if held else {}
         closing = self._listing.closing(
-            full=self._plan.kind == "full",
+            full=self._plan.kind == "full" and not self._partial,  # a partial listing removes nothing
             held_as_stored=as_stored,
             max_fraction=self._options.max_removed_fraction,
             allowed=self._allow_mass_removal,

@@ -13,9 +13,10 @@ discount changes prices without changing the listing); otherwise its product is 
 request. The requests a pass makes for prices and stock are bounded (``requests_per_pass``): what the bound
 leaves out keeps its last build, and is built by a later pass (a commodity that alone needs more than the
 bound is not mirrored, and named). A commodity the process never built (the
-first pass after a start) that the bound leaves out cannot be handed on: the listing then says more
-commodities than it hands, so the pass is incomplete and removes nothing, and the next pass goes on where
-it stopped. :meth:`AcgFakaCatalogue.catalog_notes` says what a listing left out and why, for the run.
+first pass after a start) that the bound leaves out cannot be handed on: the listing is then not complete
+(:meth:`AcgFakaCatalogue.catalog_complete`), the pass stores what it was handed and removes nothing, and the
+next pass goes on where it stopped. :meth:`AcgFakaCatalogue.catalog_notes` says what a listing left out and
+why, for the run.
 """
 
 from __future__ import annotations
@@ -168,6 +169,11 @@ class AcgFakaCatalogue:
     def catalog_notes(self) -> list[str]:
         """What the latest listing left out, and why (for the pass's run)."""
         return list(self._last.notes) if self._last is not None else []
+
+    def catalog_complete(self) -> bool:
+        """Whether the latest listing handed on every commodity the shop lists (False while the bound
+        leaves out some this process never read: the pass then removes nothing)."""
+        return self._last is None or self._last.deferred_missing == 0
 
     @property
     def last_listing(self) -> PassListing | None:
@@ -344,11 +350,10 @@ class AcgFakaCatalogue:
         return result, stats
 
     def _account(self, result: PassListing, stats: BuildStats) -> None:
-        """What the listing says of its builds; a commodity the bound left out that was never built is
-        still counted in the total, so that the pass knows its listing incomplete and removes nothing."""
+        """What the listing says of its builds (a commodity the bound left out that was never built makes
+        it incomplete: :meth:`catalog_complete`)."""
         result.built, result.reused, result.requests = stats.built, stats.reused, stats.requests
         result.deferred_kept, result.deferred_missing = stats.deferred_kept, stats.deferred_missing
-        result.total += stats.deferred_missing
         deferred = stats.deferred_kept + stats.deferred_missing
         if deferred:
             missing = stats.deferred_missing

@@ -97,6 +97,11 @@ class AcgFakaUpstream:
         """What the latest listing could not mirror, and why (the pass records them on its run)."""
         return self.catalogue.catalog_notes()
 
+    def catalog_complete(self) -> bool:
+        """Whether the latest listing handed on every commodity the shop lists (a pass removes nothing
+        after one that did not)."""
+        return self.catalogue.catalog_complete()
+
     async def features(self, *, priority: Priority = Priority.PING, fresh: bool = True) -> Features:
         """Which of the later endpoints the supplier's version has (asked again unless ``fresh`` is
         False and they were asked within the hour)."""
