@@ -288,3 +288,31 @@ async def test_codes_choose_what_is_mirrored(
         "or unknown): not mirrored"
         for code in sorted([HIDDEN, "NOSUCHCODE"])
     ]
+
+
+async def test_what_the_api_cannot_buy_is_named_on_the_run(
+    shop: AcgFakaSandbox, control: ControlClient, database: Database
+) -> None:
+    """A commodity whose buyer input is named like a protocol field, and a variant holding a character the
+    shop alters in what a buyer sends, are not mirrored (the rest of their commodity is) and the run names
+    them with the reason."""
+    await build_shop(control)
+    category = (await control.post("/categories", {"name": "其他"}))["category"]["id"]
+    clash = {**GAME_UID, "name": "num"}
+    await control.post(
+        "/commodities", {"code": "C0000000000000G7", "name": "G", "category_id": category, "widgets": [clash]}
+    )
+    await control.post(
+        f"/commodities/{CARD}", {"races": {**CARD_RACES, "<b>": "1.00"}, "groups": CARD_GROUPS}
+    )
+    async with upstream_of(shop, database) as upstream:
+        report = await sync(database, upstream)
+    assert report.status == "ok"
+    assert "C0000000000000G7" not in {row["slug"] for row in await rows(database, mirror_products)}
+    assert len([k for k in await skus_by_choice(database) if k.startswith(f'["{CARD}"')]) == 4
+    (widget,) = [text for text in report.violations if "C0000000000000G7" in text]
+    assert "num" in widget
+    assert widget.endswith("not mirrored")
+    variants = [text for text in report.violations if f"({CARD}), choice" in text]
+    assert len(variants) == 2  # <b> with each 区服 option
+    assert all("'<b>' holds characters the supplier alters" in text for text in variants)

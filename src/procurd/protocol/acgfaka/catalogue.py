@@ -117,8 +117,11 @@ def requests_for(commodity: Commodity, features: Features) -> int:
     return cost
 
 
-def _note(problem: Problem, code: str) -> str:
-    subject = f"commodity {problem.commodity_id} ({code})" if problem.commodity_id else "the listing"
+def _note(problem: Problem, code: str | None = None) -> str:
+    if problem.commodity_id is None:
+        subject = "the listing"
+    else:
+        subject = f"commodity {problem.commodity_id}" + (f" ({code})" if code else "")
     where = f", choice {problem.choice_key}" if problem.choice_key else ""
     return f"{subject}{where}: {problem.code}: {problem.reason}; not mirrored"
 
@@ -257,13 +260,15 @@ class AcgFakaCatalogue:
             entry = built.get(commodity.id)
             for problem in entry.problems if entry is not None else ():
                 result.notes.append(_note(problem, commodity.code))
-        result.notes[:0] = (_note(problem, "?") for problem in listing.problems)
+        result.notes[:0] = (_note(problem) for problem in listing.problems)
         self._account(result, stats)
         if only is None:
             for identity in [identity for identity in self._built if identity not in kept]:
                 del self._built[identity]  # no longer listed: a commodity listed again is built anew
             self._last = result
-        del result.notes[MAX_NOTES:]
+        if len(result.notes) > MAX_NOTES:
+            more = len(result.notes) - MAX_NOTES + 1
+            result.notes[MAX_NOTES - 1 :] = [f"and {more} more commodities or choices not mirrored"]
         return result
 
     def _chosen(self, listing: Listing) -> tuple[list[Commodity], list[str]]:
