@@ -14,12 +14,14 @@ from procurd.core.machine_submission import moved_to
 from procurd.core.numbers import retry_number
 from procurd.core.procurement import (
     CANCELED_STATUS,
+    SETTLE_WITH_UPSTREAM,
     Cancel,
     Decision,
     NotAllowed,
     NumberAdded,
     NumberRetired,
     Procurement,
+    Reason,
     Resolve,
     Retry,
     State,
@@ -31,6 +33,8 @@ from procurd.core.procurement import (
 def retry(p: Procurement, event: Retry, now: datetime) -> Decision:
     if p.state is not State.EXCEPTION:
         raise NotAllowed("not_an_exception", f"procurement is {p.state.value}, not exception")
+    if p.exception_reason in SETTLE_WITH_UPSTREAM:
+        raise NotAllowed(p.exception_reason or "", settle_with_upstream(p))
     queued = released(
         p,
         state=State.QUEUED,
@@ -55,6 +59,19 @@ def retry(p: Procurement, event: Retry, now: datetime) -> Decision:
         detail["downstream_order_no"] = p.downstream_order_no
         return Decision(queued, "retry", detail)
     return _renumbered(p, Decision(queued, "retry", detail))
+
+
+def settle_with_upstream(p: Procurement) -> str:
+    """Why ``p`` is not sent again, and what a person does instead."""
+    if p.exception_reason == Reason.NOT_DELIVERED:
+        what = f"the upstream made and charged order {p.upstream_order_no or p.upstream_order_id} "
+        what += "but delivered nothing usable"
+    else:
+        what = "the upstream may have made the purchase (its outcome is unknown)"
+    return (
+        f"not sent again: {what}, and sending it again could buy twice. Settle it with the upstream (its "
+        "purchase records, the balance before and after, named in the exception), then resolve it with a note"
+    )
 
 
 def _renumbered(p: Procurement, decision: Decision) -> Decision:
