@@ -11,7 +11,7 @@ from typing import Any, overload
 from procurd.config import UpstreamSettings
 from procurd.protocol.acgfaka.catalogue import AcgFakaCatalogue
 from procurd.protocol.acgfaka.client import AcgFakaClient
-from procurd.protocol.acgfaka.ports import ChoiceBook
+from procurd.protocol.acgfaka.ports import ChoiceBook, TradeBook
 from procurd.protocol.acgfaka.trading import AcgFakaTrading
 from procurd.protocol.transport import RequestObserver
 from procurd.upstream.models import (
@@ -35,12 +35,13 @@ class AcgFakaUpstream:
         settings: UpstreamSettings,
         *,
         choices: ChoiceBook,
+        trades: TradeBook,
         limiter: RateLimiter | None = None,
         observer: RequestObserver | None = None,
     ) -> None:
         self.client = AcgFakaClient(settings, limiter=limiter, observer=observer)
         self.catalogue = AcgFakaCatalogue(settings, self.client, choices)
-        self.trading = AcgFakaTrading(settings, self.client, choices)
+        self.trading = AcgFakaTrading(settings, self.client, choices, trades)
 
     def __repr__(self) -> str:
         return f"AcgFakaUpstream({self.client!r})"
