@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 import structlog
 
@@ -81,7 +81,7 @@ def outcome_event(owner: str, outcome: OrderCreated | UpstreamError) -> Event:
                 owner,
                 "not_delivered",
                 outcome.code,
-                outcome.message,
+                settling(outcome.message, outcome.details),
                 outcome.order_id,
                 outcome.order_no,
                 "paid",
@@ -116,8 +116,12 @@ def outcome_event(owner: str, outcome: OrderCreated | UpstreamError) -> Event:
 def outcome_unknown_message(error: OutcomeUnknown) -> str:
     """What a person needs to settle a purchase whose outcome is unknown: why, the request number, what was
     bought, the balance before and after, and where the upstream's purchase records are."""
-    known = error.details
-    parts = [f"{error.message} ({error.cause}); nothing is sent again by itself"]
+    return settling(f"{error.message} ({error.cause}); nothing is sent again by itself", error.details)
+
+
+def settling(message: str, known: Mapping[str, str]) -> str:
+    """``message`` with what ``known`` names for a person settling a purchase with the upstream."""
+    parts = [message]
     labels = (
         ("request_no", "request number"),
         ("code", "commodity"),

@@ -285,7 +285,8 @@ class NotDelivered(UpstreamError):
     """The upstream made and charged the order but delivered nothing usable in its answer (acg-faka: the
     notice that another buyer took the cards while this order was paid, or fewer lines of goods than units
     bought). Nothing will come by itself: a person settles it with the upstream. ``order_id`` and
-    ``order_no`` name the upstream's order, ``amount`` what it charged."""
+    ``order_no`` name the upstream's order, ``amount`` what it charged, ``details`` what a person needs (as
+    :class:`OutcomeUnknown`'s)."""
 
     retryable = False
     default_code = "not_delivered"
@@ -298,6 +299,7 @@ class NotDelivered(UpstreamError):
         order_no: str,
         amount: str | None = None,
         currency: str | None = None,
+        details: Mapping[str, str] | None = None,
         upstream: str = "",
         endpoint: str = "",
     ) -> None:
@@ -305,6 +307,7 @@ class NotDelivered(UpstreamError):
         self.order_no = order_no
         self.amount = amount
         self.currency = currency
+        self.details = dict(details or {})
         super().__init__(message, upstream=upstream, endpoint=endpoint)
 
 

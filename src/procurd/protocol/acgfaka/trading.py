@@ -300,9 +300,8 @@ class AcgFakaTrading:
 
     def _not_delivered(self, trade_no: str, amount: str | None, reason: str) -> NotDelivered:
         return NotDelivered(
-            f"trade {trade_no} was paid ({amount or 'amount unknown'}) without its goods: {reason}; "
-            "settle it with the supplier (the member's purchase records at "
-            f"{self.root}{PURCHASE_RECORDS_PATH})",
+            f"trade {trade_no} was paid ({amount or 'amount unknown'}) without its goods: {reason}",
+            details={"purchase_records": self.root + PURCHASE_RECORDS_PATH},
             order_id=int(trade_no),
             order_no=trade_no,
             amount=amount,
