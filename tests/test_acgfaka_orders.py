@@ -17,6 +17,7 @@ from acgfaka_support import CARD, MANUAL, PLAIN, Listed, acg_block, list_choices
 from procurd.config import Settings
 from procurd.db.database import open_database
 from procurd.db.schema import outbox, upstream_trades
+from procurd.operations.reconcile import ReconcileReport, reconcile
 from procurd.operations.runtime import Runtime
 from procurd.operations.trades import DatabaseTrades
 from procurd.protocol.acgfaka import request_no
@@ -80,6 +81,29 @@ async def test_a_card_order_is_delivered_from_the_trades_answer(database_url: st
         assert trades_sent(shop) == 1
         events = await sql_rows(database_url, select(outbox.c.event).where(outbox.c.order_no == "C1"))
         assert [row.event for row in events][-1] == "order.delivered"
+        agreeing = await reconcile_once(settings)
+        assert (agreeing.checked, agreeing.findings, agreeing.errors) == (1, [], 0)
+        del shop.shop.orders[bought.trade_no]  # the shop no longer holds it
+        missing = await reconcile_once(settings)
+        [finding] = missing.findings
+        assert (finding.order_no, finding.upstream_order_id) == ("C1", int(bought.trade_no))
+
+
+async def reconcile_once(settings: Settings) -> ReconcileReport:
+    """One manual reconciliation pass (asks the shop's ``query`` of each trade)."""
+    runtime = Runtime.build(settings)
+    try:
+        report = await reconcile(
+            runtime.service,
+            runtime.clients,
+            runtime.alerts,
+            window_seconds=3600,
+            repair=False,
+            trigger="manual",
+        )
+    finally:
+        await runtime.close()
+    return report
 
 
 async def test_a_manual_order_is_delivered_when_the_seller_types_the_goods_in(database_url: str) -> None:
@@ -200,6 +224,7 @@ async def test_the_sold_out_race_is_a_paid_order_without_goods(database_url: str
             assert bought.secret.strip() == SOLD_OUT_NOTICE
             assert (item["exception_reason"], item["upstream_order_no"]) == ("not_delivered", bought.trade_no)
             assert item["amount"] == "5.00"
+            assert f"{shop.base_url}/user/personal/purchaseRecord" in item["last_error_message"]
             status, refused = await admin.call("POST", f"/api/v1/exceptions/{item['id']}/retry", {})
             assert (status, refused["error_code"]) == (409, "not_delivered"), refused
             status, canceled = await admin.call("POST", "/api/v1/orders/S1/cancel", {})
@@ -255,3 +280,19 @@ async def test_one_trade_at_a_time_per_member_account(database_url: str) -> None
         assert order["procurements"][0]["attempts"] == 1
         assert len(shop_orders(shop)) == 1
         assert trades_sent(shop) == 1
+
+
+def test_the_limit_goes_to_the_adapter_and_never_on_dujiao_nexts_wire() -> None:
+    """The item's limit and fulfillment type reach an adapter with the submission, and Dujiao-Next's body
+    (seed 000's POST /orders) stays what it was."""
+    carried = CreateOrderRequest(
+        sku_id=7,
+        quantity=2,
+        downstream_order_no="A1",
+        unit_limit="9.90",
+        limit_given=True,
+        fulfillment_type="auto",
+    )
+    plain = CreateOrderRequest(sku_id=7, quantity=2, downstream_order_no="A1")
+    assert (carried.unit_limit, carried.limit_given, carried.fulfillment_type) == ("9.90", True, "auto")
+    assert carried.body() == plain.body() == b'{"sku_id":7,"quantity":2,"downstream_order_no":"A1"}'
