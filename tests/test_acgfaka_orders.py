@@ -5,6 +5,7 @@ trade, and one trade at a time per member account."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -16,7 +17,7 @@ from sqlalchemy import select
 from acgfaka_support import CARD, MANUAL, PLAIN, Listed, acg_block, list_choices, running_shop
 from procurd.config import Settings
 from procurd.db.database import open_database
-from procurd.db.schema import outbox, upstream_trades
+from procurd.db.schema import alerts, outbox, upstream_trades
 from procurd.operations.reconcile import ReconcileReport, reconcile
 from procurd.operations.runtime import Runtime
 from procurd.operations.trades import DatabaseTrades
@@ -194,6 +195,9 @@ async def test_an_unknown_outcome_is_never_sent_again(
             assert f"{shop.base_url}/user/personal/purchaseRecord" in message
             status, refused = await admin.call("POST", f"/api/v1/exceptions/{item['id']}/retry", {})
             assert (status, refused["error_code"]) == (409, "outcome_unknown"), refused
+            [alert] = await sql_rows(database_url, select(alerts.c.message).where(alerts.c.subject == "U1"))
+            assert alert.message.startswith("outcome_unknown: order U1")
+            assert "procurd never sends it again" in alert.message
         async with acg_daemon(settings) as admin:
             assert (await admin.order("U1"))["procurements"][0]["state"] == "exception"
         runtime = Runtime.build(settings)
@@ -296,3 +300,35 @@ def test_the_limit_goes_to_the_adapter_and_never_on_dujiao_nexts_wire() -> None:
     plain = CreateOrderRequest(sku_id=7, quantity=2, downstream_order_no="A1")
     assert (carried.unit_limit, carried.limit_given, carried.fulfillment_type) == ("9.90", True, "auto")
     assert carried.body() == plain.body() == b'{"sku_id":7,"quantity":2,"downstream_order_no":"A1"}'
+
+
+async def test_two_instances_never_trade_at_once_for_one_member_account(database_url: str) -> None:
+    """Instance one's trade hangs until its client gives up; instance two, asked for another order meanwhile,
+    waits for the member account's lease: the shop sees two's first request only after one's trade and the
+    balance read after it, never in between."""
+    async with running_shop() as shop, ControlClient(shop.base_url) as control:
+        first, second = await list_choices(database_url, shop, [MONTH, Listed(PLAIN)])
+        one = Runtime.build(acg_settings(database_url, shop, trade_timeout_seconds=0.5), instance="one:1")
+        two = Runtime.build(acg_settings(database_url, shop, trade_timeout_seconds=10), instance="two:2")
+        try:
+            await control.post("/faults", {"knob": "hang_after_next"})
+            hanging = asyncio.create_task(
+                one.client("acg").create_order(
+                    CreateOrderRequest(sku_id=first, quantity=1, downstream_order_no="H1")
+                )
+            )
+            await wait_until(lambda: trades_sent(shop) == 1)
+            created = await two.client("acg").create_order(
+                CreateOrderRequest(sku_id=second, quantity=1, downstream_order_no="H2")
+            )
+            with pytest.raises(OutcomeUnknown):
+                await hanging
+        finally:
+            await one.close()
+            await two.close()
+        assert created.status == "delivered"
+        assert [record.endpoint for record in shop.requests] == [
+            "valuation", "connect", "trade", "connect",  # one: its trade hangs, then the balance after
+            "valuation", "connect", "trade",  # two, once one let go
+        ]  # fmt: skip
+        assert len(shop_orders(shop)) == 2
