@@ -62,6 +62,18 @@ def test_an_unknown_outcome_is_an_exception_that_never_moves_on() -> None:
     assert refused.value.code == Reason.OUTCOME_UNKNOWN
 
 
+def test_a_person_who_found_nothing_bought_sends_it_again_under_the_same_number() -> None:
+    """Retry with nothing_bought (the person's word after checking the upstream): queued under the same
+    number, at the same source, still maybe made upstream (never canceled locally meanwhile)."""
+    event = SubmitRejected("w1", "outcome_unknown", "outcome_unknown", "lost")
+    unknown = decide(OFFERED, event, NOW, POLICY).procurement
+    decision = decide(unknown, Retry("no purchase in the records", nothing_bought=True), NOW, POLICY)
+    after = decision.procurement
+    assert (after.state, after.downstream_order_no, after.source_position) == (State.QUEUED, "A1001", 0)
+    assert after.upstream_may_exist
+    assert decision.detail["nothing_bought"] is True
+
+
 def test_a_paid_order_without_goods_keeps_the_upstream_order() -> None:
     """not_delivered keeps the upstream's order and amount; the order exists (a cancel must go upstream) and
     a retry is refused."""
@@ -73,7 +85,7 @@ def test_a_paid_order_without_goods_keeps_the_upstream_order() -> None:
     assert (after.upstream_order_id, after.upstream_order_no, after.amount) == (101, "DJ1", "5.00")
     assert needs_upstream_cancel(after)
     with pytest.raises(NotAllowed) as refused:
-        decide(after, Retry(), NOW, POLICY)
+        decide(after, Retry("checked", nothing_bought=True), NOW, POLICY)
     assert refused.value.code == Reason.NOT_DELIVERED
 
 

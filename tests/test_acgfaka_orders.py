@@ -159,25 +159,28 @@ async def test_each_refusal_is_an_exception_with_procurds_reason_and_nothing_bou
 
 
 @pytest.mark.parametrize(
-    ("fault", "bought", "cause"),
+    ("fault", "bought", "cause", "resent"),
     [
-        ({"knob": "lost_answer_next"}, 1, "lost_answer"),
-        ({"knob": "crash_next", "endpoint": "trade"}, 0, "not_json"),
+        ({"knob": "lost_answer_next"}, 1, "lost_answer", "outcome_unknown"),
+        ({"knob": "crash_next", "endpoint": "trade"}, 0, "not_json", "delivered"),
         (
             {"knob": "error_after_commit_next", "msg": "连接失败, 疑似被对方防火墙拦截"},
             1,
             "unrecognised_refusal",
+            "outcome_unknown",
         ),
     ],
     ids=["lost-answer", "html-crash", "error-after-commit"],
 )
 async def test_an_unknown_outcome_is_never_sent_again(
-    database_url: str, fault: dict[str, Any], bought: int, cause: str
+    database_url: str, fault: dict[str, Any], bought: int, cause: str, resent: str
 ) -> None:
     """A trade whose answer leaves the outcome unknown is exception ``outcome_unknown``, shown with what a
     person needs (the request number, the balance before and after, the purchase records). It is sent once:
-    not by the backoff, not by a person's retry (refused), not after a restart, not by the adapter asked
-    again."""
+    not by the backoff, not by a person's ordinary retry (refused), not after a restart, not by the adapter
+    asked again. A person who says nothing was bought sends it again under the same number: the shop that
+    made the first one refuses the number (``outcome_unknown`` again, never a second purchase); the one that
+    did not sells it once."""
     async with running_shop() as shop:
         [sku] = await list_choices(database_url, shop, [MONTH])
         settings = acg_settings(database_url, shop)
@@ -193,13 +196,12 @@ async def test_an_unknown_outcome_is_never_sent_again(
             assert "balance before 1000" in message
             assert "balance after" in message
             assert f"{shop.base_url}/user/personal/purchaseRecord" in message
-            status, refused = await admin.call("POST", f"/api/v1/exceptions/{item['id']}/retry", {})
+            retry = f"/api/v1/exceptions/{item['id']}/retry"
+            status, refused = await admin.call("POST", retry, {})
             assert (status, refused["error_code"]) == (409, "outcome_unknown"), refused
             [alert] = await sql_rows(database_url, select(alerts.c.message).where(alerts.c.subject == "U1"))
             assert alert.message.startswith("outcome_unknown: order U1")
             assert "procurd never sends it again" in alert.message
-        async with acg_daemon(settings) as admin:
-            assert (await admin.order("U1"))["procurements"][0]["state"] == "exception"
         runtime = Runtime.build(settings)
         try:
             again = CreateOrderRequest(
@@ -212,6 +214,28 @@ async def test_an_unknown_outcome_is_never_sent_again(
             await runtime.close()
         assert len(shop_orders(shop)) == bought
         assert trades_sent(shop) == 1
+        async with acg_daemon(settings) as admin:
+            assert (await admin.order("U1"))["procurements"][0]["state"] == "exception"
+            status, refused = await admin.call("POST", retry, {"nothing_bought": True})
+            assert (status, refused["error_code"]) == (400, "note_required"), refused
+            status, _ = await admin.call("POST", retry, {"nothing_bought": True, "note": "no such purchase"})
+            assert status == 200
+
+            async def settled_again() -> dict[str, Any] | None:
+                [procurement] = (await admin.order("U1"))["procurements"]
+                done = (
+                    procurement["state"] == "delivered" or procurement["last_error_code"] == "outcome_unknown"
+                )
+                return procurement if done and procurement["attempts"] == 1 else None
+
+            after = await wait_until(settled_again)
+        assert (after["state"], after["exception_reason"]) == (
+            ("delivered", None) if resent == "delivered" else ("exception", "outcome_unknown")
+        )
+        if resent == "outcome_unknown":
+            assert "(duplicate_request)" in after["last_error_message"]
+        assert len(shop_orders(shop)) == 1
+        assert trades_sent(shop) == 2
 
 
 async def test_the_sold_out_race_is_a_paid_order_without_goods(database_url: str) -> None:

@@ -417,9 +417,12 @@ class GiveUp:
 
 @dataclass(frozen=True, slots=True)
 class Retry:
-    """A person sends the procurement again."""
+    """A person sends the procurement again. ``nothing_bought``: for an exception ``outcome_unknown``, the
+    person checked the upstream and found nothing bought (the purchase is then sent again under the same
+    number)."""
 
     note: str | None = None
+    nothing_bought: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,9 @@ class TradeState(StrEnum):
     NOT_DELIVERED = "not_delivered"  # paid, nothing usable delivered
     REFUSED = "refused"  # a refusal that proves nothing was bought
     UNKNOWN = "unknown"  # nobody can tell whether it was bought
+    # A person found nothing bought under it and decided to send it again, under the same number (a shop
+    # that holds an order under it answers that the number exists: never a second purchase).
+    CLEARED = "cleared"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -34,5 +37,6 @@ class Trade:
 
     @property
     def may_have_bought(self) -> bool:
-        """Sent, and no answer proves that nothing was bought: never sent again by itself."""
-        return self.state is not TradeState.REFUSED
+        """Sent, and neither an answer nor a person says that nothing was bought: never sent again by
+        itself."""
+        return self.state not in (TradeState.REFUSED, TradeState.CLEARED)

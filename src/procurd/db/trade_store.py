@@ -73,11 +73,25 @@ class TradeStore:
             .where(
                 upstream_trades.c.upstream == trade.upstream,
                 upstream_trades.c.request_no == trade.request_no,
-                upstream_trades.c.state == TradeState.REFUSED.value,
+                upstream_trades.c.state.in_([TradeState.REFUSED.value, TradeState.CLEARED.value]),
             )
             .values(**values)
         )
         return trade
+
+    def clear(self, upstream: str, request_no: str) -> bool:
+        """A person found nothing bought under ``request_no`` (a trade whose outcome was unknown): it may be
+        sent again, under the same number. False when no such trade is recorded as possibly bought."""
+        result = self.connection.execute(
+            update(upstream_trades)
+            .where(
+                upstream_trades.c.upstream == upstream,
+                upstream_trades.c.request_no == request_no,
+                upstream_trades.c.state.in_([TradeState.SENDING.value, TradeState.UNKNOWN.value]),
+            )
+            .values(state=TradeState.CLEARED.value)
+        )
+        return result.rowcount == 1
 
     def answered(self, trade: Trade) -> None:
         """Record the answer of ``trade`` (its state, trade number, amount, notice)."""

@@ -147,8 +147,12 @@ class AcgFakaTrading:
         begun = await self.trades.begin(record)
         if begun is not record:  # another try recorded it meanwhile
             return await self._again(begun, request, priority)
+        # Sent before and cleared by a person: the shop then reads the number's refusals as a repeat's.
+        repeated = recorded is not None and recorded.state is TradeState.CLEARED
         try:
-            result = await self.client.trade(trade, balance_before=balance, priority=priority)
+            result = await self.client.trade(
+                trade, repeated=repeated, balance_before=balance, priority=priority
+            )
         except (AuthError, BusinessError, PriceChanged, ConnectFailed):
             await self._record(record, TradeState.REFUSED)
             raise
