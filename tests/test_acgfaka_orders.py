@@ -16,6 +16,8 @@ from sqlalchemy import select
 
 from acgfaka_support import CARD, MANUAL, PLAIN, Listed, acg_block, list_choices, running_shop
 from procurd.config import Settings
+from procurd.core.clock import utcnow
+from procurd.core.trades import Trade, TradeState
 from procurd.db.database import open_database
 from procurd.db.schema import alerts, outbox, upstream_trades
 from procurd.operations.reconcile import ReconcileReport, reconcile
@@ -236,6 +238,31 @@ async def test_an_unknown_outcome_is_never_sent_again(
             assert "(duplicate_request)" in after["last_error_message"]
         assert len(shop_orders(shop)) == 1
         assert trades_sent(shop) == 2
+
+
+async def test_a_trade_an_instance_died_during_is_never_sent_again(database_url: str) -> None:
+    """An instance wrote its trade and died before the answer (the row says "sending"): the procurement,
+    taken again, sends nothing, not even the price check, and is ``outcome_unknown`` with what was known."""
+    async with running_shop() as shop:
+        [sku] = await list_choices(database_url, shop, [MONTH])
+        database = open_database(database_url)
+        try:
+            number = request_no("K1", str(DEFAULT_APP_ID))
+            sending = Trade(
+                upstream="acg", request_no=number, downstream_order_no="K1", code=CARD, quantity=1,
+                state=TradeState.SENDING, sent_at=utcnow(), balance_before="1000.00",
+            )  # fmt: skip
+            await DatabaseTrades(database, "gone:1").begin(sending)
+        finally:
+            await database.close()
+        async with acg_daemon(acg_settings(database_url, shop)) as admin:
+            await admin.submit("K1", {"upstream": "acg", "sku_id": sku, "quantity": 1})
+            item = await exception_of(admin, "K1")
+        assert item["exception_reason"] == "outcome_unknown"
+        assert "(sent_before)" in item["last_error_message"]
+        assert "balance before 1000.00" in item["last_error_message"]
+        assert shop.request_counts.get("valuation", 0) == 0
+        assert trades_sent(shop) == 0
 
 
 async def test_the_sold_out_race_is_a_paid_order_without_goods(database_url: str) -> None:
