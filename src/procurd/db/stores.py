@@ -26,6 +26,7 @@ from procurd.db.rate_budget import RateBudgetStore, rate_budget_store
 from procurd.db.reconcile_store import ReconcileStore
 from procurd.db.retention_store import RetentionStore
 from procurd.db.revision import SchemaStore
+from procurd.db.trade_store import TradeStore
 
 
 class Tx:
@@ -66,6 +67,10 @@ class Tx:
     @cached_property
     def leases(self) -> LeaseStore:
         return LeaseStore(self.connection)
+
+    @cached_property
+    def trades(self) -> TradeStore:
+        return TradeStore(self.connection)
 
     @cached_property
     def alerts(self) -> AlertStore:

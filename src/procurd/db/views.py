@@ -33,6 +33,7 @@ from procurd.db.rate_budget import RateBudgetStore
 from procurd.db.reconcile_store import ReconcileStore
 from procurd.db.retention_store import RetentionStore
 from procurd.db.revision import SchemaStore
+from procurd.db.trade_store import TradeStore
 
 
 class WithProcurements(Protocol):
@@ -128,3 +129,8 @@ class WithSchema(Protocol):
 class WithChoices(Protocol):
     @property
     def choices(self) -> ChoiceStore: ...
+
+
+class WithTrades(Protocol):
+    @property
+    def trades(self) -> TradeStore: ...

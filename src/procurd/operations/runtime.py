@@ -22,6 +22,7 @@ from procurd.metrics import Metrics
 from procurd.operations.alerts import Alerts
 from procurd.operations.budgets import SharedBudget
 from procurd.operations.choices import DatabaseChoices
+from procurd.operations.trades import DatabaseTrades
 from procurd.procurement.service import ProcurementService, Wakeups
 from procurd.protocol.acgfaka.upstream import AcgFakaUpstream
 from procurd.protocol.dujiao.client import UpstreamClient
@@ -104,12 +105,19 @@ def rate_limiters(settings: Settings, database: Database, instance: str) -> dict
 
 
 def upstream_of(
-    settings: UpstreamSettings, *, limiter: RateLimiter, observer: RequestObserver, database: Database
+    settings: UpstreamSettings,
+    *,
+    limiter: RateLimiter,
+    observer: RequestObserver,
+    database: Database,
+    instance: str,
 ) -> Upstream:
-    """The client of one ``[[upstreams]]`` block, for the protocol it names."""
+    """The client of one ``[[upstreams]]`` block, for the protocol it names (``instance``: this process,
+    the holder of the leases its trades take)."""
     if settings.protocol == "acg-faka":
         choices = DatabaseChoices(database)
-        return AcgFakaUpstream(settings, choices=choices, limiter=limiter, observer=observer)
+        trades = DatabaseTrades(database, instance)
+        return AcgFakaUpstream(settings, choices=choices, trades=trades, limiter=limiter, observer=observer)
     return UpstreamClient(settings, limiter=limiter, observer=observer)
 
 
@@ -147,7 +155,11 @@ class Runtime:
         limiters = rate_limiters(settings, database, instance)
         clients = {
             upstream.name: upstream_of(
-                upstream, limiter=limiters[upstream.name], observer=observe, database=database
+                upstream,
+                limiter=limiters[upstream.name],
+                observer=observe,
+                database=database,
+                instance=instance,
             )
             for upstream in settings.upstreams
         }

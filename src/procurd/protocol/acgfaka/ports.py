@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from procurd.core.records import ListedChoice, UpstreamChoice
+from procurd.core.trades import Trade
 
 
 class ChoiceBook(Protocol):
@@ -16,3 +17,27 @@ class ChoiceBook(Protocol):
 
     async def choice(self, upstream: str, sku_id: int) -> UpstreamChoice | None:
         """What SKU ``sku_id`` of ``upstream`` stands for, or None when procurd never gave that id."""
+
+
+class TradeBook(Protocol):
+    """Where an acg-faka supplier's trades are recorded, and the lease that keeps its member account to one
+    trade at a time across every instance (the supplier's trade can deadlock against a second one)."""
+
+    async def hold(self, account: str, token: str, seconds: float) -> bool:
+        """Take the lease of ``account`` for ``seconds`` (False: another holds it)."""
+
+    async def let_go(self, account: str, token: str) -> None:
+        """Give the lease of ``account`` up."""
+
+    async def recorded(self, upstream: str, request_no: str) -> Trade | None:
+        """The trade recorded under ``request_no``, if any."""
+
+    async def begin(self, trade: Trade) -> Trade:
+        """Record ``trade`` as being sent, or answer the one already recorded under its number that may
+        have bought (then nothing is recorded: the caller must not send)."""
+
+    async def answered(self, trade: Trade) -> None:
+        """Record the answer of a trade ``begin`` recorded."""
+
+    async def by_trade_no(self, upstream: str, trade_no: str) -> Trade | None:
+        """The trade of ``upstream`` that the supplier numbered ``trade_no``."""

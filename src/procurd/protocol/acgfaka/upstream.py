@@ -12,7 +12,7 @@ from typing import Any, Self, overload
 from procurd.config import UpstreamSettings
 from procurd.protocol.acgfaka.catalogue import AcgFakaCatalogue
 from procurd.protocol.acgfaka.client import AcgFakaClient, Features
-from procurd.protocol.acgfaka.ports import ChoiceBook
+from procurd.protocol.acgfaka.ports import ChoiceBook, TradeBook
 from procurd.protocol.acgfaka.trading import AcgFakaTrading
 from procurd.protocol.transport import RequestObserver
 from procurd.upstream.models import (
@@ -38,6 +38,7 @@ class AcgFakaUpstream:
         settings: UpstreamSettings,
         *,
         choices: ChoiceBook,
+        trades: TradeBook,
         limiter: RateLimiter | None = None,
         observer: RequestObserver | None = None,
     ) -> None:
@@ -45,7 +46,7 @@ class AcgFakaUpstream:
         self.catalogue = AcgFakaCatalogue(
             settings, self.client, choices, requests_per_pass=settings.catalog_requests_per_pass
         )
-        self.trading = AcgFakaTrading(settings, self.client, choices)
+        self.trading = AcgFakaTrading(settings, self.client, choices, trades)
 
     def __repr__(self) -> str:
         return f"AcgFakaUpstream({self.client!r})"

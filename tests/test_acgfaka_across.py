@@ -1,0 +1,98 @@
+"""Across protocols, over real sockets: an offer that fails over from a Dujiao-Next source to an acg-faka one
+before any money moved, and a chain whose top is an acg-faka shop: the shop → procurd B (buying there,
+selling on as a provider) → procurd C (a Dujiao-Next downstream of B)."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from sqlalchemy import select
+
+from acgfaka_support import CARD, Listed, acg_block, list_choices, running_shop
+from procurd.config import Settings
+from procurd.db.schema import sync_runs
+from procurd.sandbox import Sandbox, SandboxConfig
+from provider_support import add_account, full_pass, provider_config, settled
+from scale_cluster import own_database
+from support import AdminClient, config_data, mirror, running_daemon, settings_for, sql_rows, wait_until
+
+MONTH = Listed(CARD, "月卡", (("区服", "一区"),), "10.00")
+
+
+async def test_an_offer_fails_over_from_a_dujiao_source_to_an_acg_faka_one(database_url: str) -> None:
+    """The Dujiao-Next site refuses with insufficient_stock (sold out since the mirror looked): procurd
+    moves to the offer's acg-faka source, trades there once, and the order is delivered from the trade's
+    answer. Nothing was bought at the first site; one trade at the shop."""
+    config = SandboxConfig(products=2, balance=Decimal("1000"), allow_private_callbacks=True)
+    async with Sandbox(config) as site, running_shop() as shop:
+        await mirror(settings_for(database_url, ("main", site)))
+        [acg_sku] = await list_choices(database_url, shop, [MONTH])
+        data = config_data(database_url, ("main", site))
+        data["upstreams"].append(acg_block(shop))
+        settings = Settings(**data)
+        main_sku = site.state.first_sku("auto").id
+        async with running_daemon(settings), aiohttp.ClientSession() as session:
+            # The start-up passes end first (acg-faka's fails: its catalogue is not listed here), so that
+            # the mirror keeps showing the first source in stock.
+            await wait_until(lambda: finished_passes(database_url, 3))
+            async with session.post(
+                f"{site.base_url}/_sandbox/skus/{main_sku}", json={"stock_quantity": 0}
+            ) as answer:
+                assert answer.status == 200
+            admin = AdminClient(settings, session)
+            sources = [{"upstream": "main", "sku_id": main_sku}, {"upstream": "acg", "sku_id": acg_sku}]
+            status, _ = await admin.call("PUT", "/api/v1/offers/MONTH", {"sources": sources})
+            assert status == 201
+            await admin.submit("F1", {"offer": "MONTH", "quantity": 1})
+            order = await admin.wait_status("F1", "delivered")
+        [item] = order["procurements"]
+        assert (item["upstream"], item["sku_id"]) == ("acg", acg_sku)
+        assert [(hop["upstream"], hop["reason"]) for hop in item["failovers"]] == [
+            ("main", "insufficient_stock")
+        ]
+        assert item["fulfillment"]["payload_line_count"] == 1
+        assert site.state.orders == {}
+        assert len(shop.shop.orders) == 1
+        assert shop.request_counts["trade"] == 1
+
+
+async def finished_passes(database_url: str, count: int) -> bool:
+    rows = await sql_rows(database_url, select(sync_runs.c.status))
+    return sum(1 for row in rows if row.status != "running") >= count
+
+
+async def test_a_chain_from_an_acg_faka_shop_to_a_dujiao_downstream(
+    tmp_path: Path, sqlite_template: Path | None, postgres_template: str | None
+) -> None:
+    """C orders B's SKU (B's selling price, cost plus 10 %) through B's provider API; B buys it from the
+    acg-faka shop in one trade, gets the cards in the trade's answer, and tells C by callback: the order is
+    delivered at C with the cards, bought exactly once at the top, and B's wallet of C is charged once."""
+    async with (
+        running_shop() as shop,
+        own_database(tmp_path, "b", sqlite_template, postgres_template) as b_url,
+        own_database(tmp_path, "c", sqlite_template, postgres_template) as c_url,
+    ):
+        [sku] = await list_choices(b_url, shop, [MONTH], upstream="top")
+        b_data: dict[str, Any] = provider_config(b_url, provider={"site_name": "procurd B"})
+        b_data["upstreams"] = [acg_block(shop, name="top")]
+        b_settings = Settings(**b_data)
+        async with running_daemon(b_settings) as b:
+            await settled(b)
+            site = await add_account(b.operations, "siteC", balance="100.00")
+            c_settings = settings_for(c_url, ("b", site))
+            async with running_daemon(c_settings) as c, aiohttp.ClientSession() as session:
+                await full_pass(c.operations, "b")
+                c_admin = AdminClient(c_settings, session)
+                await c_admin.submit("X1", {"sku_id": sku, "quantity": 2})
+                order = await c_admin.wait_status("X1", "delivered")
+                account = await b.operations.provider.accounts.get("siteC")
+        [item] = order["procurements"]
+        assert item["fulfillment"]["payload_line_count"] == 2
+        assert item["amount"] == "22.00"
+        [bought] = shop.shop.orders.values()
+        assert (bought.num, bought.race) == (2, "月卡")
+        assert shop.request_counts["trade"] == 1
+        assert account.balance_cents == 7800
