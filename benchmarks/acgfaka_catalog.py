@@ -94,6 +94,7 @@ async def passes(protocol: str, base_url: str, database_url: str, bound: int) ->
     from procurd.logs import configure_logging
     from procurd.operations.catalog_pass import run_sync
     from procurd.operations.choices import DatabaseChoices
+    from procurd.operations.trades import DatabaseTrades
     from procurd.protocol.acgfaka.upstream import AcgFakaUpstream
     from procurd.protocol.dujiao.client import UpstreamClient
     from procurd.sandbox.acgfaka import DEFAULT_APP_ID, DEFAULT_APP_KEY
@@ -114,7 +115,8 @@ async def passes(protocol: str, base_url: str, database_url: str, bound: int) ->
                 **common, protocol="acg-faka", app_id=str(DEFAULT_APP_ID), app_key=DEFAULT_APP_KEY,
                 catalog_requests_per_pass=bound,
             )  # fmt: skip
-            return AcgFakaUpstream(settings, choices=DatabaseChoices(database), observer=observe)
+            choices, trades = DatabaseChoices(database), DatabaseTrades(database, "benchmark")
+            return AcgFakaUpstream(settings, choices=choices, trades=trades, observer=observe)
         settings = UpstreamSettings(**common, api_key=API_KEY, api_secret=API_SECRET)
         return UpstreamClient(settings, observer=observe)
 

@@ -15,6 +15,7 @@ from procurd.db.database import Database
 from procurd.db.schema import mirror_categories, mirror_products, mirror_skus, upstream_choices
 from procurd.operations.catalog_pass import run_sync
 from procurd.operations.choices import DatabaseChoices
+from procurd.operations.trades import DatabaseTrades
 from procurd.protocol.acgfaka.upstream import AcgFakaUpstream
 from procurd.sandbox.acgfaka import AcgFakaSandbox, ShopConfig
 from procurd.sandbox.acgfaka.testing import ControlClient, shop_settings
@@ -80,7 +81,10 @@ async def control(shop: AcgFakaSandbox) -> AsyncIterator[ControlClient]:
 
 
 def upstream_of(shop: AcgFakaSandbox, database: Database, **block: Any) -> AcgFakaUpstream:
-    return AcgFakaUpstream(shop_settings(shop.base_url, UPSTREAM, **block), choices=DatabaseChoices(database))
+    settings = shop_settings(shop.base_url, UPSTREAM, **block)
+    return AcgFakaUpstream(
+        settings, choices=DatabaseChoices(database), trades=DatabaseTrades(database, "test-host:1")
+    )
 
 
 async def sync(database: Database, upstream: AcgFakaUpstream, **options: Any) -> SyncReport:
