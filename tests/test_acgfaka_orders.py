@@ -160,6 +160,82 @@ async def test_each_refusal_is_an_exception_with_procurds_reason_and_nothing_bou
         assert trades_sent(shop) == len(REFUSALS)
 
 
+async def test_a_buyer_input_the_shop_refuses_is_input_rejected(database_url: str) -> None:
+    """A game id the shop's rule refuses (procurd checks only that it is there) is refused with the
+    commodity's own text for that input, which proves nothing was bought: exception ``input_rejected``, not
+    ``outcome_unknown``, and the item may be canceled."""
+    async with running_shop() as shop:
+        [sku] = await list_choices(database_url, shop, [Listed(MANUAL, price="30.00", manual=True)])
+        async with acg_daemon(acg_settings(database_url, shop)) as admin:
+            form = {"game_uid": "12"}  # the shop's rule: 5 to 12 digits
+            await admin.submit(
+                "I1", {"upstream": "acg", "sku_id": sku, "quantity": 1, "manual_form_data": form}
+            )
+            item = await exception_of(admin, "I1")
+            assert (item["exception_reason"], item["last_error_code"]) == ("input_rejected", "input_rejected")
+            assert "游戏ID格式错误" in item["last_error_message"]
+            status, _ = await admin.call("POST", "/api/v1/orders/I1/cancel", {})
+            assert status == 200
+        assert shop_orders(shop) == []
+        assert trades_sent(shop) == 1
+
+
+async def settled(admin: AdminClient, order_no: str) -> dict[str, Any]:
+    """The order's one procurement once its trade was answered (delivered, waiting on the shop, or an
+    exception)."""
+
+    async def answered() -> dict[str, Any] | None:
+        [procurement] = (await admin.order(order_no))["procurements"]
+        return procurement if procurement["state"] in ("delivered", "submitted", "exception") else None
+
+    return await wait_until(answered)
+
+
+async def test_goods_the_shop_imported_are_read_as_the_other_shops_answer(database_url: str) -> None:
+    """Goods the shop imported from another shop are mirrored as manual, but their answer is that shop's
+    and never refreshed: its cards deliver at once, and its delivery notice is a paid order without its
+    goods (``not_delivered``), never polled as a notice."""
+    async with running_shop() as shop, ControlClient(shop.base_url) as control:
+        category = next(iter(shop.shop.categories))
+        for code, spec in (
+            ("IMPORTED-CARDS", {"delivery_way": 0}),
+            ("IMPORTED-HAND", {"delivery_way": 1, "stock": 5}),
+        ):
+            await control.post(
+                "/commodities",
+                {
+                    "code": code,
+                    "name": code,
+                    "category_id": category,
+                    "price": "8.00",
+                    "shared_id": 3,
+                    **spec,
+                },
+            )
+        await control.post("/commodities/IMPORTED-CARDS/cards", {"cards": [{"secret": "UP-1"}]})
+        cards, by_hand = await list_choices(
+            database_url,
+            shop,
+            [Listed("IMPORTED-CARDS", price="8.00"), Listed("IMPORTED-HAND", price="8.00")],
+        )
+        # a manual product takes its item only with manual_form_data, even without inputs
+        form = {"buyer_note": "-"}
+        async with acg_daemon(acg_settings(database_url, shop)) as admin:
+            await admin.submit(
+                "X1", {"upstream": "acg", "sku_id": cards, "quantity": 1, "manual_form_data": form}
+            )
+            delivered = await settled(admin, "X1")
+            await admin.submit(
+                "X2", {"upstream": "acg", "sku_id": by_hand, "quantity": 1, "manual_form_data": form}
+            )
+            undelivered = await settled(admin, "X2")
+        assert (delivered["state"], delivered["fulfillment"]["payload_line_count"]) == ("delivered", 1)
+        assert (undelivered["state"], undelivered["exception_reason"]) == ("exception", "not_delivered")
+        assert "never refreshed" in undelivered["last_error_message"]
+        assert len(shop_orders(shop)) == 2
+        assert trades_sent(shop) == 2
+
+
 @pytest.mark.parametrize(
     ("fault", "bought", "cause", "resent"),
     [

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from procurd.core.records import ListedChoice, UpstreamChoice
+from procurd.core.records import ListedChoice, MirroredProduct, UpstreamChoice
 from procurd.core.trades import Trade
 
 
@@ -17,6 +17,10 @@ class ChoiceBook(Protocol):
 
     async def choice(self, upstream: str, sku_id: int) -> UpstreamChoice | None:
         """What SKU ``sku_id`` of ``upstream`` stands for, or None when procurd never gave that id."""
+
+    async def product(self, upstream: str, product_id: int) -> MirroredProduct | None:
+        """The mirror's row of the commodity ``product_id`` (its buyer inputs and its ``acg_faka`` extras),
+        or None when the mirror holds none."""
 
 
 class TradeBook(Protocol):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 from collections.abc import Mapping
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 from urllib.parse import urlsplit
@@ -29,6 +30,7 @@ import structlog
 
 from procurd.config import UpstreamSettings
 from procurd.core.clock import utcnow
+from procurd.core.records import MirroredProduct
 from procurd.core.trades import Trade, TradeState
 from procurd.protocol.acgfaka.client import PURCHASE_RECORDS_PATH, AcgFakaClient, EndpointAbsent
 from procurd.protocol.acgfaka.orders import (
@@ -103,10 +105,11 @@ class AcgFakaTrading:
             trade.fields()
         except ValueError as exc:
             raise self._refused(str(exc), "input_rejected") from None
+        goods = _Goods.of(await self.choices.product(self.name, choice.product_id))
         token = secrets.token_hex(8)
         await self._hold(token)
         try:
-            return await self._buy(request, trade, priority)
+            return await self._buy(request, trade, goods, priority)
         finally:
             try:
                 await self.trades.let_go(self.account, token)
@@ -127,7 +130,7 @@ class AcgFakaTrading:
             await asyncio.sleep(LEASE_WAIT_SECONDS)
 
     async def _buy(
-        self, request: CreateOrderRequest, trade: TradeRequest, priority: Priority
+        self, request: CreateOrderRequest, trade: TradeRequest, goods: _Goods, priority: Priority
     ) -> OrderCreated:
         recorded = await self.trades.recorded(self.name, trade.request_no)
         if recorded is not None and recorded.may_have_bought:
@@ -151,7 +154,11 @@ class AcgFakaTrading:
         repeated = recorded is not None and recorded.state is TradeState.CLEARED
         try:
             result = await self.client.trade(
-                trade, repeated=repeated, balance_before=balance, priority=priority
+                trade,
+                repeated=repeated,
+                input_errors=goods.input_errors,
+                balance_before=balance,
+                priority=priority,
             )
         except (AuthError, BusinessError, PriceChanged, ConnectFailed):
             await self._record(record, TradeState.REFUSED)
@@ -159,7 +166,7 @@ class AcgFakaTrading:
         except OutcomeUnknown:
             await self._record(record, TradeState.UNKNOWN)
             raise
-        return await self._answered(record, request, result)
+        return await self._answered(record, request, result, goods.chained)
 
     async def _before_trade(
         self, request: CreateOrderRequest, trade: TradeRequest, priority: Priority
@@ -192,10 +199,10 @@ class AcgFakaTrading:
             ) from None
 
     async def _answered(
-        self, record: Trade, request: CreateOrderRequest, result: TradeResult
+        self, record: Trade, request: CreateOrderRequest, result: TradeResult, chained: bool
     ) -> OrderCreated:
         manual = request.fulfillment_type == "manual"
-        delivery = interpret_delivery(result.secret, quantity=record.quantity, manual=manual)
+        delivery = interpret_delivery(result.secret, quantity=record.quantity, manual=manual, chained=chained)
         amount = _cents(result.amount)
         if delivery.kind == "delivered":
             await self._record(record, TradeState.DELIVERED, result)
@@ -316,6 +323,38 @@ class AcgFakaTrading:
 
     def _refused(self, message: str, code: str) -> BusinessError:
         return BusinessError(message, code=code, upstream=self.name, endpoint="trade")
+
+
+@dataclass(frozen=True, slots=True)
+class _Goods:
+    """What a trade needs of the commodity's mirror row: the texts its buyer inputs are refused with (a
+    refusal proving nothing was bought), and whether the shop imported it from another shop (its answer
+    is that shop's, never refreshed: goods or nothing, no notice to poll)."""
+
+    input_errors: frozenset[str] = frozenset()
+    chained: bool = False
+
+    @classmethod
+    def of(cls, product: MirroredProduct | None) -> _Goods:
+        if product is None:
+            return cls()
+        facts = (product.extra or {}).get("acg_faka")
+        chained = isinstance(facts, Mapping) and facts.get("chained") is True
+        return cls(_input_errors(product.manual_form_schema), chained)
+
+
+def _input_errors(schema: Any) -> frozenset[str]:
+    """The refusal texts of the inputs of a mirrored form (``pattern_error`` of each field with a pattern,
+    as :func:`procurd.protocol.acgfaka.widgets.form_schema` writes it); an empty text proves nothing."""
+    fields = schema.get("fields") if isinstance(schema, Mapping) else None
+    texts: set[str] = set()
+    for entry in fields if isinstance(fields, list) else ():
+        if not isinstance(entry, Mapping) or not entry.get("pattern"):
+            continue
+        error = entry.get("pattern_error")
+        found = error.values() if isinstance(error, Mapping) else [error]
+        texts.update(text for text in found if isinstance(text, str) and text)
+    return frozenset(texts)
 
 
 def _cents(amount: Decimal) -> str:
