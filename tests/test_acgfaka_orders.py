@@ -459,3 +459,43 @@ async def test_two_instances_never_trade_at_once_for_one_member_account(database
             "valuation", "connect", "trade",  # two, once one let go
         ]  # fmt: skip
         assert len(shop_orders(shop)) == 2
+
+
+async def test_two_instances_never_trade_at_once_while_the_request_budget_makes_one_wait(
+    database_url: str,
+) -> None:
+    """One request a second for the member across both instances: instance one's purchase waits for its
+    slots longer than its lease's length (from its short timeouts), and its trade hangs. The lease is
+    renewed while the purchase is in flight, so instance two's first request still reaches the shop only
+    after one's trade and the balance read after it."""
+    async with running_shop() as shop, ControlClient(shop.base_url) as control:
+        first, second = await list_choices(database_url, shop, [MONTH, Listed(PLAIN)])
+        slow = {"max_requests_per_second": 1}
+        one = Runtime.build(
+            acg_settings(database_url, shop, trade_timeout_seconds=0.3, timeout_seconds=0.3, **slow),
+            instance="one:1",
+        )
+        two = Runtime.build(
+            acg_settings(database_url, shop, trade_timeout_seconds=20, **slow), instance="two:2"
+        )
+        try:
+            await control.post("/faults", {"knob": "hang_after_next"})
+            hanging = asyncio.create_task(
+                one.client("acg").create_order(
+                    CreateOrderRequest(sku_id=first, quantity=1, downstream_order_no="W1")
+                )
+            )
+            await wait_until(lambda: shop.request_counts.get("valuation", 0) == 1)
+            created = await two.client("acg").create_order(
+                CreateOrderRequest(sku_id=second, quantity=1, downstream_order_no="W2")
+            )
+            with pytest.raises(OutcomeUnknown):
+                await hanging
+        finally:
+            await one.close()
+            await two.close()
+        assert created.status == "delivered"
+        assert [record.endpoint for record in shop.requests] == [
+            "valuation", "connect", "trade", "connect",  # one, each request a slot apart; its trade hangs
+            "valuation", "connect", "trade",  # two, once one let go
+        ]  # fmt: skip

@@ -30,6 +30,10 @@ class TradeBook(Protocol):
     async def hold(self, account: str, token: str, seconds: float) -> bool:
         """Take the lease of ``account`` for ``seconds`` (False: another holds it)."""
 
+    async def renew(self, account: str, token: str, seconds: float) -> bool:
+        """Extend the lease of ``account`` this ``token`` holds to ``seconds`` from now (False: it is not
+        held under ``token`` any more)."""
+
     async def let_go(self, account: str, token: str) -> None:
         """Give the lease of ``account`` up."""
 
