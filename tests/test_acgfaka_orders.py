@@ -316,6 +316,42 @@ async def test_an_unknown_outcome_is_never_sent_again(
         assert trades_sent(shop) == 2
 
 
+async def test_a_bulk_retry_leaves_what_it_never_sends_again_out_of_what_remains(database_url: str) -> None:
+    """The two oldest exceptions are an unknown outcome and a paid order without its goods, the newest a
+    refusal: a bulk retry sends the refusal again, says the other two are skipped with their reasons, and
+    counts nothing as remaining (they are not retried, and never will be by a bulk retry)."""
+    async with running_shop() as shop:
+        [sku] = await list_choices(database_url, shop, [Listed(PLAIN)])
+        async with (
+            acg_daemon(acg_settings(database_url, shop)) as admin,
+            ControlClient(shop.base_url) as control,
+        ):
+            faults = [
+                ("B1", {"knob": "lost_answer_next"}),
+                ("B2", {"knob": "sold_out_race_next"}),
+                ("B3", {"knob": "refuse_next", "endpoint": "trade", "msg": "库存不足"}),
+            ]
+            ids = {}
+            for order_no, fault in faults:
+                await control.post("/faults", fault)
+                await admin.submit(order_no, {"upstream": "acg", "sku_id": sku, "quantity": 1})
+                ids[order_no] = (await exception_of(admin, order_no))["id"]
+            # the sold-out race took every card: the shop is stocked again
+            await control.post(f"/commodities/{PLAIN}/cards", {"cards": [{"secret": "P-new"}]})
+            for first in (True, False):  # the second finds nothing left to send, and still says why
+                status, body = await admin.call(
+                    "POST", "/api/v1/exceptions/retry", {"upstream": "acg", "limit": 2}
+                )
+                assert status == 200, body
+                assert (body["retried"], body["remaining"]) == ([ids["B3"]] if first else [], 0)
+                skipped = [(item["id"], item["error_code"]) for item in body["skipped"]]
+                assert skipped == [(ids["B1"], "outcome_unknown"), (ids["B2"], "not_delivered")]
+                assert "settle it with the upstream" in body["skipped"][0]["message"]
+                if first:
+                    await admin.wait_status("B3", "delivered")
+        assert trades_sent(shop) == 4  # B3 twice, B1 and B2 once
+
+
 async def test_a_trade_an_instance_died_during_is_never_sent_again(database_url: str) -> None:
     """An instance wrote its trade and died before the answer (the row says "sending"): the procurement,
     taken again, sends nothing, not even the price check, and is ``outcome_unknown`` with what was known."""
