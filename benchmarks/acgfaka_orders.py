@@ -267,7 +267,9 @@ async def run_orders(
         seconds=last - intake["started"],
         to_delivery=[row.delivered - row.accepted for row in delivered if row.delivered is not None],
         requests={
-            name: count - before.get(name, 0) for name, count in after.items() if count != before.get(name)
+            name: count - before.get(name, 0)
+            for name, count in after.items()
+            if name != "*" and count != before.get(name)  # "*": the Dujiao-Next sandbox's total
         },
         undelivered=dict(Counter(row.state for row in rows if row.state != "delivered")),
     )
