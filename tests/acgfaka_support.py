@@ -1,6 +1,7 @@
 """procurd buying from the sandbox acg-faka shop: the shop's goods (those of test_acgfaka_client), the
 ``[[upstreams]]`` block, and the mirror rows and SKU ids of its choices written straight into the database
-(what the catalogue pass will write; until it runs for acg-faka, the tests write them as it would)."""
+(what the catalogue pass will write; until it runs for acg-faka, the tests write them as it would: the
+commodity's form and its ``acg_faka`` extras as the goods model gives them)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from procurd.core.records import ListedChoice
 from procurd.db.database import open_database
 from procurd.db.schema import mirror_categories, mirror_products, mirror_skus
 from procurd.protocol.acgfaka.goods import choice_key
+from procurd.protocol.acgfaka.widgets import form_schema, read_widgets
 from procurd.sandbox.acgfaka import DEFAULT_APP_ID, AcgFakaSandbox, ShopConfig
 from procurd.sandbox.acgfaka.shop import DEFAULT_APP_KEY
 from procurd.sandbox.acgfaka.testing import ControlClient
@@ -90,13 +92,24 @@ async def list_choices(
             for item, choice in zip(listed, choices, strict=True):
                 products.setdefault(item.product_id, choice)
             for product_id, choice in products.items():
-                schema = {"fields": [{"key": "game_uid", "type": "text", "required": True}]}
+                commodity = shop.shop.commodities[product_id]
+                chained = commodity.shared_id is not None
+                # the form and the extras as protocol.acgfaka.goods.product_record gives them
+                schema = form_schema(read_widgets(commodity.widgets))
+                extra = {
+                    "acg_faka": {
+                        "code": choice.code,
+                        "delivery_way": commodity.delivery_way,
+                        "chained": chained,
+                    }
+                }
                 tx.connection.execute(
                     insert(mirror_products).values(
                         id=product_id, slug=choice.code, title={"zh-CN": choice.code}, images=[], tags=[],
-                        price_amount=choice.price, fulfillment_type="manual" if choice.manual else "auto",
-                        manual_form_schema=schema if choice.manual else None, is_active=True, category_id=1,
-                        **mirrored,
+                        price_amount=choice.price,
+                        fulfillment_type="manual" if choice.manual or chained else "auto",
+                        manual_form_schema=schema, is_active=True, category_id=1,
+                        **{**mirrored, "extra": extra},
                     )
                 )  # fmt: skip
             for item, choice, sku_id in zip(listed, choices, sku_ids, strict=True):

@@ -169,6 +169,82 @@ async def test_each_refusal_is_an_exception_with_procurds_reason_and_nothing_bou
         assert trades_sent(shop) == len(REFUSALS)
 
 
+async def test_a_buyer_input_the_shop_refuses_is_input_rejected(database_url: str) -> None:
+    """A game id the shop's rule refuses (procurd checks only that it is there) is refused with the
+    commodity's own text for that input, which proves nothing was bought: exception ``input_rejected``, not
+    ``outcome_unknown``, and the item may be canceled."""
+    async with running_shop() as shop:
+        [sku] = await list_choices(database_url, shop, [Listed(MANUAL, price="30.00", manual=True)])
+        async with acg_daemon(acg_settings(database_url, shop)) as admin:
+            form = {"game_uid": "12"}  # the shop's rule: 5 to 12 digits
+            await admin.submit(
+                "I1", {"upstream": "acg", "sku_id": sku, "quantity": 1, "manual_form_data": form}
+            )
+            item = await exception_of(admin, "I1")
+            assert (item["exception_reason"], item["last_error_code"]) == ("input_rejected", "input_rejected")
+            assert "游戏ID格式错误" in item["last_error_message"]
+            status, _ = await admin.call("POST", "/api/v1/orders/I1/cancel", {})
+            assert status == 200
+        assert shop_orders(shop) == []
+        assert trades_sent(shop) == 1
+
+
+async def settled(admin: AdminClient, order_no: str) -> dict[str, Any]:
+    """The order's one procurement once its trade was answered (delivered, waiting on the shop, or an
+    exception)."""
+
+    async def answered() -> dict[str, Any] | None:
+        [procurement] = (await admin.order(order_no))["procurements"]
+        return procurement if procurement["state"] in ("delivered", "submitted", "exception") else None
+
+    return await wait_until(answered)
+
+
+async def test_goods_the_shop_imported_are_read_as_the_other_shops_answer(database_url: str) -> None:
+    """Goods the shop imported from another shop are mirrored as manual, but their answer is that shop's
+    and never refreshed: its cards deliver at once, and its delivery notice is a paid order without its
+    goods (``not_delivered``), never polled as a notice."""
+    async with running_shop() as shop, ControlClient(shop.base_url) as control:
+        category = next(iter(shop.shop.categories))
+        for code, spec in (
+            ("IMPORTED-CARDS", {"delivery_way": 0}),
+            ("IMPORTED-HAND", {"delivery_way": 1, "stock": 5}),
+        ):
+            await control.post(
+                "/commodities",
+                {
+                    "code": code,
+                    "name": code,
+                    "category_id": category,
+                    "price": "8.00",
+                    "shared_id": 3,
+                    **spec,
+                },
+            )
+        await control.post("/commodities/IMPORTED-CARDS/cards", {"cards": [{"secret": "UP-1"}]})
+        cards, by_hand = await list_choices(
+            database_url,
+            shop,
+            [Listed("IMPORTED-CARDS", price="8.00"), Listed("IMPORTED-HAND", price="8.00")],
+        )
+        # a manual product takes its item only with manual_form_data, even without inputs
+        form = {"buyer_note": "-"}
+        async with acg_daemon(acg_settings(database_url, shop)) as admin:
+            await admin.submit(
+                "X1", {"upstream": "acg", "sku_id": cards, "quantity": 1, "manual_form_data": form}
+            )
+            delivered = await settled(admin, "X1")
+            await admin.submit(
+                "X2", {"upstream": "acg", "sku_id": by_hand, "quantity": 1, "manual_form_data": form}
+            )
+            undelivered = await settled(admin, "X2")
+        assert (delivered["state"], delivered["fulfillment"]["payload_line_count"]) == ("delivered", 1)
+        assert (undelivered["state"], undelivered["exception_reason"]) == ("exception", "not_delivered")
+        assert "never refreshed" in undelivered["last_error_message"]
+        assert len(shop_orders(shop)) == 2
+        assert trades_sent(shop) == 2
+
+
 @pytest.mark.parametrize(
     ("fault", "bought", "cause", "resent"),
     [
@@ -247,6 +323,42 @@ async def test_an_unknown_outcome_is_never_sent_again(
             assert "(duplicate_request)" in after["last_error_message"]
         assert len(shop_orders(shop)) == 1
         assert trades_sent(shop) == 2
+
+
+async def test_a_bulk_retry_leaves_what_it_never_sends_again_out_of_what_remains(database_url: str) -> None:
+    """The two oldest exceptions are an unknown outcome and a paid order without its goods, the newest a
+    refusal: a bulk retry sends the refusal again, says the other two are skipped with their reasons, and
+    counts nothing as remaining (they are not retried, and never will be by a bulk retry)."""
+    async with running_shop() as shop:
+        [sku] = await list_choices(database_url, shop, [Listed(PLAIN)])
+        async with (
+            acg_daemon(acg_settings(database_url, shop)) as admin,
+            ControlClient(shop.base_url) as control,
+        ):
+            faults = [
+                ("B1", {"knob": "lost_answer_next"}),
+                ("B2", {"knob": "sold_out_race_next"}),
+                ("B3", {"knob": "refuse_next", "endpoint": "trade", "msg": "库存不足"}),
+            ]
+            ids = {}
+            for order_no, fault in faults:
+                await control.post("/faults", fault)
+                await admin.submit(order_no, {"upstream": "acg", "sku_id": sku, "quantity": 1})
+                ids[order_no] = (await exception_of(admin, order_no))["id"]
+            # the sold-out race took every card: the shop is stocked again
+            await control.post(f"/commodities/{PLAIN}/cards", {"cards": [{"secret": "P-new"}]})
+            for first in (True, False):  # the second finds nothing left to send, and still says why
+                status, body = await admin.call(
+                    "POST", "/api/v1/exceptions/retry", {"upstream": "acg", "limit": 2}
+                )
+                assert status == 200, body
+                assert (body["retried"], body["remaining"]) == ([ids["B3"]] if first else [], 0)
+                skipped = [(item["id"], item["error_code"]) for item in body["skipped"]]
+                assert skipped == [(ids["B1"], "outcome_unknown"), (ids["B2"], "not_delivered")]
+                assert "settle it with the upstream" in body["skipped"][0]["message"]
+                if first:
+                    await admin.wait_status("B3", "delivered")
+        assert trades_sent(shop) == 4  # B3 twice, B1 and B2 once
 
 
 async def test_a_trade_an_instance_died_during_is_never_sent_again(database_url: str) -> None:
@@ -396,3 +508,43 @@ async def test_two_instances_never_trade_at_once_for_one_member_account(database
             "valuation", "connect", "trade",  # two, once one let go
         ]  # fmt: skip
         assert len(shop_orders(shop)) == 2
+
+
+async def test_two_instances_never_trade_at_once_while_the_request_budget_makes_one_wait(
+    database_url: str,
+) -> None:
+    """One request a second for the member across both instances: instance one's purchase waits for its
+    slots longer than its lease's length (from its short timeouts), and its trade hangs. The lease is
+    renewed while the purchase is in flight, so instance two's first request still reaches the shop only
+    after one's trade and the balance read after it."""
+    async with running_shop() as shop, ControlClient(shop.base_url) as control:
+        first, second = await list_choices(database_url, shop, [MONTH, Listed(PLAIN)])
+        slow = {"max_requests_per_second": 1}
+        one = Runtime.build(
+            acg_settings(database_url, shop, trade_timeout_seconds=0.3, timeout_seconds=0.3, **slow),
+            instance="one:1",
+        )
+        two = Runtime.build(
+            acg_settings(database_url, shop, trade_timeout_seconds=20, **slow), instance="two:2"
+        )
+        try:
+            await control.post("/faults", {"knob": "hang_after_next"})
+            hanging = asyncio.create_task(
+                one.client("acg").create_order(
+                    CreateOrderRequest(sku_id=first, quantity=1, downstream_order_no="W1")
+                )
+            )
+            await wait_until(lambda: shop.request_counts.get("valuation", 0) == 1)
+            created = await two.client("acg").create_order(
+                CreateOrderRequest(sku_id=second, quantity=1, downstream_order_no="W2")
+            )
+            with pytest.raises(OutcomeUnknown):
+                await hanging
+        finally:
+            await one.close()
+            await two.close()
+        assert created.status == "delivered"
+        assert [record.endpoint for record in shop.requests] == [
+            "valuation", "connect", "trade", "connect",  # one, each request a slot apart; its trade hangs
+            "valuation", "connect", "trade",  # two, once one let go
+        ]  # fmt: skip

@@ -205,3 +205,14 @@ class UpstreamChoice:
     race: str | None
     options: tuple[tuple[str, str], ...]
     first_seen_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class MirroredProduct:
+    """What a purchase reads of a product's mirror row besides its SKU: the buyer inputs' form (with the
+    texts an upstream refuses a value with) and the fields its protocol keeps under ``extra``."""
+
+    upstream: str
+    id: int
+    manual_form_schema: Any = None
+    extra: Mapping[str, Any] | None = None

@@ -8,8 +8,8 @@ from typing import Any
 
 from sqlalchemy import Connection, func, insert, select
 
-from procurd.core.records import ListedChoice, UpstreamChoice
-from procurd.db.schema import upstream_choices
+from procurd.core.records import ListedChoice, MirroredProduct, UpstreamChoice
+from procurd.db.schema import mirror_products, upstream_choices
 
 CHUNK = 500  # keys in one IN list
 
@@ -83,3 +83,15 @@ class ChoiceStore:
             )
         ).first()
         return None if row is None else _choice(row)
+
+    def product(self, upstream: str, product_id: int) -> MirroredProduct | None:
+        """The mirror's row of product ``product_id`` of ``upstream`` (its form and extras), or None."""
+        row = self.connection.execute(
+            select(mirror_products.c.manual_form_schema, mirror_products.c.extra).where(
+                mirror_products.c.upstream == upstream, mirror_products.c.id == product_id
+            )
+        ).first()
+        if row is None:
+            return None
+        extra = row.extra if isinstance(row.extra, dict) else None
+        return MirroredProduct(upstream, product_id, row.manual_form_schema, extra)

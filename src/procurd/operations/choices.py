@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from procurd.core.clock import utcnow
-from procurd.core.records import ListedChoice, UpstreamChoice
+from procurd.core.records import ListedChoice, MirroredProduct, UpstreamChoice
 from procurd.db.database import Database
 from procurd.db.views import WithChoices
 
@@ -26,6 +26,9 @@ class DatabaseChoices:
     async def choice(self, upstream: str, sku_id: int) -> UpstreamChoice | None:
         return await self.database.read(_choice, upstream, sku_id)
 
+    async def product(self, upstream: str, product_id: int) -> MirroredProduct | None:
+        return await self.database.read(_product, upstream, product_id)
+
 
 def _known(tx: WithChoices, upstream: str, keys: list[str]) -> dict[str, int]:
     return {key: choice.sku_id for key, choice in tx.choices.known(upstream, keys).items()}
@@ -37,3 +40,7 @@ def _assign(tx: WithChoices, upstream: str, choices: Sequence[ListedChoice]) -> 
 
 def _choice(tx: WithChoices, upstream: str, sku_id: int) -> UpstreamChoice | None:
     return tx.choices.of(upstream, sku_id)
+
+
+def _product(tx: WithChoices, upstream: str, product_id: int) -> MirroredProduct | None:
+    return tx.choices.product(upstream, product_id)

@@ -16,8 +16,9 @@ from procurd.core.exact import loads_exact
 from procurd.core.intake import IntakeError, parse_order_request, refusal_status
 from procurd.core.json_limits import json_problem, text_problem
 from procurd.core.numbers import MAX_ID, ORDER_NO_PATTERN
-from procurd.core.procurement import NotAllowed, Reason, Resolve, Retry, Source, State
+from procurd.core.procurement import SETTLE_WITH_UPSTREAM, NotAllowed, Reason, Resolve, Retry, Source, State
 from procurd.core.refusals import Refused
+from procurd.db.views import WithProcurements
 from procurd.operations.runtime import Runtime
 from procurd.operations.views import ProcurementViews
 from procurd.procurement import cancel
@@ -39,6 +40,19 @@ class BulkRetry:
     skipped: list[dict[str, Any]]
     remaining: int
 
+
+# Why a bulk retry leaves an exception of these reasons alone (see core.machine_people.settle_with_upstream).
+NOT_RETRIED = {
+    Reason.OUTCOME_UNKNOWN.value: (
+        "not sent again: the upstream may have made the purchase (its outcome is unknown); settle it with "
+        "the upstream, then resolve it with a note, or, if nothing was bought, retry it alone with "
+        "nothing_bought and a note"
+    ),
+    Reason.NOT_DELIVERED.value: (
+        "not sent again: the upstream made and charged the order but delivered nothing usable; settle it "
+        "with the upstream, then resolve it with a note"
+    ),
+}
 
 __all__ = ["DEFAULT_BULK_RETRY", "MAX_BULK_RETRY", "BulkRetry", "IntakeResult", "OrderOperations"]
 
@@ -263,17 +277,29 @@ class OrderOperations:
     ) -> BulkRetry:
         """Send up to ``limit`` matching exceptions again, oldest first, each through the state path.
 
-        One that changed meanwhile (a person resolved it, another retry won) is reported as skipped.
+        One that changed meanwhile (a person resolved it, another retry won) is reported as skipped. Those
+        a retry never sends again (money may have moved: ``outcome_unknown``, ``not_delivered``) are not
+        tried, not counted as remaining, and reported as skipped with their reason (the oldest ``limit``).
         """
         service = self.runtime.service
-        total, ids = await self.runtime.database.read(
-            lambda tx: tx.procurements.exception_ids(upstream, reason, limit)
-        )
+        held = sorted(SETTLE_WITH_UPSTREAM)
+
+        def read(tx: WithProcurements) -> tuple[tuple[int, list[int]], list[tuple[int, str]]]:
+            store = tx.procurements
+            return (
+                store.exception_ids(upstream, reason, limit, excluding=held),
+                store.exceptions_of_reasons(upstream, reason, held, limit),
+            )
+
+        (total, ids), settle = await self.runtime.database.read(read)
         outcomes = await asyncio.gather(
             *(service.apply(pid, Retry(note), Source.ADMIN) for pid in ids), return_exceptions=True
         )
         retried: list[int] = []
-        skipped: list[dict[str, Any]] = []
+        skipped: list[dict[str, Any]] = [
+            {"id": procurement_id, "error_code": held_for, "message": NOT_RETRIED[held_for]}
+            for procurement_id, held_for in settle
+        ]
         for procurement_id, outcome in zip(ids, outcomes, strict=True):
             if isinstance(outcome, NotAllowed):
                 skipped.append({"id": procurement_id, "error_code": outcome.code, "message": outcome.message})

@@ -21,6 +21,9 @@ class DatabaseTrades:
     async def hold(self, account: str, token: str, seconds: float) -> bool:
         return await self.database.write(_hold, account, self._holder(token), seconds)
 
+    async def renew(self, account: str, token: str, seconds: float) -> bool:
+        return await self.database.write(_renew, account, self._holder(token), seconds)
+
     async def let_go(self, account: str, token: str) -> None:
         await self.database.write(_let_go, account, self._holder(token))
 
@@ -39,6 +42,10 @@ class DatabaseTrades:
 
 def _hold(tx: WithLeases, account: str, holder: str, seconds: float) -> bool:
     return tx.leases.acquire(account, holder, utcnow(), seconds)
+
+
+def _renew(tx: WithLeases, account: str, holder: str, seconds: float) -> bool:
+    return tx.leases.renew(account, holder, utcnow(), seconds)
 
 
 def _let_go(tx: WithLeases, account: str, holder: str) -> None:

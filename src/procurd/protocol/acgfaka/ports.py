@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from procurd.core.records import ListedChoice, UpstreamChoice
+from procurd.core.records import ListedChoice, MirroredProduct, UpstreamChoice
 from procurd.core.trades import Trade
 
 
@@ -18,6 +18,10 @@ class ChoiceBook(Protocol):
     async def choice(self, upstream: str, sku_id: int) -> UpstreamChoice | None:
         """What SKU ``sku_id`` of ``upstream`` stands for, or None when procurd never gave that id."""
 
+    async def product(self, upstream: str, product_id: int) -> MirroredProduct | None:
+        """The mirror's row of the commodity ``product_id`` (its buyer inputs and its ``acg_faka`` extras),
+        or None when the mirror holds none."""
+
 
 class TradeBook(Protocol):
     """Where an acg-faka supplier's trades are recorded, and the lease that keeps its member account to one
@@ -25,6 +29,10 @@ class TradeBook(Protocol):
 
     async def hold(self, account: str, token: str, seconds: float) -> bool:
         """Take the lease of ``account`` for ``seconds`` (False: another holds it)."""
+
+    async def renew(self, account: str, token: str, seconds: float) -> bool:
+        """Extend the lease of ``account`` this ``token`` holds to ``seconds`` from now (False: it is not
+        held under ``token`` any more)."""
 
     async def let_go(self, account: str, token: str) -> None:
         """Give the lease of ``account`` up."""

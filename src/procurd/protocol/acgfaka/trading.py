@@ -2,7 +2,8 @@
 
 A procurement's purchase (:meth:`AcgFakaTrading.create_order`) runs under the lease of the supplier account
 (every instance of the installation shares it: the supplier's trade can deadlock against a second one of the
-same member) and goes:
+same member), renewed while the purchase is in flight however long its requests wait for the upstream's
+request budget, and checked right before the trade is sent. It goes:
 
 1. A trade recorded under the procurement's ``request_no`` that may have bought answers for it: nothing is
    sent again (a lost answer, a crash in flight, an HTML page stay ``outcome_unknown``).
@@ -19,8 +20,10 @@ The supplier's trade number (18 digits) is the upstream order id; ``get_order`` 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 from collections.abc import Mapping
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 from urllib.parse import urlsplit
@@ -29,6 +32,7 @@ import structlog
 
 from procurd.config import UpstreamSettings
 from procurd.core.clock import utcnow
+from procurd.core.records import MirroredProduct
 from procurd.core.trades import Trade, TradeState
 from procurd.protocol.acgfaka.client import PURCHASE_RECORDS_PATH, AcgFakaClient, EndpointAbsent
 from procurd.protocol.acgfaka.orders import (
@@ -61,6 +65,7 @@ from procurd.upstream.ratelimit import Priority
 log = structlog.get_logger("procurd.upstream")
 
 LEASE_WAIT_SECONDS = 0.05  # between two looks at a busy account's lease
+LEASE_RENEWALS = 4  # renewals of the account's lease in one lease's length while a trade is in flight
 TRADE_NO_DIGITS = 18
 CENT = Decimal("0.01")
 
@@ -103,36 +108,71 @@ class AcgFakaTrading:
             trade.fields()
         except ValueError as exc:
             raise self._refused(str(exc), "input_rejected") from None
+        goods = _Goods.of(await self.choices.product(self.name, choice.product_id))
         token = secrets.token_hex(8)
         await self._hold(token)
+        keeper = asyncio.create_task(self._keep(token), name=f"trade lease {self.name}")
         try:
-            return await self._buy(request, trade, priority)
+            return await self._buy(request, trade, goods, priority, token)
         finally:
+            keeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await keeper
             try:
                 await self.trades.let_go(self.account, token)
             except Exception:  # noqa: BLE001 - the lease then expires by itself
                 log.warning("upstream.trade_lease_not_released", upstream=self.name)
 
+    @property
+    def lease_seconds(self) -> float:
+        """How long the account's lease lasts past its last renewal: longer than the trade's own requests
+        (valuation, connect, the trade, connect), so that a trade whose instance died is over at the shop
+        before another instance may trade for the account."""
+        return 2 * self.settings.trade_timeout_seconds + 3 * self.settings.timeout_seconds
+
     async def _hold(self, token: str) -> None:
         """Wait for the account's lease (one trade at a time across every instance), up to one trade's
         timeout; then the submission is put off (nothing was sent)."""
         wait = self.settings.trade_timeout_seconds
-        ttl = 2 * wait + 3 * self.settings.timeout_seconds  # valuation, connect, the trade, connect
         deadline = asyncio.get_running_loop().time() + wait
-        while not await self.trades.hold(self.account, token, ttl):
+        while not await self.trades.hold(self.account, token, self.lease_seconds):
             if asyncio.get_running_loop().time() >= deadline:
                 raise RateLimited(
                     "another trade of this member account is in flight", retry_after=1.0, upstream=self.name
                 )
             await asyncio.sleep(LEASE_WAIT_SECONDS)
 
+    async def _keep(self, token: str) -> None:
+        """Renew the account's lease while the trade is in flight, however long its requests wait for the
+        upstream's request budget: its expiry covers the whole trade, never only the requests' timeouts."""
+        every = self.lease_seconds / LEASE_RENEWALS
+        while True:
+            await asyncio.sleep(every)
+            try:
+                if not await self.trades.renew(self.account, token, self.lease_seconds):
+                    log.error("upstream.trade_lease_lost", upstream=self.name)
+                    return
+            except Exception:  # noqa: BLE001 - the next renewal tries again; the lease lasts till then
+                log.warning("upstream.trade_lease_not_renewed", upstream=self.name)
+
+    async def _still_held(self, token: str) -> None:
+        """Right before a trade is sent: the account's lease is still this trade's (renewed now), else
+        nothing is sent (put off like a busy account)."""
+        if not await self.trades.renew(self.account, token, self.lease_seconds):
+            raise RateLimited(
+                "the member account's trade lease was lost before the trade; nothing was sent",
+                retry_after=1.0,
+                upstream=self.name,
+            )
+
     async def _buy(
-        self, request: CreateOrderRequest, trade: TradeRequest, priority: Priority
+        self, request: CreateOrderRequest, trade: TradeRequest, goods: _Goods, priority: Priority, token: str
     ) -> OrderCreated:
         recorded = await self.trades.recorded(self.name, trade.request_no)
         if recorded is not None and recorded.may_have_bought:
             return await self._again(recorded, request, priority)
         balance = await self._before_trade(request, trade, priority)
+        await self._still_held(token)
         now = utcnow()
         record = Trade(
             upstream=self.name,
@@ -151,7 +191,11 @@ class AcgFakaTrading:
         repeated = recorded is not None and recorded.state is TradeState.CLEARED
         try:
             result = await self.client.trade(
-                trade, repeated=repeated, balance_before=balance, priority=priority
+                trade,
+                repeated=repeated,
+                input_errors=goods.input_errors,
+                balance_before=balance,
+                priority=priority,
             )
         except (AuthError, BusinessError, PriceChanged, ConnectFailed):
             await self._record(record, TradeState.REFUSED)
@@ -159,7 +203,7 @@ class AcgFakaTrading:
         except OutcomeUnknown:
             await self._record(record, TradeState.UNKNOWN)
             raise
-        return await self._answered(record, request, result)
+        return await self._answered(record, request, result, goods.chained)
 
     async def _before_trade(
         self, request: CreateOrderRequest, trade: TradeRequest, priority: Priority
@@ -192,10 +236,10 @@ class AcgFakaTrading:
             ) from None
 
     async def _answered(
-        self, record: Trade, request: CreateOrderRequest, result: TradeResult
+        self, record: Trade, request: CreateOrderRequest, result: TradeResult, chained: bool
     ) -> OrderCreated:
         manual = request.fulfillment_type == "manual"
-        delivery = interpret_delivery(result.secret, quantity=record.quantity, manual=manual)
+        delivery = interpret_delivery(result.secret, quantity=record.quantity, manual=manual, chained=chained)
         amount = _cents(result.amount)
         if delivery.kind == "delivered":
             await self._record(record, TradeState.DELIVERED, result)
@@ -316,6 +360,38 @@ class AcgFakaTrading:
 
     def _refused(self, message: str, code: str) -> BusinessError:
         return BusinessError(message, code=code, upstream=self.name, endpoint="trade")
+
+
+@dataclass(frozen=True, slots=True)
+class _Goods:
+    """What a trade needs of the commodity's mirror row: the texts its buyer inputs are refused with (a
+    refusal proving nothing was bought), and whether the shop imported it from another shop (its answer
+    is that shop's, never refreshed: goods or nothing, no notice to poll)."""
+
+    input_errors: frozenset[str] = frozenset()
+    chained: bool = False
+
+    @classmethod
+    def of(cls, product: MirroredProduct | None) -> _Goods:
+        if product is None:
+            return cls()
+        facts = (product.extra or {}).get("acg_faka")
+        chained = isinstance(facts, Mapping) and facts.get("chained") is True
+        return cls(_input_errors(product.manual_form_schema), chained)
+
+
+def _input_errors(schema: Any) -> frozenset[str]:
+    """The refusal texts of the inputs of a mirrored form (``pattern_error`` of each field with a pattern,
+    as :func:`procurd.protocol.acgfaka.widgets.form_schema` writes it); an empty text proves nothing."""
+    fields = schema.get("fields") if isinstance(schema, Mapping) else None
+    texts: set[str] = set()
+    for entry in fields if isinstance(fields, list) else ():
+        if not isinstance(entry, Mapping) or not entry.get("pattern"):
+            continue
+        error = entry.get("pattern_error")
+        found = error.values() if isinstance(error, Mapping) else [error]
+        texts.update(text for text in found if isinstance(text, str) and text)
+    return frozenset(texts)
 
 
 def _cents(amount: Decimal) -> str:
