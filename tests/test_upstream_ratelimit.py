@@ -293,12 +293,20 @@ async def test_orders_waiting_together_are_asked_for_in_one_round_trip() -> None
     the other), while a catalogue page behind them is asked for on its own; the page is named as what waits
     next."""
     budget = GenerousBudget()
-    limiter = SharedRateLimiter(budget, 1000.0)
-    limiter.pause_for(0.02)  # nobody is served until all have queued
+    clock = FakeClock()
+    limiter = SharedRateLimiter(budget, 1000.0, clock=clock)
+    limiter.pause_for(0.02)  # nobody is served until all have queued: the limiter's clock stands still
     budget.asked.clear()
     served: list[str] = []
     labelled = [("page", Priority.CATALOG), *((f"order-{n}", Priority.ORDER) for n in range(5))]
     tasks = await queue_waiters(limiter, labelled, served)  # type: ignore[arg-type]
+    assert served == []
+
+    def tick() -> None:  # from now on the limiter's clock moves a slot's length at every look
+        clock.now += 0.001
+
+    clock.now += 0.02
+    clock.on_read = tick
     await asyncio.wait_for(asyncio.gather(*tasks), DEADLINE_SECONDS)
     assert served == [*(f"order-{n}" for n in range(5)), "page"]
     assert budget.asked == [(Priority.ORDER, Priority.CATALOG, 5), (Priority.CATALOG, None, 1)]

@@ -5,12 +5,22 @@ from __future__ import annotations
 
 import ipaddress
 import math
+from collections import Counter
+from collections.abc import Hashable, Sequence
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, SecretStr
+
+T = TypeVar("T", bound=Hashable)
+
+
+def repeated(values: Sequence[T]) -> T | None:
+    """The first of ``values`` that they hold more than once; ``None`` when each is there once."""
+    counts = Counter(values)
+    return next((value for value in values if counts[value] > 1), None)
 
 
 class Section(BaseModel):

@@ -7,7 +7,7 @@ from decimal import Decimal
 
 from pydantic import Field, field_validator, model_validator
 
-from procurd.config.fields import ConfigDecimal, OptionalAmount, PositiveSeconds, Section
+from procurd.config.fields import ConfigDecimal, OptionalAmount, PositiveSeconds, Section, repeated
 from procurd.core.pricing import RuleError, parse_amount
 
 MAX_ROTATION_OVERLAP_HOURS = 24 * 365  # the longest a previous secret may stay valid after a rotation
@@ -60,10 +60,8 @@ class ProviderSettings(Section):
     @field_validator("levels")
     @classmethod
     def _unique_slugs(cls, value: list[ProviderLevelSettings]) -> list[ProviderLevelSettings]:
-        slugs = [level.slug for level in value]
-        for slug in slugs:
-            if slugs.count(slug) > 1:
-                raise ValueError(f"level slug {slug!r} is used more than once")
+        if (slug := repeated([level.slug for level in value])) is not None:
+            raise ValueError(f"level slug {slug!r} is used more than once")
         return value
 
     def level(self, slug: str | None) -> ProviderLevelSettings | None:

@@ -9,6 +9,7 @@ from pydantic import Field, PrivateAttr, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from procurd.config.catalog import CatalogSettings, PricingSettings
+from procurd.config.fields import repeated
 from procurd.config.housekeeping import AlertsSettings, ReconcileSettings, RetentionSettings
 from procurd.config.procurement import ProcurementSettings, StorefrontSettings
 from procurd.config.provider import ProviderSettings
@@ -40,10 +41,8 @@ class Settings(BaseSettings):
     @field_validator("upstreams")
     @classmethod
     def _unique_names_and_keys(cls, value: list[UpstreamSettings]) -> list[UpstreamSettings]:
-        names = [u.name for u in value]
-        for name in names:
-            if names.count(name) > 1:
-                raise ValueError(f"upstream name {name!r} is used more than once")
+        if (name := repeated([u.name for u in value])) is not None:
+            raise ValueError(f"upstream name {name!r} is used more than once")
         keys = [u.api_key for u in value if u.protocol == "dujiao"]
         if len(set(keys)) != len(keys):
             raise ValueError("two upstreams share one api_key: callbacks could not be routed")

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, SecretStr, model_validator
 
-from procurd.config.fields import HttpUrl, OptionalAmount, OptionalHours, PositiveSeconds, Section
+from procurd.config.fields import HttpUrl, OptionalAmount, OptionalHours, PositiveSeconds, Section, repeated
 
 PROTOCOLS = ("dujiao", "acg-faka")
 # Keys that only one protocol's upstreams take.
@@ -102,8 +102,7 @@ class UpstreamSettings(Section):
                 raise ValueError("app_key: must not be empty")
             if key != key.strip() or any(character in key for character in "+% \t\r\n"):
                 raise ValueError("app_key: must be the docking key as shown (no spaces, + or %)")
-        if len(set(self.codes)) != len(self.codes):
-            duplicate = next(code for code in self.codes if self.codes.count(code) > 1)
+        if (duplicate := repeated(self.codes)) is not None:
             raise ValueError(f"codes: {duplicate!r} is listed more than once")
 
     @model_validator(mode="before")

@@ -21,7 +21,9 @@ it when asked (:mod:`procurd.procurement.confirmation` does that, then sends the
 ``verified``).
 
 This module is synchronous: it runs on the database's writer (a thread on SQLite, a greenlet on
-PostgreSQL) and speaks to the database only through :class:`procurd.db.stores.Tx`.
+PostgreSQL) inside the transaction the writer opened, and names the stores it touches by a view of it
+(:class:`BatchTx`). It opens no transaction: the writer does, because one transaction holds the commands of
+many callers at once (group commit), which no one caller's operation could own.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol, cast
 
 from procurd.core import alerts
 from procurd.core.alerts import Occurrence
@@ -59,6 +61,7 @@ from procurd.core.records import Finding, NumberRow, Offer
 from procurd.core.rollup import Deltas, difference
 from procurd.db.procurement_store import AuditRow
 from procurd.db.stores import Tx
+from procurd.db.views import WithAlerts, WithCharts, WithOffers, WithProcurements, WithProvider, WithReconcile
 from procurd.procurement.admission import admit_items, item_keys
 from procurd.procurement.answers import finding_of
 from procurd.procurement.audit import write_audit
@@ -80,6 +83,11 @@ from procurd.procurement.commands import (
 from procurd.procurement.provider_orders import ProviderBatch
 
 ACCEPTED: OrderStatus = ("paid", False)  # an order as intake first records it
+
+
+class BatchTx(WithProcurements, WithOffers, WithProvider, WithAlerts, WithCharts, WithReconcile, Protocol):
+    """The stores a batch touches: procurements, orders, numbers, audit and events; the offers intake
+    names; provider orders and wallets; the alerts and findings it raises; the hourly rollup."""
 
 
 # --- results ------------------------------------------------------------------------------------------------
@@ -158,7 +166,7 @@ class _Event:
 
 @dataclass
 class _Batch:
-    tx: Tx
+    tx: BatchTx
     rules: Rules
     now: datetime
     orders: dict[str, Order] = field(default_factory=dict)
@@ -184,7 +192,7 @@ class _Batch:
     offers: Mapping[str, Offer] = field(default_factory=dict)
 
 
-def apply_batch(tx: Tx, commands: Sequence[Command], rules: Rules) -> list[Result | Exception]:
+def apply_batch(tx: BatchTx, commands: Sequence[Command], rules: Rules) -> list[Result | Exception]:
     """Run ``commands`` in ``tx``; one result (or the exception of that command alone) per command."""
     batch = _Batch(tx, rules, rules.clock())
     store = tx.procurements
@@ -222,7 +230,8 @@ def apply_batch(tx: Tx, commands: Sequence[Command], rules: Rules) -> list[Resul
     batch.orders = store.lock_orders(wanted)
     batch.items = store.items_of(batch.orders)
     provider_intakes = [intake.provider for intake in intakes if intake.provider is not None]
-    batch.provider = ProviderBatch.load(tx, batch.orders, provider_intakes)
+    # ProviderBatch still takes the whole Tx; it reads tx.provider alone.
+    batch.provider = ProviderBatch.load(cast(Tx, tx), batch.orders, provider_intakes)
     # A claim checks the cost (and an offer every source) against the mirror as it is now.
     claimed_keys = [
         key
@@ -250,7 +259,7 @@ def apply_batch(tx: Tx, commands: Sequence[Command], rules: Rules) -> list[Resul
     return [_next_due(tx, command, result) for command, result in zip(commands, results, strict=True)]
 
 
-def _next_due(tx: Tx, command: Command, result: Result | Exception) -> Result | Exception:
+def _next_due(tx: BatchTx, command: Command, result: Result | Exception) -> Result | Exception:
     """A claim that took fewer than it asked for, with the time its upstream's next one falls due: what its
     submitter or poller waits for, read after the batch's writes (its own claims count from their expiry)."""
     if not isinstance(result, Claimed) or not isinstance(command, Claims):
@@ -527,7 +536,7 @@ def _flush(batch: _Batch) -> dict[Key, int]:
             for order in batch.new_orders.values()
         ]
     )
-    batch.provider_ids = batch.provider.flush(batch.tx, batch.now)
+    batch.provider_ids = batch.provider.flush(cast(Tx, batch.tx), batch.now)
     new = list(batch.inserted.values())
     ids = {_key(p): p.id for p in batch.updated.values()}
     ids.update(zip([_key(p) for p in new], store.insert_procurements(new), strict=True))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Callable
 from types import TracebackType
 
@@ -12,24 +11,10 @@ from aiohttp import web
 from procurd.sandbox.api import API_PREFIX, signed_api
 from procurd.sandbox.config import SandboxConfig
 from procurd.sandbox.control import add_control_routes
+from procurd.sandbox.listener import listen
 from procurd.sandbox.site import SandboxSite
 
 log = structlog.get_logger("procurd.sandbox")
-SHUTDOWN_TIMEOUT_SECONDS = 2.0
-
-
-def _url_host(host: str) -> str:
-    """The host to put in a URL for a listener bound to ``host``."""
-    if host in ("", "0.0.0.0"):
-        return "127.0.0.1"
-    if host == "::":
-        return "[::1]"
-    try:
-        if ipaddress.ip_address(host).version == 6:
-            return f"[{host}]"
-    except ValueError:
-        pass
-    return host
 
 
 class Sandbox(SandboxSite):
@@ -61,17 +46,7 @@ class Sandbox(SandboxSite):
         """Listen on ``host:port`` (0 = a free port) and return ``base_url``."""
         if self._runner is not None:
             raise RuntimeError("the sandbox is already started")
-        runner = web.AppRunner(self.build_app(), access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_SECONDS)
-        await runner.setup()
-        try:
-            site = web.TCPSite(runner, host, port)
-            await site.start()
-        except BaseException:
-            await runner.cleanup()
-            raise
-        self._runner = runner
-        bound_port = runner.addresses[0][1]
-        self.base_url = f"http://{_url_host(host)}:{bound_port}"
+        self._runner, self.base_url = await listen(self.build_app(), host, port)
         log.info("sandbox.listening", base_url=self.base_url, products=self.config.products)
         return self.base_url
 

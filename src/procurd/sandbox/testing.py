@@ -25,6 +25,7 @@ from aiohttp import web
 from procurd.protocol.dujiao.callback import CALLBACK_PATH
 from procurd.protocol.dujiao.signing import HeaderNames, parse_timestamp, sign, signature_matches
 from procurd.sandbox.config import DEFAULT_API_KEY, DEFAULT_API_SECRET
+from procurd.sandbox.listener import listen
 
 API_PREFIX = "/api/v1/upstream"
 LARGE_BODY_BYTES = 1024 * 1024  # aiohttp wants bigger bodies as a stream
@@ -275,12 +276,8 @@ class CallbackReceiver:
     async def start(self) -> str:
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", self._handle)
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        self._runner = runner
-        self.url = f"http://127.0.0.1:{runner.addresses[0][1]}{self.path}"
+        self._runner, root = await listen(app, "127.0.0.1", 0, shutdown_timeout=1.0)
+        self.url = root + self.path
         return self.url
 
     async def close(self) -> None:

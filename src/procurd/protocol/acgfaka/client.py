@@ -20,13 +20,10 @@ import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
-from types import TracebackType
-from typing import Any, Literal, Self, TypeVar
+from typing import Any, Literal, TypeVar
 
 import aiohttp
-import structlog
 
-from procurd import __version__
 from procurd.config import UpstreamSettings
 from procurd.protocol.acgfaka.envelope import (
     Answer,
@@ -55,7 +52,12 @@ from procurd.protocol.acgfaka.goods import (
 from procurd.protocol.acgfaka.orders import TRADE_NO, QueryResult, TradeRequest, TradeResult
 from procurd.protocol.acgfaka.refusals import classify_refusal, classify_trade_refusal
 from procurd.protocol.acgfaka.signing import FieldValue, form_body, sign
-from procurd.protocol.transport import RequestObserver, describe_transport_failure, parse_retry_after
+from procurd.protocol.transport import (
+    RequestObserver,
+    SessionClient,
+    describe_transport_failure,
+    parse_retry_after,
+)
 from procurd.upstream.errors import (
     AuthError,
     BusinessError,
@@ -70,10 +72,8 @@ from procurd.upstream.errors import (
     UpstreamTimeout,
     redact,
 )
-from procurd.upstream.ratelimit import Priority, PriorityRateLimiter, RateLimiter
+from procurd.upstream.ratelimit import Priority, RateLimiter
 
-LOGGER_NAME = "procurd.upstream"
-CONNECTION_LIMIT = 4
 PATHS = {
     "connect": "/shared/authentication/connect",
     "items": "/shared/commodity/items",
@@ -147,10 +147,13 @@ class _Reply:
     seconds: float
 
 
-class AcgFakaClient:
+class AcgFakaClient(SessionClient):
     """Talks to one acg-faka supplier as one member account; every method raises an
     :class:`~procurd.upstream.errors.UpstreamError` subclass on failure. One HTTP session per client, opened
     on first use inside the running loop; ``await close()`` or ``async with`` releases it."""
+
+    connection_limit = 4
+    keeps_cookies = False
 
     def __init__(
         self,
@@ -161,44 +164,12 @@ class AcgFakaClient:
     ) -> None:
         if settings.protocol != "acg-faka":
             raise ValueError(f"upstream {settings.name} speaks {settings.protocol}, not acg-faka")
-        self._settings = settings
+        super().__init__(settings, limiter=limiter, observer=observer)
         self._root = settings.base_url.rstrip("/")
-        self._limiter: RateLimiter = limiter or PriorityRateLimiter(settings.max_requests_per_second)
-        self._observer = observer
-        self._session: aiohttp.ClientSession | None = None
-        self._closed = False
         self._trading = asyncio.Lock()
-        self._log = structlog.get_logger(LOGGER_NAME).bind(upstream=settings.name)
 
     def __repr__(self) -> str:
         return f"AcgFakaClient(name={self.name!r}, base_url={self._root!r})"
-
-    @property
-    def name(self) -> str:
-        return self._settings.name
-
-    @property
-    def settings(self) -> UpstreamSettings:
-        return self._settings
-
-    @property
-    def limiter(self) -> RateLimiter:
-        return self._limiter
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.close()
-
-    async def close(self) -> None:
-        """Close the HTTP session; the client cannot be used afterwards."""
-        self._closed = True
-        session, self._session = self._session, None
-        if session is not None:
-            await session.close()
 
     # -- reading ----------------------------------------------------------------------------------------
 
@@ -536,27 +507,15 @@ class AcgFakaClient:
     ) -> T:
         """Sign and post ``fields``, and read the answer with ``interpret`` (which raises for a failure);
         the observer sees each request once, with its outcome."""
-        if self._closed:
-            raise RuntimeError(f"upstream client {self.name} is closed")
+        self._check_open()
         signed: dict[str, FieldValue] = {"app_id": self._settings.app_id, **fields}
         signature = sign(signed, self._settings.signing_key())
         body = form_body({**signed, "sign": signature})
-        await self._limiter.acquire(priority)
-        started = time.perf_counter()
-        outcome, error = "error", None
-        try:
-            result = interpret(await self._exchange(endpoint, body, signature, timeout, started))
-            outcome = "ok"
-            return result
-        except UpstreamError as exc:
-            outcome, error = exc.code, exc
-            self._react_to(exc)
-            raise
-        except asyncio.CancelledError:
-            outcome = "cancelled"
-            raise
-        finally:
-            self._observe(endpoint, outcome, time.perf_counter() - started, error)
+
+        async def exchange(started: float) -> T:
+            return interpret(await self._exchange(endpoint, body, signature, timeout, started))
+
+        return await self._observed(endpoint, priority, exchange)
 
     async def _exchange(
         self, endpoint: str, body: bytes, signature: str, timeout: float | None, started: float
@@ -614,35 +573,6 @@ class AcgFakaClient:
         raise ProtocolError(
             f"HTTP {status}: the shared API answers only 200 (is base_url the shop's root?)", **where
         )
-
-    def _open_session(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=CONNECTION_LIMIT, limit_per_host=CONNECTION_LIMIT),
-                cookie_jar=aiohttp.DummyCookieJar(),
-                timeout=aiohttp.ClientTimeout(total=self._settings.timeout_seconds),
-                headers={"User-Agent": f"procurd/{__version__}"},
-                raise_for_status=False,
-            )
-        return self._session
-
-    def _observe(self, endpoint: str, outcome: str, seconds: float, error: UpstreamError | None) -> None:
-        if self._observer is None:
-            return
-        try:
-            self._observer(self.name, endpoint, outcome, seconds, error)
-        except Exception:  # noqa: BLE001 - a metrics hook must never change the outcome of a request
-            self._log.exception("upstream.observer_failed", endpoint=endpoint)
-
-    def _react_to(self, exc: UpstreamError) -> None:
-        if isinstance(exc, RateLimited):
-            self._limiter.pause_for(exc.retry_after)
-            self._log.warning("upstream.rate_limited", endpoint=exc.endpoint, retry_after=exc.retry_after)
-        elif isinstance(exc, AuthError):
-            self._log.error("upstream.auth_refused", endpoint=exc.endpoint, code=exc.code, hint=exc.hint)
-
-    def _protocol_error(self, endpoint: str, message: str) -> ProtocolError:
-        return ProtocolError(message, upstream=self.name, endpoint=endpoint, http_status=200)
 
 
 def _choice_fields(code: str, race: str | None, options: Mapping[str, str] | None) -> dict[str, FieldValue]:

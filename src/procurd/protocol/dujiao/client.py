@@ -2,33 +2,32 @@
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import time
 from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from types import TracebackType
-from typing import Any, Self, TypeVar, overload
+from functools import partial
+from typing import Any, TypeVar, overload
 from urllib.parse import urlsplit
 
 import aiohttp
-import structlog
 from pydantic import ValidationError
 
-from procurd import __version__
 from procurd.config import UpstreamSettings
 from procurd.core.catalog import rfc3339
 from procurd.core.exact import loads_exact, loads_listing
 from procurd.core.problems import problems
 from procurd.protocol.dujiao.answers import classify_response
 from procurd.protocol.dujiao.signing import HeaderNames, signed_headers
-from procurd.protocol.transport import RequestObserver, clock_offset, describe_transport_failure
+from procurd.protocol.transport import (
+    RequestObserver,
+    SessionClient,
+    clock_offset,
+    describe_transport_failure,
+)
 from procurd.upstream.errors import (
-    AuthError,
     ConnectFailed,
-    ProtocolError,
-    RateLimited,
     TransportError,
     UpstreamError,
     UpstreamTimeout,
@@ -47,12 +46,9 @@ from procurd.upstream.models import (
     UpstreamModel,
     UpstreamOrder,
 )
-from procurd.upstream.ratelimit import Priority, PriorityRateLimiter, RateLimiter
-
-LOGGER_NAME = "procurd.upstream"
+from procurd.upstream.ratelimit import Priority, RateLimiter
 
 API_PREFIX = "/api/v1/upstream"
-CONNECTION_LIMIT = 8
 MAX_PAGE_SIZE = 100
 INCLUDE_INACTIVE = {"include_inactive": "true"}
 """Asked of every listing: a site that serves it lists inactive products too, and says so."""
@@ -82,7 +78,7 @@ class _Answer:
     server_date: str | None = None  # the answer's Date header
 
 
-class UpstreamClient:
+class UpstreamClient(SessionClient):
     """Talks to one upstream: signs every request, honours the shared rate limit, maps every failure.
 
     One HTTP session per client, opened on first use inside the running loop; ``await close()`` or
@@ -98,53 +94,18 @@ class UpstreamClient:
         clock: Callable[[], float] = time.time,
         observer: RequestObserver | None = None,
     ) -> None:
-        self._settings = settings
-        self._limiter: RateLimiter = limiter or PriorityRateLimiter(settings.max_requests_per_second)
+        super().__init__(settings, limiter=limiter, observer=observer)
         self._clock = clock
-        self._observer = observer
         self._header_names = HeaderNames.for_prefix(settings.header_prefix)
         self._api_root = settings.api_root
         self._path_root = urlsplit(self._api_root).path
-        self._session: aiohttp.ClientSession | None = None
-        self._closed = False
-        self._log = structlog.get_logger(LOGGER_NAME).bind(upstream=settings.name)
 
     def __repr__(self) -> str:
         return f"UpstreamClient(name={self.name!r}, api_root={self._api_root!r})"
 
     @property
-    def name(self) -> str:
-        return self._settings.name
-
-    @property
     def protocol(self) -> str:
         return "dujiao"
-
-    @property
-    def settings(self) -> UpstreamSettings:
-        return self._settings
-
-    @property
-    def limiter(self) -> RateLimiter:
-        return self._limiter
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        await self.close()
-
-    async def close(self) -> None:
-        """Close the HTTP session; the client cannot be used afterwards."""
-        self._closed = True
-        session, self._session = self._session, None
-        if session is not None:
-            await session.close()
 
     async def ping(self, *, priority: Priority = Priority.PING) -> PingResult:
         """Connectivity check: site, protocol version, the API user's balance and member level."""
@@ -298,8 +259,7 @@ class UpstreamClient:
         return self._model(CancelResult, answer.body, "orders.cancel")
 
     async def _send(self, call: _Call) -> _Answer:
-        if self._closed:
-            raise RuntimeError(f"upstream client {self.name} is closed")
+        self._check_open()
         if self._settings.protocol != "dujiao":
             # Nothing is sent: this client speaks seed 000 only (acg-faka: procurd.protocol.acgfaka).
             raise UpstreamError(
@@ -308,31 +268,7 @@ class UpstreamClient:
                 upstream=self.name,
                 endpoint=call.endpoint,
             )
-        await self._limiter.acquire(call.priority)
-        started = time.perf_counter()
-        outcome = "error"
-        error: UpstreamError | None = None
-        try:
-            answer = await self._exchange(call, started)
-            outcome = "ok"
-            return answer
-        except UpstreamError as exc:
-            outcome, error = exc.code, exc
-            self._react_to(exc)
-            raise
-        except asyncio.CancelledError:
-            outcome = "cancelled"
-            raise
-        finally:
-            self._observe(call.endpoint, outcome, time.perf_counter() - started, error)
-
-    def _observe(self, endpoint: str, outcome: str, seconds: float, error: UpstreamError | None) -> None:
-        if self._observer is None:
-            return
-        try:
-            self._observer(self.name, endpoint, outcome, seconds, error)
-        except Exception:  # noqa: BLE001 - a metrics hook must never change the outcome of a request
-            self._log.exception("upstream.observer_failed", endpoint=endpoint)
+        return await self._observed(call.endpoint, call.priority, partial(self._exchange, call))
 
     async def _exchange(self, call: _Call, started: float) -> _Answer:
         session = self._open_session()
@@ -410,36 +346,6 @@ class UpstreamClient:
             raise result
         return _Answer(result, seconds, digest, server_date=server_date)
 
-    def _open_session(self) -> aiohttp.ClientSession:
-        if self._closed:
-            raise RuntimeError(f"upstream client {self.name} is closed")
-        if self._session is None:
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=CONNECTION_LIMIT, limit_per_host=CONNECTION_LIMIT),
-                timeout=aiohttp.ClientTimeout(total=self._settings.timeout_seconds),
-                headers={"User-Agent": f"procurd/{__version__}"},
-                raise_for_status=False,
-            )
-        return self._session
-
-    def _react_to(self, exc: UpstreamError) -> None:
-        if isinstance(exc, RateLimited):
-            self._limiter.pause_for(exc.retry_after)
-            self._log.warning(
-                "upstream.rate_limited",
-                endpoint=exc.endpoint,
-                http_status=exc.http_status,
-                retry_after=exc.retry_after,
-            )
-        elif isinstance(exc, AuthError):
-            self._log.error(
-                "upstream.auth_refused",
-                endpoint=exc.endpoint,
-                http_status=exc.http_status,
-                code=exc.code,
-                hint=exc.hint,
-            )
-
     def _model(self, model: type[ModelT], data: Any, endpoint: str) -> ModelT:
         if not isinstance(data, dict):
             raise self._protocol_error(endpoint, f"expected an object for {model.__name__}")
@@ -448,9 +354,6 @@ class UpstreamClient:
             return model.model_validate(fields)
         except ValidationError as exc:
             raise self._protocol_error(endpoint, _describe_validation(model, exc)) from None
-
-    def _protocol_error(self, endpoint: str, message: str) -> ProtocolError:
-        return ProtocolError(message, upstream=self.name, endpoint=endpoint, http_status=200)
 
 
 def _describe_validation(model: type[UpstreamModel], exc: ValidationError) -> str:

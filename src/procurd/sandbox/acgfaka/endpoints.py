@@ -216,14 +216,21 @@ async def item(call: Call) -> dict[str, Any]:
     return success(row, msg=False)
 
 
-async def inventory(call: Call) -> dict[str, Any]:
-    shop = call.shop
-    code = call.value("sharedCode", escape=True)
+def _on_sale(call: Call, field: str) -> Commodity:
+    """The commodity whose code the field ``field`` names, refused as the shop refuses it when the code is
+    missing or the commodity is off sale."""
+    code = call.value(field, escape=True)
     if not code:
         raise ShopRefusal("商品代码不能为空")
-    commodity = shop.find(code)
+    commodity = call.shop.find(code)
     if commodity.status != 1:
         raise ShopRefusal("当前商品已停售")
+    return commodity
+
+
+async def inventory(call: Call) -> dict[str, Any]:
+    shop = call.shop
+    commodity = _on_sale(call, "sharedCode")
     race = call.value("race", escape=True) or None
     races = shop.races(commodity)
     if race is None and races:
@@ -244,12 +251,7 @@ async def inventory(call: Call) -> dict[str, Any]:
 
 async def inventory_state(call: Call) -> dict[str, Any]:
     shop = call.shop
-    code = call.value("shared_code", escape=True)
-    if not code:
-        raise ShopRefusal("商品代码不能为空")
-    commodity = shop.find(code)
-    if commodity.status != 1:
-        raise ShopRefusal("当前商品已停售")
+    commodity = _on_sale(call, "shared_code")
     if commodity.delivery_way == 0:
         race = call.value("race", escape=True) or None
         if len(shop.matching_cards(commodity, race, None)) < php_int(call.post.get("num")):

@@ -18,9 +18,9 @@ from procurd.sandbox.acgfaka.catalogue import generate
 from procurd.sandbox.acgfaka.control import add_control_routes
 from procurd.sandbox.acgfaka.faults import ShopFaults
 from procurd.sandbox.acgfaka.shop import Shop, ShopConfig
+from procurd.sandbox.listener import listen
 
 log = structlog.get_logger("procurd.sandbox")
-SHUTDOWN_TIMEOUT_SECONDS = 2.0
 UNKNOWN = "unknown"
 ALL = "*"
 
@@ -98,16 +98,7 @@ class AcgFakaSandbox:
         """Listen on ``host:port`` (0 = a free port) and return ``base_url``."""
         if self._runner is not None:
             raise RuntimeError("the sandbox is already started")
-        runner = web.AppRunner(self.build_app(), access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_SECONDS)
-        await runner.setup()
-        try:
-            await web.TCPSite(runner, host, port).start()
-        except BaseException:
-            await runner.cleanup()
-            raise
-        self._runner = runner
-        bound = runner.addresses[0][1]
-        self.base_url = f"http://{'127.0.0.1' if host in ('', '0.0.0.0') else host}:{bound}"
+        self._runner, self.base_url = await listen(self.build_app(), host, port)
         log.info(
             "sandbox.listening", base_url=self.base_url, protocol="acg-faka", version=self.config.version
         )
