@@ -11,15 +11,15 @@ from typing import Any
 import aiohttp
 from sqlalchemy import select
 
-from acgfaka_support import CARD, Listed, acg_block, list_choices, running_shop
+from acgfaka_support import CARD, Choice, acg_block, mirror_shop, running_shop
 from procurd.config import Settings
 from procurd.db.schema import sync_runs
 from procurd.sandbox import Sandbox, SandboxConfig
 from provider_support import add_account, full_pass, provider_config, settled
 from scale_cluster import own_database
-from support import AdminClient, config_data, mirror, running_daemon, settings_for, sql_rows, wait_until
+from support import AdminClient, config_data, running_daemon, settings_for, sql_rows, wait_until
 
-MONTH = Listed(CARD, "月卡", (("区服", "一区"),), "10.00")
+MONTH = Choice(CARD, "月卡", (("区服", "一区"),))  # 10.00
 
 
 async def test_an_offer_fails_over_from_a_dujiao_source_to_an_acg_faka_one(database_url: str) -> None:
@@ -28,16 +28,15 @@ async def test_an_offer_fails_over_from_a_dujiao_source_to_an_acg_faka_one(datab
     answer. Nothing was bought at the first site; one trade at the shop."""
     config = SandboxConfig(products=2, balance=Decimal("1000"), allow_private_callbacks=True)
     async with Sandbox(config) as site, running_shop() as shop:
-        await mirror(settings_for(database_url, ("main", site)))
-        [acg_sku] = await list_choices(database_url, shop, [MONTH])
         data = config_data(database_url, ("main", site))
         data["upstreams"].append(acg_block(shop))
         settings = Settings(**data)
+        [acg_sku] = (await mirror_shop(settings, MONTH)).skus  # and the site
         main_sku = site.state.first_sku("auto").id
+        mirrored = len(await sql_rows(database_url, select(sync_runs.c.id)))  # the two passes just ended
         async with running_daemon(settings), aiohttp.ClientSession() as session:
-            # The start-up passes end first (acg-faka's fails: its catalogue is not listed here), so that
-            # the mirror keeps showing the first source in stock.
-            await wait_until(lambda: finished_passes(database_url, 3))
+            # The start-up passes end first, so that the mirror keeps showing the first source in stock.
+            await wait_until(lambda: finished_passes(database_url, mirrored + 2))
             async with session.post(
                 f"{site.base_url}/_sandbox/skus/{main_sku}", json={"stock_quantity": 0}
             ) as answer:
@@ -75,10 +74,10 @@ async def test_a_chain_from_an_acg_faka_shop_to_a_dujiao_downstream(
         own_database(tmp_path, "b", sqlite_template, postgres_template) as b_url,
         own_database(tmp_path, "c", sqlite_template, postgres_template) as c_url,
     ):
-        [sku] = await list_choices(b_url, shop, [MONTH], upstream="top")
         b_data: dict[str, Any] = provider_config(b_url, provider={"site_name": "procurd B"})
         b_data["upstreams"] = [acg_block(shop, name="top")]
         b_settings = Settings(**b_data)
+        [sku] = (await mirror_shop(b_settings, MONTH, upstream="top")).skus
         async with running_daemon(b_settings) as b:
             await settled(b)
             site = await add_account(b.operations, "siteC", balance="100.00")
