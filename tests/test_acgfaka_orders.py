@@ -208,9 +208,10 @@ async def settled(admin: AdminClient, order_no: str) -> dict[str, Any]:
 
 
 async def test_goods_the_shop_imported_are_read_as_the_other_shops_answer(database_url: str) -> None:
-    """Goods the shop imported from another shop are mirrored as manual, but their answer is that shop's
-    and never refreshed: its cards deliver at once, and its delivery notice is a paid order without its
-    goods (``not_delivered``), never polled as a notice."""
+    """Goods the shop imported from another shop are mirrored as manual (with no buyer inputs: each order
+    sends an empty form), but their answer is that shop's and never refreshed: its cards deliver at once,
+    and its delivery notice is a paid order without its goods (``not_delivered``), never polled as a
+    notice."""
     async with running_shop() as shop, ControlClient(shop.base_url) as control:
         category = next(iter(shop.shop.categories))
         for code, spec in (
@@ -232,8 +233,7 @@ async def test_goods_the_shop_imported_are_read_as_the_other_shops_answer(databa
         settings = acg_settings(database_url, shop)
         mirrored_shop = await mirror_shop(settings, Choice("IMPORTED-CARDS"), Choice("IMPORTED-HAND"))
         cards, by_hand = mirrored_shop.skus
-        # a manual product takes its item only with manual_form_data, even without inputs
-        form = {"buyer_note": "-"}
+        form: dict[str, str] = {}  # goods without buyer inputs: an empty form
         async with acg_daemon(settings) as admin:
             await admin.submit(
                 "X1", {"upstream": "acg", "sku_id": cards, "quantity": 1, "manual_form_data": form}
