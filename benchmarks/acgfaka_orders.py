@@ -12,8 +12,8 @@ concurrently and delivers by callback; an acg-faka purchase is three requests (`
 the trade, ``connect`` for the balance before, the ``trade`` itself) made one trade at a time per member
 account, under the account's lease in the database, with the goods in the trade's answer.
 
-The acg-faka mirror rows (one card commodity with its one choice and SKU id) are written straight into the
-database as ``tests/acgfaka_support.py`` writes them, until the catalogue pass mirrors acg-faka goods.
+Both upstreams are mirrored by the daemon's own catalogue passes at its start; the acg-faka shop's one card
+commodity is ordered by the SKU id procurd gave its one choice, found in the mirror.
 
     python benchmarks/acgfaka_orders.py [--orders 300] [--database-url postgresql+asyncpg://...]
 
@@ -35,6 +35,7 @@ import sys
 import tempfile
 from collections import Counter
 from dataclasses import dataclass
+from datetime import datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -56,19 +57,18 @@ from procurement_processes import (
     SandboxProcess,
     storefront_load,
 )
-from sqlalchemy import insert
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from acgfaka_support import Choice, sku_of
 from procurd.config import Settings
 from procurd.core.clock import utcnow
-from procurd.core.records import ListedChoice
 from procurd.daemon import Daemon
 from procurd.db.database import Database, open_database
-from procurd.db.schema import mirror_categories, mirror_products, mirror_skus
-from procurd.db.stores import Tx
 from procurd.logs import configure_logging
 from procurd.loopback import unused_ports
+from procurd.operations.catalog_pass import last_sync
 from procurd.operations.installation import migrate_schema
-from procurd.protocol.acgfaka.goods import choice_key
 from procurd.protocol.dujiao.callback import CALLBACK_PATH
 from procurd.sandbox.acgfaka import DEFAULT_APP_ID, AcgFakaSandbox, ShopConfig
 from procurd.sandbox.acgfaka.shop import DEFAULT_APP_KEY
@@ -123,17 +123,16 @@ class ShopProcess:
             self._process.join()
 
 
-async def stock_shop(base_url: str, cards: int) -> int:
-    """One card commodity with ``cards`` cards at the shop; its id."""
+async def stock_shop(base_url: str, cards: int) -> None:
+    """One card commodity with ``cards`` cards at the shop."""
     async with ControlClient(base_url) as control:
         category = (await control.post("/categories", {"name": "benchmark"}))["category"]["id"]
-        answer = await control.post(
+        await control.post(
             "/commodities", {"code": CODE, "name": CODE, "category_id": category, "price": PRICE}
         )
         for start in range(0, cards, 1000):
             batch = [{"secret": f"CARD-{n:07d}"} for n in range(start, min(cards, start + 1000))]
             await control.post(f"/commodities/{CODE}/cards", {"cards": batch})
-    return int(answer["commodity"]["id"])
 
 
 async def shop_requests(base_url: str) -> dict[str, int]:
@@ -141,40 +140,11 @@ async def shop_requests(base_url: str) -> dict[str, int]:
         return dict((await control.get("/requests"))["counts"])
 
 
-async def mirror_commodity(database: Database, commodity_id: int) -> int:
-    """The commodity's mirror rows and the SKU id of its one choice, as tests/acgfaka_support.py writes
-    them (what the catalogue pass will write); the SKU id."""
-    now = utcnow()
-    key = choice_key(CODE, None, ())
-
-    def write(tx: Tx) -> int:
-        sku_id = tx.choices.assign(ACG, [ListedChoice(key, commodity_id, CODE, None, ())], now)[key]
-        if tx.choices.product(ACG, commodity_id) is not None:
-            return sku_id  # an earlier run of this benchmark wrote them
-        mirrored = {"synced_at": now, "content_hash": "0" * 32, "upstream": ACG}
-        tx.connection.execute(
-            insert(mirror_categories).values(
-                id=1, parent_id=0, slug="1", name={"zh-CN": "benchmark"}, icon="", sort_order=0,
-                is_active=True, **mirrored,
-            )
-        )  # fmt: skip
-        extra = {"acg_faka": {"code": CODE, "delivery_way": 0, "chained": False}}
-        tx.connection.execute(
-            insert(mirror_products).values(
-                id=commodity_id, slug=CODE, title={"zh-CN": CODE}, images=[], tags=[], price_amount=PRICE,
-                fulfillment_type="auto", manual_form_schema=None, is_active=True, category_id=1,
-                **{**mirrored, "extra": extra},
-            )
-        )  # fmt: skip
-        tx.connection.execute(
-            insert(mirror_skus).values(
-                id=sku_id, product_id=commodity_id, sku_code=key, price_amount=PRICE, stock_status="in_stock",
-                stock_quantity=-1, is_active=True, **mirrored,
-            )
-        )  # fmt: skip
-        return sku_id
-
-    return await database.write(write)
+async def mirrored_since(database: Database, upstream: str, since: datetime) -> bool:
+    """Whether a catalogue pass of ``upstream`` begun at ``since`` or later ended ``ok`` (a database this
+    benchmark used before holds the passes of earlier runs)."""
+    report = await last_sync(database, upstream)
+    return report is not None and report.started_at >= since and await sync_finished(database, upstream)
 
 
 # --- procurd ------------------------------------------------------------------------------------------------
@@ -284,13 +254,17 @@ async def measure(args: argparse.Namespace, database_url: str) -> list[Run]:
     try:
         await migrate_schema(database)
         dujiao_url, shop_url = dujiao.start(), shop.start()
-        acg_sku = await mirror_commodity(database, await stock_shop(shop_url, args.orders + 10))
+        await stock_shop(shop_url, args.orders + 10)
         daemon = Daemon(
             daemon_settings(database_url, dujiao_url, shop_url, args.workers), notifier=Notifier({})
         )
+        started = utcnow()
         await daemon.start()
         try:
-            await wait_for(lambda: sync_finished(database, DUJIAO), STARTUP_DEADLINE_SECONDS, "the mirror")
+            deadline = STARTUP_DEADLINE_SECONDS
+            await wait_for(lambda: mirrored_since(database, DUJIAO, started), deadline, "the mirror")
+            await wait_for(lambda: mirrored_since(database, ACG, started), deadline, "the acg-faka mirror")
+            acg_sku = await sku_of(database, Choice(CODE), ACG)
             dujiao_skus: list[int] = await dujiao.ask("skus")
 
             async def dujiao_requests() -> dict[str, int]:

@@ -1,29 +1,29 @@
 """procurd buying from the sandbox acg-faka shop: the shop's goods (those of test_acgfaka_client), the
-``[[upstreams]]`` block, and the mirror rows and SKU ids of its choices written straight into the database
-(what the catalogue pass will write; until it runs for acg-faka, the tests write them as it would: the
-commodity's form and its ``acg_faka`` extras as the goods model gives them)."""
+``[[upstreams]]`` block, and the shop mirrored by a catalogue pass, with the SKU ids procurd gave the choices
+a test buys found in the mirror."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import insert
+from sqlalchemy import select
 
-from procurd.core.clock import utcnow
-from procurd.core.records import ListedChoice
-from procurd.db.database import open_database
-from procurd.db.schema import mirror_categories, mirror_products, mirror_skus
-from procurd.protocol.acgfaka.goods import choice_key
-from procurd.protocol.acgfaka.widgets import form_schema, read_widgets
+from procurd.catalog.sync import SyncReport
+from procurd.config import Settings
+from procurd.db.database import Database
+from procurd.db.schema import mirror_products, mirror_skus
 from procurd.sandbox.acgfaka import DEFAULT_APP_ID, AcgFakaSandbox, ShopConfig
 from procurd.sandbox.acgfaka.shop import DEFAULT_APP_KEY
 from procurd.sandbox.acgfaka.testing import ControlClient
+from support import mirror, sql_rows
 from test_acgfaka_client import CARD, MANUAL, PLAIN, build_shop
 
-__all__ = ["CARD", "MANUAL", "PLAIN", "Listed", "acg_block", "list_choices", "running_shop"]
+__all__ = [
+    "CARD", "MANUAL", "PLAIN", "Choice", "Mirrored", "acg_block", "mirror_shop", "running_shop", "sku_of",
+]  # fmt: skip
 
 
 @asynccontextmanager
@@ -53,74 +53,50 @@ def acg_block(shop: AcgFakaSandbox, name: str = "acg", **overrides: Any) -> dict
 
 
 @dataclass(frozen=True, slots=True)
-class Listed:
-    """One choice of the shop as the mirror lists it."""
+class Choice:
+    """One orderable choice of the shop: a commodity (its code), its variant, and its add-on options."""
 
     code: str
     race: str | None = None
     options: tuple[tuple[str, str], ...] = ()
-    price: str = "5.00"
-    manual: bool = False
 
 
-async def list_choices(
-    database_url: str, shop: AcgFakaSandbox, choices: Sequence[Listed], upstream: str = "acg"
-) -> list[int]:
-    """Give the choices their SKU ids and write them into the mirror as a catalogue pass would: one product
-    per commodity (its id), one SKU per choice. The SKU ids, in the order given."""
-    now = utcnow()
-    database = open_database(database_url)
-    try:
-        listed = []
-        for choice in choices:
-            commodity = shop.shop.by_code(choice.code)
-            assert commodity is not None, choice.code
-            key = choice_key(choice.code, choice.race, choice.options)
-            listed.append(ListedChoice(key, commodity.id, choice.code, choice.race, choice.options))
-        ids = await database.write(lambda tx: tx.choices.assign(upstream, listed, now))
-        sku_ids = [ids[item.key] for item in listed]
+@dataclass(frozen=True, slots=True)
+class Mirrored:
+    """What a catalogue pass of the shop gave: the SKU ids of the wanted choices (in the order asked for),
+    and the pass (a daemon started later runs a pass of its own, which begins after this one)."""
 
-        def write(tx: Any) -> None:
-            mirrored = {"synced_at": now, "content_hash": "0" * 32, "upstream": upstream}
-            tx.connection.execute(
-                insert(mirror_categories).values(
-                    id=1, parent_id=0, slug="1", name={"zh-CN": "测试"}, icon="", sort_order=0,
-                    is_active=True, **mirrored,
-                )
-            )  # fmt: skip
-            products: dict[int, Listed] = {}
-            for item, choice in zip(listed, choices, strict=True):
-                products.setdefault(item.product_id, choice)
-            for product_id, choice in products.items():
-                commodity = shop.shop.commodities[product_id]
-                chained = commodity.shared_id is not None
-                # the form and the extras as protocol.acgfaka.goods.product_record gives them
-                schema = form_schema(read_widgets(commodity.widgets))
-                extra = {
-                    "acg_faka": {
-                        "code": choice.code,
-                        "delivery_way": commodity.delivery_way,
-                        "chained": chained,
-                    }
-                }
-                tx.connection.execute(
-                    insert(mirror_products).values(
-                        id=product_id, slug=choice.code, title={"zh-CN": choice.code}, images=[], tags=[],
-                        price_amount=choice.price,
-                        fulfillment_type="manual" if choice.manual or chained else "auto",
-                        manual_form_schema=schema, is_active=True, category_id=1,
-                        **{**mirrored, "extra": extra},
-                    )
-                )  # fmt: skip
-            for item, choice, sku_id in zip(listed, choices, sku_ids, strict=True):
-                tx.connection.execute(
-                    insert(mirror_skus).values(
-                        id=sku_id, product_id=item.product_id, sku_code=item.key, price_amount=choice.price,
-                        stock_status="in_stock", stock_quantity=-1, is_active=True, **mirrored,
-                    )
-                )  # fmt: skip
+    skus: list[int]
+    report: SyncReport
 
-        await database.write(write)
-        return sku_ids
-    finally:
-        await database.close()
+
+async def mirror_shop(settings: Settings, *choices: Choice, upstream: str = "acg") -> Mirrored:
+    """Mirror the shop with a catalogue pass of the daemon's own upstream (every upstream of ``settings`` is
+    mirrored), then find in the mirror the SKU ids procurd gave ``choices``."""
+    reports = await mirror(settings)
+    skus = [await sku_of(settings.database.url, choice, upstream) for choice in choices]
+    return Mirrored(skus, reports[upstream])
+
+
+async def sku_of(database: Database | str, choice: Choice, upstream: str = "acg") -> int:
+    """The id of the mirror's one SKU for ``choice``: of the product whose commodity code it names, the SKU
+    of its variant and add-on options."""
+    statement = (
+        select(mirror_skus.c.id, mirror_skus.c.extra.label("sku"), mirror_products.c.extra.label("product"))
+        .join(
+            mirror_products,
+            (mirror_products.c.upstream == mirror_skus.c.upstream)
+            & (mirror_products.c.id == mirror_skus.c.product_id),
+        )
+        .where(mirror_skus.c.upstream == upstream)
+    )
+    wanted = sorted([group, option] for group, option in choice.options)
+    found = [
+        row.id
+        for row in await sql_rows(database, statement)
+        if row.product["acg_faka"]["code"] == choice.code
+        and row.sku["race"] == choice.race
+        and sorted(row.sku["options"]) == wanted
+    ]
+    assert len(found) == 1, (choice, found)
+    return int(found[0])

@@ -8,13 +8,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import datetime
 from typing import Any
 
 import aiohttp
 import pytest
 from sqlalchemy import select
 
-from acgfaka_support import CARD, MANUAL, PLAIN, Listed, acg_block, list_choices, running_shop
+from acgfaka_support import CARD, MANUAL, PLAIN, Choice, Mirrored, acg_block, mirror_shop, running_shop
 from procurd.config import Settings
 from procurd.core.clock import utcnow
 from procurd.core.trades import Trade, TradeState
@@ -31,7 +32,7 @@ from procurd.upstream.errors import OutcomeUnknown
 from procurd.upstream.models import CreateOrderRequest
 from support import AdminClient, config_data, running_daemon, sql_rows, wait_until
 
-MONTH = Listed(CARD, "月卡", (("区服", "一区"),), "10.00")
+MONTH = Choice(CARD, "月卡", (("区服", "一区"),))  # 10.00
 
 
 def acg_settings(database_url: str, shop: AcgFakaSandbox, **block: Any) -> Settings:
@@ -56,11 +57,15 @@ def trades_sent(shop: AcgFakaSandbox) -> int:
     return int(shop.request_counts.get("trade", 0))
 
 
-async def mirrored(admin: AdminClient) -> bool:
-    """Whether the daemon's first catalogue pass of the shop has ended."""
+async def mirrored(admin: AdminClient, before: Mirrored) -> bool:
+    """Whether the daemon's first catalogue pass of the shop has ended (the pass that mirrored the shop
+    ``before`` the daemon started ended earlier)."""
     _, body = await admin.call("GET", "/api/v1/status")
     [upstream] = body["upstreams"]
-    return upstream["last_sync"]["status"] in ("ok", "failed")
+    sync = upstream["last_sync"]
+    started = datetime.fromisoformat(sync["started_at"])
+    assert before.report.finished_at is not None
+    return started > before.report.finished_at and sync["status"] in ("ok", "failed")
 
 
 async def exception_of(admin: AdminClient, order_no: str) -> dict[str, Any]:
@@ -74,10 +79,11 @@ async def test_a_card_order_is_delivered_from_the_trades_answer(database_url: st
     procurement goes straight to delivered with the goods, the amount the shop charged, and the storefront's
     order.delivered event."""
     async with running_shop() as shop:
-        [sku] = await list_choices(database_url, shop, [MONTH])
         settings = acg_settings(database_url, shop)
+        before = await mirror_shop(settings, MONTH)
+        [sku] = before.skus
         async with acg_daemon(settings) as admin:
-            await wait_until(lambda: mirrored(admin))  # the daemon's catalogue pass asks its own prices
+            await wait_until(lambda: mirrored(admin, before))  # the daemon's own pass asks its own prices
             priced = shop.request_counts.get("valuation", 0)
             item = {"upstream": "acg", "sku_id": sku, "quantity": 2, "max_unit_price": "12.00"}
             await admin.submit("C1", item)
@@ -122,8 +128,8 @@ async def test_a_manual_order_is_delivered_when_the_seller_types_the_goods_in(da
     """The trade answers the manual notice: the procurement waits (submitted), its polls ask ``query``, and
     the goods the seller types in deliver it; the buyer input went with the trade."""
     async with running_shop() as shop:
-        [sku] = await list_choices(database_url, shop, [Listed(MANUAL, price="30.00", manual=True)])
         settings = acg_settings(database_url, shop)
+        [sku] = (await mirror_shop(settings, Choice(MANUAL))).skus  # 30.00, by hand
         async with acg_daemon(settings) as admin:
             form = {"game_uid": "1234567"}
             await admin.submit(
@@ -155,8 +161,8 @@ async def test_each_refusal_is_an_exception_with_procurds_reason_and_nothing_bou
     """Each known refusal of the trade is the exception of its reason; nothing is bought, and the item,
     sure to hold no order, may be canceled."""
     async with running_shop() as shop:
-        [sku] = await list_choices(database_url, shop, [MONTH])
         settings = acg_settings(database_url, shop)
+        [sku] = (await mirror_shop(settings, MONTH)).skus
         async with acg_daemon(settings) as admin, ControlClient(shop.base_url) as control:
             for number, (text, reason) in enumerate(REFUSALS):
                 await control.post("/faults", {"knob": "refuse_next", "endpoint": "trade", "msg": text})
@@ -174,8 +180,9 @@ async def test_a_buyer_input_the_shop_refuses_is_input_rejected(database_url: st
     commodity's own text for that input, which proves nothing was bought: exception ``input_rejected``, not
     ``outcome_unknown``, and the item may be canceled."""
     async with running_shop() as shop:
-        [sku] = await list_choices(database_url, shop, [Listed(MANUAL, price="30.00", manual=True)])
-        async with acg_daemon(acg_settings(database_url, shop)) as admin:
+        settings = acg_settings(database_url, shop)
+        [sku] = (await mirror_shop(settings, Choice(MANUAL))).skus  # 30.00, by hand
+        async with acg_daemon(settings) as admin:
             form = {"game_uid": "12"}  # the shop's rule: 5 to 12 digits
             await admin.submit(
                 "I1", {"upstream": "acg", "sku_id": sku, "quantity": 1, "manual_form_data": form}
@@ -201,9 +208,10 @@ async def settled(admin: AdminClient, order_no: str) -> dict[str, Any]:
 
 
 async def test_goods_the_shop_imported_are_read_as_the_other_shops_answer(database_url: str) -> None:
-    """Goods the shop imported from another shop are mirrored as manual, but their answer is that shop's
-    and never refreshed: its cards deliver at once, and its delivery notice is a paid order without its
-    goods (``not_delivered``), never polled as a notice."""
+    """Goods the shop imported from another shop are mirrored as manual (with no buyer inputs: each order
+    sends an empty form), but their answer is that shop's and never refreshed: its cards deliver at once,
+    and its delivery notice is a paid order without its goods (``not_delivered``), never polled as a
+    notice."""
     async with running_shop() as shop, ControlClient(shop.base_url) as control:
         category = next(iter(shop.shop.categories))
         for code, spec in (
@@ -222,14 +230,11 @@ async def test_goods_the_shop_imported_are_read_as_the_other_shops_answer(databa
                 },
             )
         await control.post("/commodities/IMPORTED-CARDS/cards", {"cards": [{"secret": "UP-1"}]})
-        cards, by_hand = await list_choices(
-            database_url,
-            shop,
-            [Listed("IMPORTED-CARDS", price="8.00"), Listed("IMPORTED-HAND", price="8.00")],
-        )
-        # a manual product takes its item only with manual_form_data, even without inputs
-        form = {"buyer_note": "-"}
-        async with acg_daemon(acg_settings(database_url, shop)) as admin:
+        settings = acg_settings(database_url, shop)
+        mirrored_shop = await mirror_shop(settings, Choice("IMPORTED-CARDS"), Choice("IMPORTED-HAND"))
+        cards, by_hand = mirrored_shop.skus
+        form: dict[str, str] = {}  # goods without buyer inputs: an empty form
+        async with acg_daemon(settings) as admin:
             await admin.submit(
                 "X1", {"upstream": "acg", "sku_id": cards, "quantity": 1, "manual_form_data": form}
             )
@@ -269,8 +274,8 @@ async def test_an_unknown_outcome_is_never_sent_again(
     made the first one refuses the number (``outcome_unknown`` again, never a second purchase); the one that
     did not sells it once."""
     async with running_shop() as shop:
-        [sku] = await list_choices(database_url, shop, [MONTH])
         settings = acg_settings(database_url, shop)
+        [sku] = (await mirror_shop(settings, MONTH)).skus
         async with acg_daemon(settings) as admin, ControlClient(shop.base_url) as control:
             await control.post("/faults", fault)
             await admin.submit("U1", {"upstream": "acg", "sku_id": sku, "quantity": 1})
@@ -330,11 +335,15 @@ async def test_a_bulk_retry_leaves_what_it_never_sends_again_out_of_what_remains
     refusal: a bulk retry sends the refusal again, says the other two are skipped with their reasons, and
     counts nothing as remaining (they are not retried, and never will be by a bulk retry)."""
     async with running_shop() as shop:
-        [sku] = await list_choices(database_url, shop, [Listed(PLAIN)])
+        settings = acg_settings(database_url, shop)
+        before = await mirror_shop(settings, Choice(PLAIN))
+        [sku] = before.skus
         async with (
-            acg_daemon(acg_settings(database_url, shop)) as admin,
+            acg_daemon(settings) as admin,
             ControlClient(shop.base_url) as control,
         ):
+            # the daemon's own pass ends first: one after the sold-out race would mirror no stock left
+            await wait_until(lambda: mirrored(admin, before))
             faults = [
                 ("B1", {"knob": "lost_answer_next"}),
                 ("B2", {"knob": "sold_out_race_next"}),
@@ -365,7 +374,9 @@ async def test_a_trade_an_instance_died_during_is_never_sent_again(database_url:
     """An instance wrote its trade and died before the answer (the row says "sending"): the procurement,
     taken again, sends nothing, not even the price check, and is ``outcome_unknown`` with what was known."""
     async with running_shop() as shop:
-        [sku] = await list_choices(database_url, shop, [MONTH])
+        settings = acg_settings(database_url, shop)
+        before = await mirror_shop(settings, MONTH)
+        [sku] = before.skus
         database = open_database(database_url)
         try:
             number = request_no("K1", str(DEFAULT_APP_ID))
@@ -376,8 +387,8 @@ async def test_a_trade_an_instance_died_during_is_never_sent_again(database_url:
             await DatabaseTrades(database, "gone:1").begin(sending)
         finally:
             await database.close()
-        async with acg_daemon(acg_settings(database_url, shop)) as admin:
-            await wait_until(lambda: mirrored(admin))  # the daemon's catalogue pass asks its own prices
+        async with acg_daemon(settings) as admin:
+            await wait_until(lambda: mirrored(admin, before))  # the daemon's own pass asks its own prices
             priced = shop.request_counts.get("valuation", 0)
             await admin.submit("K1", {"upstream": "acg", "sku_id": sku, "quantity": 1})
             item = await exception_of(admin, "K1")
@@ -392,8 +403,8 @@ async def test_the_sold_out_race_is_a_paid_order_without_goods(database_url: str
     """Another buyer takes the cards while the trade is paid: the shop answers its sold-out notice;
     exception ``not_delivered`` with the shop's trade number and amount, not retried, not cancelable."""
     async with running_shop() as shop:
-        [sku] = await list_choices(database_url, shop, [Listed(PLAIN)])
         settings = acg_settings(database_url, shop)
+        [sku] = (await mirror_shop(settings, Choice(PLAIN))).skus
         async with acg_daemon(settings) as admin, ControlClient(shop.base_url) as control:
             await control.post("/faults", {"knob": "sold_out_race_next"})
             await admin.submit("S1", {"upstream": "acg", "sku_id": sku, "quantity": 1})
@@ -414,9 +425,11 @@ async def test_a_price_above_the_limit_is_refused_before_the_trade(database_url:
     """The mirror still says 10.00 but the shop now asks 15.00: the valuation right before the trade
     refuses it (``price_above_limit``); nothing is bought."""
     async with running_shop() as shop:
-        [sku] = await list_choices(database_url, shop, [MONTH])
         settings = acg_settings(database_url, shop)
+        before = await mirror_shop(settings, MONTH)
+        [sku] = before.skus
         async with acg_daemon(settings) as admin, ControlClient(shop.base_url) as control:
+            await wait_until(lambda: mirrored(admin, before))  # its own pass read 10.00 too
             await control.post(f"/commodities/{CARD}", {"races": {"月卡": "15.00", "年卡": "100.00"}})
             await admin.submit(
                 "P1", {"upstream": "acg", "sku_id": sku, "quantity": 1, "max_unit_price": "12.00"}
@@ -433,15 +446,16 @@ async def test_one_trade_at_a_time_per_member_account(database_url: str) -> None
     """While another instance holds the member account's trade lease, nothing is traded (the submission is
     put off, not counted as an attempt); once it lets go, the order is bought, once."""
     async with running_shop() as shop:
-        [sku] = await list_choices(database_url, shop, [MONTH])
         settings = acg_settings(database_url, shop, trade_timeout_seconds=0.5)
+        before = await mirror_shop(settings, MONTH)
+        [sku] = before.skus
         database = open_database(database_url)
         other = DatabaseTrades(database, "elsewhere:1")
         account = f"acg-faka trades {DEFAULT_APP_ID}@{shop.base_url.split('//')[1]}"
         try:
             assert await other.hold(account, "t", 600)
             async with acg_daemon(settings) as admin:
-                await wait_until(lambda: mirrored(admin))  # the daemon's catalogue pass asks its own prices
+                await wait_until(lambda: mirrored(admin, before))  # the daemon's own pass asks its prices
                 priced = shop.request_counts.get("valuation", 0)
                 await admin.submit("L1", {"upstream": "acg", "sku_id": sku, "quantity": 1})
 
@@ -483,7 +497,8 @@ async def test_two_instances_never_trade_at_once_for_one_member_account(database
     waits for the member account's lease: the shop sees two's first request only after one's trade and the
     balance read after it, never in between."""
     async with running_shop() as shop, ControlClient(shop.base_url) as control:
-        first, second = await list_choices(database_url, shop, [MONTH, Listed(PLAIN)])
+        first, second = (await mirror_shop(acg_settings(database_url, shop), MONTH, Choice(PLAIN))).skus
+        mirroring = len(shop.requests)  # the pass's requests
         one = Runtime.build(acg_settings(database_url, shop, trade_timeout_seconds=0.5), instance="one:1")
         two = Runtime.build(acg_settings(database_url, shop, trade_timeout_seconds=10), instance="two:2")
         try:
@@ -503,7 +518,7 @@ async def test_two_instances_never_trade_at_once_for_one_member_account(database
             await one.close()
             await two.close()
         assert created.status == "delivered"
-        assert [record.endpoint for record in shop.requests] == [
+        assert [record.endpoint for record in shop.requests[mirroring:]] == [
             "valuation", "connect", "trade", "connect",  # one: its trade hangs, then the balance after
             "valuation", "connect", "trade",  # two, once one let go
         ]  # fmt: skip
@@ -518,7 +533,9 @@ async def test_two_instances_never_trade_at_once_while_the_request_budget_makes_
     renewed while the purchase is in flight, so instance two's first request still reaches the shop only
     after one's trade and the balance read after it."""
     async with running_shop() as shop, ControlClient(shop.base_url) as control:
-        first, second = await list_choices(database_url, shop, [MONTH, Listed(PLAIN)])
+        first, second = (await mirror_shop(acg_settings(database_url, shop), MONTH, Choice(PLAIN))).skus
+        mirroring = len(shop.requests)  # the pass's requests
+        valued = shop.request_counts["valuation"]
         slow = {"max_requests_per_second": 1}
         one = Runtime.build(
             acg_settings(database_url, shop, trade_timeout_seconds=0.3, timeout_seconds=0.3, **slow),
@@ -534,7 +551,7 @@ async def test_two_instances_never_trade_at_once_while_the_request_budget_makes_
                     CreateOrderRequest(sku_id=first, quantity=1, downstream_order_no="W1")
                 )
             )
-            await wait_until(lambda: shop.request_counts.get("valuation", 0) == 1)
+            await wait_until(lambda: shop.request_counts["valuation"] == valued + 1)
             created = await two.client("acg").create_order(
                 CreateOrderRequest(sku_id=second, quantity=1, downstream_order_no="W2")
             )
@@ -544,7 +561,7 @@ async def test_two_instances_never_trade_at_once_while_the_request_budget_makes_
             await one.close()
             await two.close()
         assert created.status == "delivered"
-        assert [record.endpoint for record in shop.requests] == [
+        assert [record.endpoint for record in shop.requests[mirroring:]] == [
             "valuation", "connect", "trade", "connect",  # one, each request a slot apart; its trade hangs
             "valuation", "connect", "trade",  # two, once one let go
         ]  # fmt: skip

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
-from acgfaka_support import PLAIN, Listed, list_choices, running_shop
+from acgfaka_support import PLAIN, Choice, mirror_shop, running_shop
 from console_support import delivered_order
 from procurd.config import RetentionSettings
 from procurd.core.alerts import Kind, Occurrence
@@ -155,8 +155,8 @@ async def test_acg_faka_trades_are_kept_with_their_procurements(database_url: st
     are kept with their procurements, which are never pruned, and a trade whose outcome is unknown is what
     keeps it from being sent again (asked again, it still sends nothing)."""
     async with running_shop() as shop:
-        [sku] = await list_choices(database_url, shop, [Listed(PLAIN)])
         settings = acg_settings(database_url, shop)
+        [sku] = (await mirror_shop(settings, Choice(PLAIN))).skus
         async with acg_daemon(settings) as admin, ControlClient(shop.base_url) as control:
             await admin.submit("T1", {"upstream": "acg", "sku_id": sku, "quantity": 1})
             await admin.wait_status("T1", "delivered")

@@ -218,16 +218,12 @@ class MirroredSku:
         if self.product_removed or not self.product_active:
             return "product_inactive", f"product {self.product_id} is not active upstream"
         if self.fulfillment_type == "manual":
-            if not manual_form_data:
+            missing = unfilled_form(self.manual_form_schema, manual_form_data)
+            if missing == []:
                 return (
                     "manual_form_data_required",
                     f"product {self.product_id} is manual: manual_form_data is required",
                 )
-            missing = [
-                key
-                for key in required_form_fields(self.manual_form_schema)
-                if _blank(manual_form_data.get(key))
-            ]
             if missing:
                 return (
                     "manual_form_data_invalid",
@@ -235,6 +231,21 @@ class MirroredSku:
                     + ", ".join(repr(key) for key in missing),
                 )
         return None
+
+
+def unfilled_form(schema: Any, manual_form_data: Mapping[str, Any] | None) -> list[str] | None:
+    """What an order of a manual product leaves out of the buyer's form (``schema``, the product's
+    ``manual_form_schema``): ``None`` when nothing, ``[]`` when the form itself is missing, else the keys of
+    the required fields it leaves blank.
+
+    Seed 000 requires ``manual_form_data`` for a manual product (an object), and says nothing of its
+    contents: a form whose schema requires nothing (goods with no buyer inputs) may be sent empty (``{}``);
+    an empty form where the schema requires fields is a missing form, as is no form at all."""
+    required = required_form_fields(schema)
+    if manual_form_data is None or (not manual_form_data and required):
+        return []
+    missing = [key for key in required if _blank(manual_form_data.get(key))]
+    return missing or None
 
 
 def required_form_fields(schema: Any) -> list[str]:

@@ -28,7 +28,7 @@ from procurd.core.json_limits import json_problem, text_problem
 from procurd.core.offering import OfferFacts
 from procurd.core.orders import iso
 from procurd.core.pricing import SkuFacts, cost_limit, exchange_rate_of
-from procurd.core.procurement import MirroredSku, Source, required_form_fields
+from procurd.core.procurement import MirroredSku, Source, required_form_fields, unfilled_form
 from procurd.core.provider import (
     CANCELED,
     CENT,
@@ -261,12 +261,9 @@ class ProviderOperations:
             self._check_callback_url(callback_url)
         upstream, mirrored, product_id = self._offered(facts)
         if mirrored.fulfillment_type == "manual":
-            missing = [
-                key
-                for key in required_form_fields(mirrored.manual_form_schema)
-                if not manual_form_data or manual_form_data.get(key) in (None, "")
-            ]
-            if not manual_form_data or missing:
+            missing = unfilled_form(mirrored.manual_form_schema, manual_form_data)
+            if missing is not None:
+                missing = missing or required_form_fields(mirrored.manual_form_schema)
                 raise bad_request(
                     "manual_form_data is required for this product"
                     + (f": missing {', '.join(missing)}" if missing else "")
