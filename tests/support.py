@@ -22,6 +22,7 @@ from click.testing import CliRunner, Result
 from sqlalchemy import Executable, Row, select
 from structlog._config import BoundLoggerLazyProxy
 
+from procurd.catalog.sync import SyncReport
 from procurd.cli import main
 from procurd.config import Settings
 from procurd.daemon import Daemon
@@ -227,17 +228,20 @@ def config_data(
     return data
 
 
-async def mirror(settings: Settings) -> None:
-    """Mirror every upstream's catalogue once (intake validates against the mirror)."""
+async def mirror(settings: Settings) -> dict[str, SyncReport]:
+    """Mirror every upstream's catalogue once (intake validates against the mirror); each one's pass."""
     runtime = Runtime.build(settings)
+    reports = {}
     try:
         for upstream in settings.upstreams:
             report = await run_sync(
                 runtime.database, runtime.client(upstream.name), upstream.name, holder="test"
             )
             assert report.status == "ok", report.error
+            reports[upstream.name] = report
     finally:
         await runtime.close()
+    return reports
 
 
 @asynccontextmanager

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -129,19 +130,20 @@ async def test_clients_keep_to_their_protocol() -> None:
             with pytest.raises(UpstreamError) as caught:
                 await client.ping()
         assert caught.value.code == "wrong_protocol"
-        assert shop.request_counts["*"] == 0
+        assert shop.request_counts["trade"] == 0
     with pytest.raises(ValueError, match="not acg-faka"):
         AcgFakaClient(settings.model_copy(update={"protocol": "dujiao"}))
 
 
 async def test_the_daemon_beside_an_acg_faka_upstream(database_url: str) -> None:
     """With an acg-faka upstream configured, the daemon starts, buys from its Dujiao-Next upstream and takes
-    its callbacks; the status names both; nothing is sent to the acg-faka shop by the daemon yet."""
+    its callbacks; the status names both; the daemon pings and mirrors the acg-faka shop and buys nothing
+    from it."""
     config = SandboxConfig(products=4, balance=Decimal("1000"), allow_private_callbacks=True)
     async with Sandbox(config) as sandbox, AcgFakaSandbox(ShopConfig(commodities=4)) as shop:
         data = config_data(database_url, ("main", sandbox))
         acg = {"name": "acg", "protocol": "acg-faka", "base_url": shop.base_url, "app_id": "1000"}
-        data["upstreams"].append({**acg, "app_key": shop.config.app_key})
+        data["upstreams"].append({**acg, "app_key": shop.config.app_key, "max_requests_per_second": 1000})
         settings = Settings(**data)
         await mirror(settings.model_copy(update={"upstreams": settings.upstreams[:1]}))
         async with running_daemon(settings), aiohttp.ClientSession() as session:
@@ -154,4 +156,12 @@ async def test_the_daemon_beside_an_acg_faka_upstream(database_url: str) -> None
             status, body = await admin.call("GET", "/api/v1/status")
             assert status == 200
             assert [u["name"] for u in body["upstreams"]] == ["main", "acg"]
-        assert shop.request_counts["*"] == 0
+
+            async def acg_mirrored() -> dict[str, Any] | None:
+                _, body = await admin.call("GET", "/api/v1/status")
+                found: dict[str, Any] = body["upstreams"][1]
+                return found if found["last_sync"]["status"] == "ok" and found["last_ping"]["ok"] else None
+
+            mirrored = await wait_until(acg_mirrored)
+            assert (mirrored["protocol"], mirrored["mirror"]["products"]) == ("acg-faka", 4)
+        assert shop.request_counts["trade"] == 0

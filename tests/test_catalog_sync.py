@@ -25,8 +25,8 @@ from procurd.db.stores import Tx
 from procurd.db.types import utcnow
 from procurd.operations.catalog_pass import last_sync, run_sync
 from procurd.protocol.dujiao.client import UpstreamClient
-from procurd.protocol.dujiao.models import CatalogPage, PingResult, SeenPage
 from procurd.sandbox import Sandbox, SandboxConfig
+from procurd.upstream.models import CatalogPage, PingResult, SeenPage
 from procurd.upstream.ratelimit import Priority
 from support import lease_holder, wait_until
 

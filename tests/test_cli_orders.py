@@ -299,6 +299,10 @@ async def test_exception_queue_list_retry_resolve(shell: Shell) -> None:
     assert again.exit_code == 1
     assert "not_an_exception" in again.stderr
 
+    unnoted = await shell.run("exceptions", "retry", str(second), "--nothing-bought")
+    assert unnoted.exit_code == 2
+    assert "--nothing-bought needs --note" in unnoted.stderr
+
     blank = await shell.run("exceptions", "resolve", str(second), "--note", "  ")
     assert blank.exit_code == 2
     no_note = await shell.run("exceptions", "resolve", str(second))

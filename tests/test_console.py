@@ -703,8 +703,9 @@ async def test_release_a_price_hold_from_the_catalogue(database_url: str) -> Non
 
 
 async def test_overview_shows_each_upstream(shop: Shop) -> None:
-    """The overview shows per upstream its health, balance after a ping, queue by state, oldest queued,
-    exceptions by reason (linked to the filtered list) and the last sync with its counts."""
+    """The overview shows per upstream its health, the protocol it speaks, balance after a ping, queue by
+    state, oldest queued, exceptions by reason (linked to the filtered list) and the last sync with its
+    counts."""
     await exception(shop, "O-1")
     await order(shop.stack, "O-2", shop.sku)
     await ping_upstream(shop.stack.runtime, "main")
@@ -715,6 +716,7 @@ async def test_overview_shows_each_upstream(shop: Shop) -> None:
     assert '<span class="badge ok">healthy</span>' in main
     assert '<span class="badge bad">unhealthy</span>' in second  # never pinged
     assert '<dd class="balance">1000.00 CNY</dd>' in main
+    assert '<p class="meta protocol">Dujiao-Next · procurd sandbox' in main
     assert re.search(r'state-queued">queued</span> 1</li>', main)
     assert re.search(r'state-exception">exception</span> 1</li>', main)
     assert re.search(r"Oldest queued</dt>\s*<dd>\d+ seconds?</dd>", main)

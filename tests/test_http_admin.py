@@ -112,6 +112,8 @@ INVALID_BODIES: dict[str, tuple[Any, int, str]] = {
     "sku_id as fraction": (lambda s: b'{"order_no": "V1", "items": [{"sku_id": 1.0, "quantity": 1}]}', 400,
                            "invalid_request"),
     "manual without form data": (lambda s: order_body("V1", s.manual_sku), 422, "manual_form_data_required"),
+    "manual with an empty form that must hold a field": (
+        lambda s: order_body("V1", s.manual_sku, manual_form_data={}), 422, "manual_form_data_required"),
     "manual form lacks a required field": (
         lambda s: order_body("V1", s.manual_sku, manual_form_data={"note": "x"}), 400,
         "manual_form_data_invalid"),

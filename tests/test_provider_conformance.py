@@ -53,12 +53,12 @@ from procurd.config import UpstreamSettings
 from procurd.daemon import Daemon
 from procurd.db.schema import mirror_products, procurements, sync_runs
 from procurd.protocol.dujiao.client import UpstreamClient
-from procurd.protocol.dujiao.models import CreateOrderRequest
 from procurd.protocol.dujiao.signing import sign
 from procurd.sandbox import Sandbox, SandboxConfig
 from procurd.sandbox.state import NewSku
 from procurd.sandbox.testing import ApiResponse, SignedClient
 from procurd.upstream import AuthError, BusinessError, ClockSkew, PaymentFailed
+from procurd.upstream.models import CreateOrderRequest
 from provider_support import add_account, provider_settings
 from support import running_daemon, sql_execute, sql_rows, wait_until
 

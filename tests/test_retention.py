@@ -11,17 +11,23 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
+from acgfaka_support import PLAIN, Choice, mirror_shop, running_shop
 from console_support import delivered_order
 from procurd.config import RetentionSettings
 from procurd.core.alerts import Kind, Occurrence
 from procurd.daemon import RETENTION_INTERVAL_SECONDS
-from procurd.db.schema import alerts, audit_log, mirror_changes, outbox, sync_runs
+from procurd.db.schema import alerts, audit_log, mirror_changes, outbox, sync_runs, upstream_trades
 from procurd.db.stores import Tx
 from procurd.db.types import utcnow
 from procurd.http.testing import Stack, procurd_stack
 from procurd.operations.retention import LEASE, cutoffs, prune
+from procurd.operations.runtime import Runtime
 from procurd.sandbox import Sandbox, SandboxConfig
+from procurd.sandbox.acgfaka.testing import ControlClient
+from procurd.upstream.errors import OutcomeUnknown
+from procurd.upstream.models import CreateOrderRequest
 from support import run_cli, running_daemon, settings_for, sql_rows
+from test_acgfaka_orders import acg_daemon, acg_settings, exception_of, trades_sent
 from test_cli_orders import write_config
 
 TABLES = {"audit_log": audit_log, "mirror_changes": mirror_changes, "outbox": outbox, "sync_runs": sync_runs,
@@ -142,3 +148,38 @@ async def test_the_daemon_prunes_daily(database_url: str) -> None:
             assert job is not None
             assert job.trigger.interval == timedelta(seconds=RETENTION_INTERVAL_SECONDS)
             assert isinstance(job.next_run_time, datetime)
+
+
+async def test_acg_faka_trades_are_kept_with_their_procurements(database_url: str) -> None:
+    """A century on, a prune with every table at a thousandth of a day leaves every acg-faka trade: they
+    are kept with their procurements, which are never pruned, and a trade whose outcome is unknown is what
+    keeps it from being sent again (asked again, it still sends nothing)."""
+    async with running_shop() as shop:
+        settings = acg_settings(database_url, shop)
+        [sku] = (await mirror_shop(settings, Choice(PLAIN))).skus
+        async with acg_daemon(settings) as admin, ControlClient(shop.base_url) as control:
+            await admin.submit("T1", {"upstream": "acg", "sku_id": sku, "quantity": 1})
+            await admin.wait_status("T1", "delivered")
+            await control.post("/faults", {"knob": "lost_answer_next"})
+            await admin.submit("T2", {"upstream": "acg", "sku_id": sku, "quantity": 1})
+            unknown = await exception_of(admin, "T2")
+        shortest = RetentionSettings(
+            audit_days=0.001, mirror_changes_days=0.001, outbox_delivered_days=0.001, sync_runs_days=0.001,
+            alerts_days=0.001,
+        )  # fmt: skip
+        runtime = Runtime.build(settings)
+        try:
+            later = utcnow() + timedelta(days=36500)
+            report = await prune(runtime.database, shortest, "test", now=later)
+            assert report.deleted["audit_log"] > 0
+            trades = await sql_rows(database_url, select(upstream_trades.c.downstream_order_no))
+            assert sorted(row.downstream_order_no for row in trades) == ["T1", unknown["downstream_order_no"]]
+            again = CreateOrderRequest(
+                sku_id=sku, quantity=1, downstream_order_no=unknown["downstream_order_no"]
+            )
+            with pytest.raises(OutcomeUnknown) as raised:
+                await runtime.client("acg").create_order(again)
+            assert raised.value.cause == "sent_before"
+        finally:
+            await runtime.close()
+        assert trades_sent(shop) == 2

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from typing import Any
 
 import pytest
 
@@ -252,3 +253,36 @@ def test_retry_of_an_exhausted_offer_starts_from_its_first_source() -> None:
         "A1-1",
     )
     assert retried.effects == (NumberAdded("A1-1", again=True),)
+
+
+ACCOUNT = {"key": "account", "type": "text", "required": True, "label": {"zh-CN": "账号"}}
+NOTE = {"key": "note", "type": "text", "required": False, "label": {"zh-CN": "备注"}}
+
+
+@pytest.mark.parametrize(
+    ("schema", "form", "code"),
+    [
+        (None, None, "manual_form_data_required"),
+        (None, {}, None),
+        ({"fields": []}, {}, None),
+        ({"fields": [NOTE]}, {}, None),
+        ({"fields": [NOTE]}, None, "manual_form_data_required"),
+        ({"fields": [ACCOUNT]}, {}, "manual_form_data_required"),
+        ({"fields": [ACCOUNT]}, {"note": "x"}, "manual_form_data_invalid"),
+        ({"fields": [ACCOUNT]}, {"account": "a"}, None),
+    ],
+    ids=[
+        "no-inputs-no-form", "no-inputs-empty-form", "no-fields-empty-form", "optional-only-empty-form",
+        "optional-only-no-form", "required-empty-form", "required-left-blank", "required-filled",
+    ],
+)  # fmt: skip
+def test_a_manual_item_carries_a_form_with_what_its_schema_requires(
+    schema: Any, form: dict[str, Any] | None, code: str | None
+) -> None:
+    """Seed 000 requires manual_form_data for a manual product and says nothing of its contents: a form
+    whose schema requires nothing (goods with no buyer inputs) is taken empty; no form at all, or an empty
+    one where fields are required, is manual_form_data_required; a form lacking a required field is
+    manual_form_data_invalid."""
+    manual = replace(sku(12), fulfillment_type="manual", manual_form_schema=schema)
+    problem = manual.problem(form)
+    assert (problem[0] if problem else None) == code

@@ -121,6 +121,7 @@ async def test_metrics_expose_the_procurd_series(stack: Stack) -> None:
         'procurd_procurements{state="delivered",upstream="second"} 0.0',
         'procurd_upstream_healthy{upstream="main"} 1.0',
         'procurd_upstream_healthy{upstream="second"} 0.0',
+        'procurd_upstream_info{protocol="dujiao",upstream="main"} 1.0',
         'procurd_upstream_balance{currency="CNY",upstream="main"} 1000.0',
         "procurd_storefront_events_pending 0.0",
         f"procurd_orders_accepted_total{{{instance}}} 1.0",
@@ -136,7 +137,7 @@ async def test_metrics_expose_the_procurd_series(stack: Stack) -> None:
         "procurd_procurements{", "procurd_oldest_queued_seconds", "procurd_upstream_healthy",
         "procurd_upstream_balance", "procurd_upstream_last_ping", "procurd_catalog_last_sync",
         "procurd_storefront_events_pending", "procurd_exceptions{", "procurd_instances_alive",
-        "procurd_upstream_spend_24h", "procurd_upstream_runway",
+        "procurd_upstream_spend_24h", "procurd_upstream_runway", "procurd_upstream_info",
     )  # fmt: skip
     for line in metrics.splitlines():
         if line.startswith("procurd_"):

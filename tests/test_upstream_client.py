@@ -22,7 +22,6 @@ from structlog.testing import capture_logs
 
 from procurd.config import UpstreamSettings
 from procurd.protocol.dujiao.client import UpstreamClient
-from procurd.protocol.dujiao.models import CreateOrderRequest
 from procurd.protocol.dujiao.signing import signature_matches
 from procurd.upstream import (
     BusinessError,
@@ -37,6 +36,7 @@ from procurd.upstream import (
     TransportError,
     UpstreamTimeout,
 )
+from procurd.upstream.models import CreateOrderRequest
 
 SECRET = "canned-secret-value"
 API_KEY = "canned-key"

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from procurd.core.exact import loads_exact
-from procurd.protocol.dujiao.models import (
+from procurd.upstream.models import (
     CancelResult,
     Category,
     CreateOrderRequest,

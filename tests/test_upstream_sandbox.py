@@ -14,7 +14,6 @@ from pydantic import SecretStr
 
 from procurd.config import UpstreamSettings
 from procurd.protocol.dujiao.client import UpstreamClient
-from procurd.protocol.dujiao.models import CatalogPage, CreateOrderRequest, SeenPage, UpstreamOrder
 from procurd.sandbox import Sandbox, SandboxConfig
 from procurd.upstream import (
     AuthError,
@@ -28,6 +27,7 @@ from procurd.upstream import (
     TransportError,
     UpstreamTimeout,
 )
+from procurd.upstream.models import CatalogPage, CreateOrderRequest, SeenPage, UpstreamOrder
 
 DEADLINE_SECONDS = 5.0
 

@@ -44,10 +44,10 @@ from procurd.operations.pings import describe_failure
 from procurd.operations.runtime import Runtime
 from procurd.procurement.poller import Poller
 from procurd.procurement.submitter import Submitter
-from procurd.protocol.dujiao.models import OrderCreated
 from procurd.provider.callbacks import CallbackDispatcher
 from procurd.systemd import Notifier
 from procurd.upstream.errors import AuthError, BusinessError, UpstreamError
+from procurd.upstream.models import OrderCreated
 
 log = structlog.get_logger("procurd.daemon")
 

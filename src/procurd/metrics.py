@@ -156,6 +156,11 @@ class Metrics:
             "procurd_upstream_healthy", "1 when the last ping succeeded and no auth error is pending.",
             ["upstream"], registry=r,
         )  # fmt: skip
+        self.upstream_info = Gauge(
+            "procurd_upstream_info", "1 per configured upstream, naming the protocol it speaks (dujiao, "
+            "acg-faka): join on upstream to break other series down by protocol.",
+            ["upstream", "protocol"], registry=r,
+        )  # fmt: skip
         self.upstream_balance = Gauge(
             "procurd_upstream_balance", "Wallet balance at the last ping (exact value in the status report).",
             ["upstream", "currency"], registry=r,
@@ -238,6 +243,7 @@ class Metrics:
         self.queue_depth.clear()
         self.oldest_queued_seconds.clear()
         self.upstream_healthy.clear()
+        self.upstream_info.clear()
         self.upstream_balance.clear()
         self.spend_24h.clear()
         self.runway_hours.clear()
@@ -263,6 +269,7 @@ class Metrics:
             self.queue_depth.labels(name, state).set(count)
         self.oldest_queued_seconds.labels(name).set(upstream.get("oldest_queued_seconds") or 0)
         self.upstream_healthy.labels(name).set(1 if upstream.get("healthy") else 0)
+        self.upstream_info.labels(name, str(upstream.get("protocol") or "dujiao")).set(1)
         for reason, open_exceptions in (upstream.get("exceptions_by_reason") or {}).items():
             self.exceptions.labels(name, reason).set(open_exceptions)
         ping = upstream.get("last_ping") or {}

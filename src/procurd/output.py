@@ -145,6 +145,12 @@ def wrapped(text: str, *, indent: int, first: str | None = None) -> str:
 # --- the status report ------------------------------------------------------------------------------
 
 
+PROTOCOL_NAMES = {
+    "dujiao": "dujiao (Dujiao-Next's procurement API)",
+    "acg-faka": "acg-faka (an acg-faka shop's shared-shop API)",
+}
+
+
 def print_status(report: dict[str, Any]) -> None:
     """The status report for a person: the daemon, a block per upstream, then the storefront and alerts."""
     echo(f"procurd status at {utc(report['generated_at'])} UTC")
@@ -306,6 +312,8 @@ def _upstream_fields(upstream: dict[str, Any]) -> list[tuple[str, Any]]:
         error = str(ping["error"] or "").removeprefix(f"{upstream['name']} ping: ")
         ping_text = f"failed {when(ping['at'])}: {error}"
     fields: list[tuple[str, Any]] = []
+    protocol = upstream.get("protocol") or "dujiao"
+    fields.append(("protocol", PROTOCOL_NAMES.get(protocol, protocol)))
     if upstream.get("site_name"):
         fields.append(("site", f"{upstream['site_name']} ({upstream['base_url']})"))
     fields.append(("last ping", ping_text))
@@ -334,7 +342,7 @@ def _upstream_fields(upstream: dict[str, Any]) -> list[tuple[str, Any]]:
         sync_text = f"{sync['status']}{kind} {when(sync['at'])}: {listed}"
         fields.append(("last sync", sync_text + (f" ({sync['error']})" if sync.get("error") else "")))
     dialect = upstream.get("dialect")
-    if dialect is not None:
+    if dialect is not None and protocol == "dujiao":  # the dialects are Dujiao-Next's
         fields.append(("dialect", dialect["summary"]))
     queue = upstream["queue"]
     by_state = ", ".join(f"{state} {number}" for state, number in queue.items() if number)
@@ -353,5 +361,10 @@ def _upstream_fields(upstream: dict[str, Any]) -> list[tuple[str, Any]]:
         )
     )
     callbacks = upstream["callbacks"]
-    fields.append(("callbacks", f"{callbacks['accepted']} accepted, {callbacks['rejected']} rejected"))
+    if protocol == "acg-faka":
+        fields.append(
+            ("callbacks", "none (acg-faka calls nothing back: trades answer at once or are polled)")
+        )
+    else:
+        fields.append(("callbacks", f"{callbacks['accepted']} accepted, {callbacks['rejected']} rejected"))
     return fields

@@ -24,7 +24,7 @@ from procurd.catalog.pages import FetchedPage, PackedPage
 from procurd.catalog.ports import CatalogClient
 from procurd.core.catalog import Entity, Snapshot
 from procurd.core.listing import ListedProduct
-from procurd.protocol.dujiao.models import CatalogPage, SeenPage
+from procurd.upstream.models import CatalogPage, SeenPage
 from procurd.upstream.ratelimit import Priority
 
 log = structlog.get_logger("procurd.catalog")

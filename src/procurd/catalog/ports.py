@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections.abc import Collection, Container, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from procurd.core.catalog import Entity, PassHistory, PassKind, Plan, Snapshot
 from procurd.core.listing import ListingSaid, RunOutcome, Written
 from procurd.core.pricing import Pricing, Repricing
-from procurd.protocol.dujiao.models import CatalogPage, PingResult, SeenPage
+from procurd.upstream.models import CatalogPage, PingResult, SeenPage
 from procurd.upstream.ratelimit import Priority
 
 
@@ -37,7 +37,7 @@ class CurrencySource(Protocol):
 
 
 class CatalogClient(CurrencySource, Protocol):
-    """What a pass needs of :class:`procurd.protocol.dujiao.client.UpstreamClient`."""
+    """What a pass needs of an upstream (:class:`procurd.upstream.interface.Upstream`)."""
 
     async def catalog_categories(self, *, priority: Priority = ...) -> list[dict[str, Any]]: ...
 
@@ -51,6 +51,20 @@ class CatalogClient(CurrencySource, Protocol):
         seen: Container[bytes],
     ) -> CatalogPage | SeenPage:
         """Page ``page`` of the products, or :class:`SeenPage` when its body's digest is among ``seen``."""
+
+
+@runtime_checkable
+class NotingClient(Protocol):
+    """An upstream whose listing can leave goods out for reasons of its own (acg-faka: a commodity the API
+    cannot buy, a request bound reached): the pass records what it says as violations of its run, and
+    removes nothing after a listing that was not complete."""
+
+    def catalog_notes(self) -> list[str]:
+        """What the latest listing left out, and why."""
+
+    def catalog_complete(self) -> bool:
+        """Whether the latest listing held everything the upstream offers (False: some of it waits for a
+        later listing, so what the pass does not see is not gone)."""
 
 
 class StorageFailures(Protocol):

@@ -34,7 +34,7 @@ from procurd.catalog.errors import describe_error
 from procurd.catalog.fetch import Failure, PageFetcher
 from procurd.catalog.lease import DEFAULT_LEASE_TTL_SECONDS, LeaseKeeper
 from procurd.catalog.pages import FetchedPage, PackedPage, PageMemory
-from procurd.catalog.ports import CatalogClient, CatalogStore
+from procurd.catalog.ports import CatalogClient, CatalogStore, NotingClient
 from procurd.catalog.pricing import reprice_products
 from procurd.config import PricingSettings, Settings
 from procurd.core.catalog import (
@@ -60,8 +60,8 @@ from procurd.core.listing import (
 )
 from procurd.core.pricing import NewHold
 from procurd.instance import instance_id
-from procurd.protocol.dujiao.models import CatalogPage
 from procurd.upstream.errors import UpstreamError
+from procurd.upstream.models import CatalogPage
 from procurd.upstream.ratelimit import Priority
 
 log = structlog.get_logger("procurd.catalog")
@@ -200,10 +200,12 @@ class SyncOptions:
     @classmethod
     def from_settings(cls, settings: Settings, upstream: str) -> SyncOptions:
         catalog = settings.catalog
+        block = settings.upstream(upstream)
         return cls(
             page_size=catalog.page_size,
             concurrency=catalog.concurrency,
-            incremental=settings.upstream(upstream).incremental_sync,
+            # An acg-faka shop has no updated_after: each of its listings is the whole shop.
+            incremental="off" if block.protocol == "acg-faka" else block.incremental_sync,
             full_interval_seconds=catalog.full_sync_interval_seconds,
             max_removed_fraction=catalog.max_removed_fraction,
             pricing=settings.pricing,
@@ -315,6 +317,7 @@ class _SyncPass:
         self._initial = False
         self._ignored_updated_after = False
         self._blocked: Closing | None = None  # what the mass-removal guard held back
+        self._partial = False  # the upstream said its listing left some of its goods for a later one
         self._new_holds: tuple[NewHold, ...] = ()
 
     @property
@@ -514,7 +517,11 @@ class _SyncPass:
             store=self._write_products,
         )
         self._failure.raise_if_set()
-        if self._plan.kind == "full":
+        if isinstance(self._client, NotingClient):
+            for note in self._client.catalog_notes():
+                self._violation(note)
+            self._partial = not self._client.catalog_complete()
+        if self._plan.kind == "full" and not self._partial:
             listing.check_complete()
 
     def _check_page(self, page: CatalogPage | FetchedPage, number: int) -> None:
@@ -589,7 +596,7 @@ class _SyncPass:
         held = self._listing.held_ids()
         as_stored = await self._store.products_as_stored(self._upstream, held) if held else {}
         closing = self._listing.closing(
-            full=self._plan.kind == "full",
+            full=self._plan.kind == "full" and not self._partial,  # a partial listing removes nothing
             held_as_stored=as_stored,
             max_fraction=self._options.max_removed_fraction,
             allowed=self._allow_mass_removal,

@@ -99,7 +99,7 @@ async def _sync_all(
                     pages.complete(report.pages)
             click.echo(describe(report))
             for violation in report.violations:
-                click.echo(f"  category rule: {violation}")
+                click.echo(f"  not as expected: {violation}")
             for hold in report.new_holds:
                 click.echo(
                     f"  price held: SKU {hold.sku_id} at {hold.sell_price} "

@@ -1,4 +1,4 @@
-"""``procurd demo``: the whole loop on SQLite and a sandbox upstream."""
+"""``procurd demo``: the whole loop on SQLite and two sandbox upstreams (Dujiao-Next and acg-faka)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ from procurd.operations import file_location_problem
     help="Where the demo's database and configuration are written (and kept).",
 )
 def demo(directory: Path) -> None:
-    """Mirror a sandbox catalogue, order an automatic and a manual product, follow them to delivery.
+    """Mirror two sandbox upstreams, a Dujiao-Next site and an acg-faka shop, order an automatic and a
+    manual product from the site and a card good from the shop, follow them to delivery.
 
     Each run starts from a fresh database in the directory.
     """

@@ -24,7 +24,14 @@ from procurd.core.offering import OfferFacts, low_accounts, rule_currencies, why
 from procurd.core.times import count
 from procurd.operations import DatabaseError, InstallationError, check_database, open_operations
 from procurd.operations.housekeeping import alert_url_problems
-from procurd.operations.upstreams import AuthError, PingResult, UpstreamError, dialect_text
+from procurd.operations.upstreams import (
+    AuthError,
+    Features,
+    PingResult,
+    UpstreamError,
+    acg_faka_summary,
+    dialect_text,
+)
 from procurd.output import echo
 
 # The upstream refuses a request whose timestamp is more than 60 s off its clock; warn well before that.
@@ -105,6 +112,11 @@ async def check_upstreams(exam: Examination) -> list[Finding]:
             for upstream in settings.upstreams:
                 outcome = await operations.upstreams.ping(upstream.name)
                 findings += upstream_findings(upstream, outcome)
+                if upstream.protocol == "acg-faka":
+                    if isinstance(outcome, PingResult):
+                        features = await operations.upstreams.features(upstream.name)
+                        findings.append(version_finding(upstream, features))
+                    continue
                 learned = await operations.upstreams.dialect(upstream.name)
                 findings.append(Finding(True, f"upstream {upstream.name} dialect", dialect_text(learned)))
                 if isinstance(outcome, PingResult):
@@ -124,17 +136,37 @@ def upstream_findings(upstream: UpstreamSettings, outcome: PingResult | Upstream
         fix = outcome.hint or f"check base_url {upstream.base_url} and that this machine can reach it"
         return [Finding(False, subject, f"no answer: {failure_text(outcome)}", fix)]
     site = f" at {outcome.site_name}" if outcome.site_name else ""
-    findings = [
-        Finding(True, subject, f"authenticated{site} ({upstream.base_url}), {outcome.latency_ms:.0f} ms")
-    ]
+    speaks = f"{upstream.protocol}, {upstream.base_url}"
+    findings = [Finding(True, subject, f"authenticated{site} ({speaks}), {outcome.latency_ms:.0f} ms")]
     balance = f"{outcome.balance} {outcome.currency}"
     if outcome.balance > 0:
         findings.append(Finding(True, f"{subject} balance", balance))
     else:
         fix = "top up the wallet of the API user: every purchase is paid from it"
         findings.append(Finding(False, f"{subject} balance", balance, fix))
-    findings.append(clock_finding(upstream, outcome.clock_offset_seconds))
+    if upstream.protocol == "acg-faka":
+        findings.append(Finding(True, f"{subject} clock", "not needed (acg-faka signs no time)"))
+    else:
+        findings.append(clock_finding(upstream, outcome.clock_offset_seconds))
     return findings
+
+
+def version_finding(upstream: UpstreamSettings, features: Features | UpstreamError | None) -> Finding:
+    """Which later endpoints an acg-faka supplier's version has; a warning when it has no ``query`` (it may
+    not honour ``request_no``: a repeated trade could buy twice)."""
+    subject = f"upstream {upstream.name} version"
+    if isinstance(features, UpstreamError):
+        return Finding(False, subject, f"not read: {failure_text(features)}", "run `procurd probe` again")
+    if features is None:
+        return Finding(True, subject, "not an acg-faka supplier")
+    detail = acg_faka_summary(features)
+    if not features.query:
+        fix = (
+            "ask the supplier to upgrade acg-faka (1.3.6 or later has query): an older shop may ignore "
+            "request_no, and a lost trade answer cannot be looked up"
+        )
+        return Finding(True, subject, detail, fix, warning=True)
+    return Finding(True, subject, detail)
 
 
 def clock_finding(upstream: UpstreamSettings, offset: float | None) -> Finding:

@@ -77,12 +77,22 @@ async def _list(
 @exceptions_group.command("retry")
 @click.argument("procurement_id", metavar="ID", type=click.IntRange(min=1))
 @click.option("--note", help="Why, for the audit trail.")
+@click.option(
+    "--nothing-bought",
+    is_flag=True,
+    help="outcome_unknown only: you checked the upstream and nothing was bought (needs --note).",
+)
 @json_option
 @common_options
 @pass_state
-def exceptions_retry(state: CliState, procurement_id: int, note: str | None, as_json: bool) -> None:
+def exceptions_retry(
+    state: CliState, procurement_id: int, note: str | None, nothing_bought: bool, as_json: bool
+) -> None:
     """Send the procurement again (under a new number once the upstream canceled the old one)."""
-    run_command(_act(state.settings(), procurement_id, "retry", note, as_json), as_json)
+    if nothing_bought and not (note or "").strip():
+        fail_usage("--nothing-bought needs --note (what you checked at the upstream)")
+    action = "retry-nothing-bought" if nothing_bought else "retry"
+    run_command(_act(state.settings(), procurement_id, action, note, as_json), as_json)
 
 
 @exceptions_group.command(
@@ -174,13 +184,15 @@ async def _act(settings: Settings, procurement_id: int, action: str, note: str |
     async with open_operations(settings) as operations:
         if action == "retry":
             answer = await operations.orders.retry(procurement_id, note)
+        elif action == "retry-nothing-bought":
+            answer = await operations.orders.retry(procurement_id, note, nothing_bought=True)
         else:
             answer = await operations.orders.resolve(procurement_id, note or "")
     procurement, order = answer["procurement"], answer["order"]
     if as_json:
         emit_json({"ok": True, "procurement": procurement, "order": order})
         return
-    if action == "retry":
+    if action.startswith("retry"):
         echo(f"procurement {procurement_id} queued again as {procurement['downstream_order_no']}")
     else:
         echo(f"procurement {procurement_id} resolved")

@@ -12,6 +12,7 @@ from procurd.cli.base import EXIT_FAILURE, CliState, common_options, main, pass_
 from procurd.config import Settings, UpstreamSettings
 from procurd.operations import open_operations
 from procurd.operations.upstreams import AuthError, PingResult, UpstreamError
+from procurd.output import PROTOCOL_NAMES
 
 SUPPORTED_PROTOCOL = "1.0"
 
@@ -21,7 +22,8 @@ SUPPORTED_PROTOCOL = "1.0"
 @common_options
 @pass_state
 def ping(state: CliState, upstream_name: str | None) -> None:
-    """Check connectivity: site name, protocol version, balance, currency, member level, latency."""
+    """Check connectivity: protocol, site name, protocol version, balance, currency, member level,
+    latency."""
     upstreams = state.upstreams(upstream_name)
     failures: list[str] = []
     run_command(_ping_all(state.settings(secrets=True), upstreams, failures))
@@ -58,7 +60,14 @@ def show_ping(upstream: UpstreamSettings, outcome: PingResult | UpstreamError) -
         names = outcome.member_level.name or {}
         level = next(iter(names.values()), None) or outcome.member_level.slug or "unnamed"
     click.echo(f"{upstream.name}: ok ({upstream.base_url})")
+    click.echo(f"  protocol:         {PROTOCOL_NAMES.get(upstream.protocol, upstream.protocol)}")
     click.echo(f"  site name:        {outcome.site_name}")
+    if upstream.protocol == "acg-faka":
+        # acg-faka reports no version, no member level: `procurd probe` reads the version's features.
+        click.echo(f"  member id:        {outcome.user_id}")
+        click.echo(f"  balance:          {outcome.balance} {outcome.currency} (the currency is the block's)")
+        click.echo(f"  latency:          {outcome.latency_ms} ms")
+        return True
     click.echo(f"  protocol version: {outcome.protocol_version}")
     click.echo(f"  balance:          {outcome.balance} {outcome.currency}")
     click.echo(f"  member level:     {level}")

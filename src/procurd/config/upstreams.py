@@ -13,7 +13,15 @@ from procurd.config.fields import HttpUrl, OptionalAmount, OptionalHours, Positi
 PROTOCOLS = ("dujiao", "acg-faka")
 # Keys that only one protocol's upstreams take.
 DUJIAO_KEYS = ("api_key", "api_secret", "api_secret_file", "header_prefix")
-ACG_FAKA_KEYS = ("app_id", "app_key", "app_key_file", "currency", "codes", "trade_timeout_seconds")
+ACG_FAKA_KEYS = (
+    "app_id",
+    "app_key",
+    "app_key_file",
+    "currency",
+    "codes",
+    "trade_timeout_seconds",
+    "catalog_requests_per_pass",
+)
 ACG_FAKA_DEFAULT_CURRENCY = "CNY"
 
 
@@ -42,6 +50,8 @@ class UpstreamSettings(Section):
     currency: str = Field(default="", pattern=r"^$|^[A-Z]{3}$")
     codes: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]] = Field(default_factory=list)
     trade_timeout_seconds: PositiveSeconds = 60
+    # the price and stock requests one catalogue pass makes at most (the rest waits for the next pass)
+    catalog_requests_per_pass: int = Field(default=500, ge=1, le=1_000_000)
     # both
     timeout_seconds: PositiveSeconds = 15
     max_requests_per_second: PositiveSeconds = 1

@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 
 from procurd.core.backoff import retry_delay
-from procurd.core.procurement import ExceptionOpened, Procurement
+from procurd.core.procurement import SETTLE_WITH_UPSTREAM, ExceptionOpened, Procurement
 
 SEND_RETRY_BASE_SECONDS = 5.0
 SEND_RETRY_MAX_SECONDS = 600.0
@@ -77,6 +77,12 @@ def exception_opened(p: Procurement, opened: ExceptionOpened) -> Occurrence:
         f"{opened.reason}: order {p.order_no}, item {p.position + 1} ({p.downstream_order_no}) on upstream "
         f"{p.upstream}" + (f": {error}" if error and error != opened.reason else "")
     )
+    if opened.reason in SETTLE_WITH_UPSTREAM:
+        message += (
+            ". Money may have left the upstream balance without goods, and procurd never sends it again: "
+            "compare the upstream's purchase records and balance with the above, settle it with the "
+            "supplier, then resolve it with a note"
+        )
     return Occurrence(Kind.EXCEPTION_OPENED, p.order_no, message, p.upstream)
 
 

@@ -20,6 +20,7 @@ from procurd.core.procurement import (
     NumberAdded,
     NumberRetired,
     Procurement,
+    Reason,
     Resolve,
     Retry,
     State,
@@ -31,6 +32,10 @@ from procurd.core.procurement import (
 def retry(p: Procurement, event: Retry, now: datetime) -> Decision:
     if p.state is not State.EXCEPTION:
         raise NotAllowed("not_an_exception", f"procurement is {p.state.value}, not exception")
+    if p.exception_reason == Reason.NOT_DELIVERED or (
+        p.exception_reason == Reason.OUTCOME_UNKNOWN and not event.nothing_bought
+    ):
+        raise NotAllowed(p.exception_reason, settle_with_upstream(p))
     queued = released(
         p,
         state=State.QUEUED,
@@ -45,6 +50,8 @@ def retry(p: Procurement, event: Retry, now: datetime) -> Decision:
     detail: dict[str, Any] = {"previous_reason": p.exception_reason}
     if event.note:
         detail["note"] = event.note
+    if p.exception_reason == Reason.OUTCOME_UNKNOWN:
+        detail["nothing_bought"] = True  # a person's word: sent again under the same number
     if p.offer_code is not None and p.source_position > 0 and not p.upstream_may_exist:
         # No upstream order can exist under the number: the offer starts again from its first source.
         if p.number_canceled:
@@ -55,6 +62,24 @@ def retry(p: Procurement, event: Retry, now: datetime) -> Decision:
         detail["downstream_order_no"] = p.downstream_order_no
         return Decision(queued, "retry", detail)
     return _renumbered(p, Decision(queued, "retry", detail))
+
+
+def settle_with_upstream(p: Procurement) -> str:
+    """Why ``p`` is not sent again, and what a person does instead."""
+    if p.exception_reason == Reason.NOT_DELIVERED:
+        what = f"the upstream made and charged order {p.upstream_order_no or p.upstream_order_id} "
+        what += "but delivered nothing usable"
+        after = "then resolve it with a note"
+    else:
+        what = "the upstream may have made the purchase (its outcome is unknown)"
+        after = (
+            "then resolve it with a note, or, if nothing was bought, retry it with nothing_bought and a note "
+            "(sent again under the same number)"
+        )
+    return (
+        f"not sent again: {what}, and sending it again could buy twice. Settle it with the upstream (its "
+        f"purchase records, the balance before and after, named in the exception), {after}"
+    )
 
 
 def _renumbered(p: Procurement, decision: Decision) -> Decision:

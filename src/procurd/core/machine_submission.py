@@ -297,6 +297,21 @@ def submit_accepted(p: Procurement, event: SubmitAccepted, now: datetime, policy
             submitted, Reason.UPSTREAM_REFUNDED, message=f"the upstream reports {event.status}"
         )
         return Decision(refunded, "upstream_refunded", detail)
+    if event.fulfillment is not None and event.status in DELIVERED_STATUSES:
+        # The purchase delivered in its answer (acg-faka's card goods): delivered now, nothing to poll.
+        delivered = replace(
+            submitted,
+            state=State.DELIVERED,
+            submitted_at=now,
+            delivered_at=now,
+            fulfillment=event.fulfillment,
+            last_error_code=None,
+            last_error_message=None,
+            exception_reason=None,
+            next_poll_at=None,
+            poll_interval_seconds=None,
+        )
+        return Decision(delivered, "delivered", detail)
     live = replace(
         submitted,
         state=State.SUBMITTED,
@@ -329,6 +344,26 @@ def submit_rejected(p: Procurement, event: SubmitRejected, now: datetime) -> Dec
         )
         detail.update(order_id=event.order_id, order_no=event.order_no)
         return Decision(failed, "payment_failed", detail)
+    if event.kind == Reason.OUTCOME_UNKNOWN:
+        # Money may have moved: never sent again by itself, nor under a new number, nor at another source.
+        detail.update(event.details)
+        unknown = to_exception(p, Reason.OUTCOME_UNKNOWN, event.code, event.message)
+        return Decision(replace(unknown, upstream_may_exist=True), "outcome_unknown", detail)
+    if event.kind == Reason.NOT_DELIVERED:
+        # Made and charged, nothing usable delivered: the order exists, a person settles it upstream.
+        undelivered = to_exception(p, Reason.NOT_DELIVERED, event.code, event.message)
+        undelivered = replace(
+            undelivered,
+            upstream_order_id=event.order_id,
+            upstream_order_no=event.order_no,
+            upstream_status=event.status,
+            amount=event.amount,
+            currency=event.currency,
+            submitted_at=now,
+            upstream_may_exist=True,
+        )
+        detail.update(order_id=event.order_id, order_no=event.order_no)
+        return Decision(undelivered, "not_delivered", detail)
     # A definite refusal proves this request created nothing; an earlier attempt whose answer was lost
     # may still have, so upstream_may_exist keeps its value.
     detail["kind"] = event.kind

@@ -51,10 +51,24 @@ class Reason(StrEnum):
     UPSTREAM_ORDER_MISSING = "upstream_order_missing"
     AMOUNT_MISMATCH = "amount_mismatch"
     NO_SOURCE_AVAILABLE = "no_source_available"
+    # A purchase was sent and nobody can tell whether the upstream made it (a lost answer, an HTML page, a
+    # text that proves nothing): money may have moved; it is never sent again by itself.
+    OUTCOME_UNKNOWN = "outcome_unknown"
+    # The upstream made and charged the order but delivered nothing usable (a sold-out notice, too few
+    # lines of goods): a person settles it with the upstream.
+    NOT_DELIVERED = "not_delivered"
 
 
-# An upstream refuses a source with these before any money moved: an offer moves on to its next source.
-FAILOVER_CODES = frozenset({"sku_unavailable", "product_unavailable", "insufficient_stock"})
+# Exceptions where money may have moved without goods: a person settles them with the upstream; retrying
+# would buy again, so a retry is refused (resolve them instead).
+SETTLE_WITH_UPSTREAM = frozenset({Reason.OUTCOME_UNKNOWN, Reason.NOT_DELIVERED})
+
+
+# An upstream refuses a source with these before any money moved: an offer moves on to its next source
+# (``price_above_limit``: the price asked right before the purchase, by a protocol without a price guard).
+FAILOVER_CODES = frozenset(
+    {"sku_unavailable", "product_unavailable", "insufficient_stock", Reason.PRICE_ABOVE_LIMIT.value}
+)
 
 
 # Upstream order statuses: seed 000 part 3, and what real sites report besides. The one list every part that
@@ -204,16 +218,12 @@ class MirroredSku:
         if self.product_removed or not self.product_active:
             return "product_inactive", f"product {self.product_id} is not active upstream"
         if self.fulfillment_type == "manual":
-            if not manual_form_data:
+            missing = unfilled_form(self.manual_form_schema, manual_form_data)
+            if missing == []:
                 return (
                     "manual_form_data_required",
                     f"product {self.product_id} is manual: manual_form_data is required",
                 )
-            missing = [
-                key
-                for key in required_form_fields(self.manual_form_schema)
-                if _blank(manual_form_data.get(key))
-            ]
             if missing:
                 return (
                     "manual_form_data_invalid",
@@ -221,6 +231,21 @@ class MirroredSku:
                     + ", ".join(repr(key) for key in missing),
                 )
         return None
+
+
+def unfilled_form(schema: Any, manual_form_data: Mapping[str, Any] | None) -> list[str] | None:
+    """What an order of a manual product leaves out of the buyer's form (``schema``, the product's
+    ``manual_form_schema``): ``None`` when nothing, ``[]`` when the form itself is missing, else the keys of
+    the required fields it leaves blank.
+
+    Seed 000 requires ``manual_form_data`` for a manual product (an object), and says nothing of its
+    contents: a form whose schema requires nothing (goods with no buyer inputs) may be sent empty (``{}``);
+    an empty form where the schema requires fields is a missing form, as is no form at all."""
+    required = required_form_fields(schema)
+    if manual_form_data is None or (not manual_form_data and required):
+        return []
+    missing = [key for key in required if _blank(manual_form_data.get(key))]
+    return missing or None
 
 
 def required_form_fields(schema: Any) -> list[str]:
@@ -295,14 +320,18 @@ class SubmitAccepted:
     status: str
     amount: str | None
     currency: str | None
+    # The goods, when the purchase delivered in its answer (acg-faka's card goods): delivered at once.
+    fulfillment: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class SubmitRejected:
-    """A definite refusal: no order exists under the number because of this request (or it was canceled).
+    """An answer that ends the submission without a live order to wait for.
 
     ``kind`` is ``payment_failed`` (the upstream created the order and canceled it at once), ``business`` or
-    ``auth``.
+    ``auth`` (a definite refusal: no order exists under the number because of this request), ``not_delivered``
+    (the upstream made and charged the order, ``order_id``, but delivered nothing usable) or
+    ``outcome_unknown`` (nobody can tell whether the upstream made it; ``details`` is what is known).
     """
 
     owner: str
@@ -312,6 +341,9 @@ class SubmitRejected:
     order_id: int | None = None
     order_no: str | None = None
     status: str | None = None
+    amount: str | None = None
+    currency: str | None = None
+    details: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -396,9 +428,12 @@ class GiveUp:
 
 @dataclass(frozen=True, slots=True)
 class Retry:
-    """A person sends the procurement again."""
+    """A person sends the procurement again. ``nothing_bought``: for an exception ``outcome_unknown``, the
+    person checked the upstream and found nothing bought (the purchase is then sent again under the same
+    number)."""
 
     note: str | None = None
+    nothing_bought: bool = False
 
 
 @dataclass(frozen=True, slots=True)

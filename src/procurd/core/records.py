@@ -269,3 +269,40 @@ class CallbackAttempt:
         if self.http_status is None and (self.message or "").startswith(UNKNOWN):
             return "unknown"
         return "failed"
+
+
+@dataclass(frozen=True, slots=True)
+class ListedChoice:
+    """A choice a catalogue pass listed: its key, its commodity's id and what a trade names it by."""
+
+    key: str
+    product_id: int
+    code: str
+    race: str | None
+    options: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamChoice:
+    """An orderable choice of an upstream that has no SKU ids of its own (acg-faka: a commodity, a variant and
+    one option per add-on group), and the SKU id procurd gave it: stable, never reused."""
+
+    upstream: str
+    key: str  # the choice's stable name (protocol.acgfaka.goods.choice_key)
+    sku_id: int
+    product_id: int
+    code: str
+    race: str | None
+    options: tuple[tuple[str, str], ...]
+    first_seen_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class MirroredProduct:
+    """What a purchase reads of a product's mirror row besides its SKU: the buyer inputs' form (with the
+    texts an upstream refuses a value with) and the fields its protocol keeps under ``extra``."""
+
+    upstream: str
+    id: int
+    manual_form_schema: Any = None
+    extra: Mapping[str, Any] | None = None

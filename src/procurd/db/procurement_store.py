@@ -7,7 +7,7 @@ writer of a procurement holds its order's row, so an order's items change one tr
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Final
 
@@ -459,9 +459,14 @@ class ProcurementStore:
         ).mappings()
         return self._count(conditions), [to_procurement(row) for row in rows]
 
-    def exception_ids(self, upstream: str | None, reason: str | None, limit: int) -> tuple[int, list[int]]:
-        """How many exceptions match, and the ids of the ``limit`` oldest (the exception list's order)."""
+    def exception_ids(
+        self, upstream: str | None, reason: str | None, limit: int, *, excluding: Collection[str] = ()
+    ) -> tuple[int, list[int]]:
+        """How many exceptions match (leaving out those of a reason in ``excluding``), and the ids of the
+        ``limit`` oldest (the exception list's order)."""
         conditions = _exceptions_matching(upstream, reason)
+        if excluding:
+            conditions.append(procurements.c.exception_reason.not_in(sorted(excluding)))
         ids = self.connection.execute(
             select(procurements.c.id)
             .where(*conditions)
@@ -469,6 +474,22 @@ class ProcurementStore:
             .limit(limit)
         ).scalars()
         return self._count(conditions), [int(value) for value in ids]
+
+    def exceptions_of_reasons(
+        self, upstream: str | None, reason: str | None, reasons: Collection[str], limit: int
+    ) -> list[tuple[int, str]]:
+        """The ``limit`` oldest matching exceptions whose reason is one of ``reasons``: (id, reason)."""
+        if not reasons:
+            return []
+        conditions = _exceptions_matching(upstream, reason)
+        conditions.append(procurements.c.exception_reason.in_(sorted(reasons)))
+        rows = self.connection.execute(
+            select(procurements.c.id, procurements.c.exception_reason)
+            .where(*conditions)
+            .order_by(procurements.c.updated_at, procurements.c.id)
+            .limit(limit)
+        )
+        return [(int(row.id), str(row.exception_reason)) for row in rows]
 
     def exception_reasons(self) -> dict[str, dict[str, int]]:
         """Open exceptions per upstream and reason."""

@@ -228,6 +228,44 @@ upstream_dialects = Table(
     Column("updated_at", UtcDateTime(), nullable=False),
 )
 
+# The SKU ids procurd gives the orderable choices of an upstream that numbers none (acg-faka): one per choice
+# key, per upstream, from max + 1, never deleted (a choice seen again gets its id back, none is reused).
+upstream_choices = Table(
+    "upstream_choices",
+    metadata,
+    Column("upstream", String(64), primary_key=True),
+    Column("sku_id", BigInteger, primary_key=True, autoincrement=False),
+    Column("choice_key", Text, nullable=False),
+    Column("product_id", BigInteger, nullable=False),
+    Column("code", String(255), nullable=False),
+    Column("race", Text, nullable=True),
+    Column("options", JsonDocument, nullable=False),
+    Column("first_seen_at", UtcDateTime(), nullable=False),
+    UniqueConstraint("upstream", "choice_key", name="uq_upstream_choices_key"),
+)
+
+upstream_trades = Table(
+    "upstream_trades",
+    metadata,
+    # One purchase at an upstream whose protocol cannot look a purchase up by procurd's number (acg-faka),
+    # written before it is sent: a try whose answer never came is known on the next, and never sent again.
+    Column("upstream", String(64), primary_key=True),
+    Column("request_no", String(32), primary_key=True),
+    Column("downstream_order_no", String(128), nullable=False),
+    Column("code", String(255), nullable=False),
+    Column("quantity", Integer, nullable=False),
+    # sending (no answer yet), delivered, pending (a notice: goods by hand later), not_delivered,
+    # refused (nothing bought), unknown (nobody can tell)
+    Column("state", String(16), nullable=False),
+    Column("trade_no", String(32), nullable=True),
+    Column("amount", String(32), nullable=True),
+    Column("balance_before", String(32), nullable=True),
+    Column("notice", Text, nullable=True),  # the text a pending order answered (a notice, not goods)
+    Column("sent_at", UtcDateTime(), nullable=False),
+    Column("answered_at", UtcDateTime(), nullable=True),
+    Index("ix_upstream_trades_trade_no", "upstream", "trade_no"),
+)
+
 # --- procurement ------------------------------------------------------------------------------------------
 
 orders = Table(

@@ -10,6 +10,7 @@ from sqlalchemy import Connection
 from procurd.db.alert_store import AlertStore
 from procurd.db.auth_store import AuthStore
 from procurd.db.chart_store import ChartStore
+from procurd.db.choice_store import ChoiceStore
 from procurd.db.console_store import ConsoleStore
 from procurd.db.dialect_store import DialectStore
 from procurd.db.health_store import HealthStore
@@ -25,6 +26,7 @@ from procurd.db.rate_budget import RateBudgetStore, rate_budget_store
 from procurd.db.reconcile_store import ReconcileStore
 from procurd.db.retention_store import RetentionStore
 from procurd.db.revision import SchemaStore
+from procurd.db.trade_store import TradeStore
 
 
 class Tx:
@@ -67,6 +69,10 @@ class Tx:
         return LeaseStore(self.connection)
 
     @cached_property
+    def trades(self) -> TradeStore:
+        return TradeStore(self.connection)
+
+    @cached_property
     def alerts(self) -> AlertStore:
         return AlertStore(self.connection)
 
@@ -105,6 +111,10 @@ class Tx:
     @cached_property
     def charts(self) -> ChartStore:
         return ChartStore(self.connection)
+
+    @cached_property
+    def choices(self) -> ChoiceStore:
+        return ChoiceStore(self.connection)
 
     @cached_property
     def schema(self) -> SchemaStore:

@@ -17,6 +17,7 @@ from typing import Protocol
 from procurd.db.alert_store import AlertStore
 from procurd.db.auth_store import AuthStore
 from procurd.db.chart_store import ChartStore
+from procurd.db.choice_store import ChoiceStore
 from procurd.db.console_store import ConsoleStore
 from procurd.db.dialect_store import DialectStore
 from procurd.db.health_store import HealthStore
@@ -32,6 +33,7 @@ from procurd.db.rate_budget import RateBudgetStore
 from procurd.db.reconcile_store import ReconcileStore
 from procurd.db.retention_store import RetentionStore
 from procurd.db.revision import SchemaStore
+from procurd.db.trade_store import TradeStore
 
 
 class WithProcurements(Protocol):
@@ -122,3 +124,13 @@ class WithCharts(Protocol):
 class WithSchema(Protocol):
     @property
     def schema(self) -> SchemaStore: ...
+
+
+class WithChoices(Protocol):
+    @property
+    def choices(self) -> ChoiceStore: ...
+
+
+class WithTrades(Protocol):
+    @property
+    def trades(self) -> TradeStore: ...

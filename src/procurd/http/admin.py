@@ -112,8 +112,10 @@ async def list_exceptions(request: web.Request) -> web.Response:
 async def retry_exception(request: web.Request) -> web.Response:
     """Send the procurement again (under a new number once the upstream canceled the old one)."""
     procurement_id = parse_procurement_id(request.match_info["id"])
-    body = await json_object(request, allowed={"note"}, optional=True)
-    answer = await _operations(request).orders.retry(procurement_id, body.get("note"))
+    body = await json_object(request, allowed={"note", "nothing_bought"}, optional=True)
+    answer = await _operations(request).orders.retry(
+        procurement_id, body.get("note"), body.get("nothing_bought", False)
+    )
     return json_response({"ok": True, **answer})
 
 

@@ -17,12 +17,14 @@ from procurd.core.intake import IntakeError, parse_order_request, refusal_status
 from procurd.core.json_limits import json_problem
 from procurd.core.numbers import MAX_ID, ORDER_NO_PATTERN
 from procurd.core.orders import check_note
-from procurd.core.procurement import NotAllowed, Resolve, Retry, Source
+from procurd.core.procurement import SETTLE_WITH_UPSTREAM, NotAllowed, Reason, Resolve, Retry, Source, State
 from procurd.core.refusals import Refused
+from procurd.db.views import WithProcurements
 from procurd.operations.runtime import Runtime
 from procurd.operations.views import ProcurementViews
 from procurd.procurement import cancel
 from procurd.procurement.service import IntakeResult
+from procurd.protocol.acgfaka.orders import request_no
 
 log = structlog.get_logger("procurd.orders")
 
@@ -38,6 +40,19 @@ class BulkRetry:
     skipped: list[dict[str, Any]]
     remaining: int
 
+
+# Why a bulk retry leaves an exception of these reasons alone (see core.machine_people.settle_with_upstream).
+NOT_RETRIED = {
+    Reason.OUTCOME_UNKNOWN.value: (
+        "not sent again: the upstream may have made the purchase (its outcome is unknown); settle it with "
+        "the upstream, then resolve it with a note, or, if nothing was bought, retry it alone with "
+        "nothing_bought and a note"
+    ),
+    Reason.NOT_DELIVERED.value: (
+        "not sent again: the upstream made and charged the order but delivered nothing usable; settle it "
+        "with the upstream, then resolve it with a note"
+    ),
+}
 
 __all__ = ["DEFAULT_BULK_RETRY", "MAX_BULK_RETRY", "BulkRetry", "IntakeResult", "OrderOperations"]
 
@@ -165,10 +180,36 @@ class OrderOperations:
         assert view is not None
         return view
 
-    async def retry(self, procurement_id: int, note: Any = None) -> dict[str, Any]:
+    async def retry(
+        self, procurement_id: int, note: Any = None, nothing_bought: Any = False
+    ) -> dict[str, Any]:
         """Send an exception's procurement again (under a new number once the upstream canceled the old);
-        ``note`` (optional) is checked as :func:`check_note` says."""
-        return await self._handle(procurement_id, Retry(check_note(note, required=False)))
+        ``note`` (optional) is checked as :func:`check_note` says.
+
+        ``nothing_bought``: a person checked the upstream and found that a purchase whose outcome was unknown
+        was not made (a note is then required). Its trade is marked so (an acg-faka upstream, which otherwise
+        never sends it again) and the procurement is sent again under the same number; a shop that does hold
+        an order under it answers so, and it is ``outcome_unknown`` again: never a second purchase."""
+        if not isinstance(nothing_bought, bool):
+            raise Refused(400, "invalid_request", "nothing_bought must be true or false")
+        checked = check_note(note, required=nothing_bought)
+        if nothing_bought:
+            check_procurement_id(procurement_id)
+            await self._clear_trade(procurement_id)
+        return await self._handle(procurement_id, Retry(checked, nothing_bought=nothing_bought))
+
+    async def _clear_trade(self, procurement_id: int) -> None:
+        """Mark the trade of an ``outcome_unknown`` procurement of an acg-faka upstream as one a person found
+        nothing bought under (before the retry: its submission must find it so)."""
+        runtime = self.runtime
+        p = await runtime.database.read(lambda tx: tx.procurements.procurement(procurement_id))
+        if p is None or p.state is not State.EXCEPTION or p.exception_reason != Reason.OUTCOME_UNKNOWN:
+            return  # the retry answers what applies
+        block = next((u for u in runtime.settings.upstreams if u.name == p.upstream), None)
+        if block is None or block.protocol != "acg-faka":
+            return
+        number = request_no(p.downstream_order_no, block.app_id)
+        await runtime.database.write(lambda tx: tx.trades.clear(p.upstream, number))
 
     async def resolve(self, procurement_id: int, note: Any) -> dict[str, Any]:
         """Close an exception by hand, with a note for the audit trail (required, checked as
@@ -221,17 +262,29 @@ class OrderOperations:
     ) -> BulkRetry:
         """Send up to ``limit`` matching exceptions again, oldest first, each through the state path.
 
-        One that changed meanwhile (a person resolved it, another retry won) is reported as skipped.
+        One that changed meanwhile (a person resolved it, another retry won) is reported as skipped. Those
+        a retry never sends again (money may have moved: ``outcome_unknown``, ``not_delivered``) are not
+        tried, not counted as remaining, and reported as skipped with their reason (the oldest ``limit``).
         """
         service = self.runtime.service
-        total, ids = await self.runtime.database.read(
-            lambda tx: tx.procurements.exception_ids(upstream, reason, limit)
-        )
+        held = sorted(SETTLE_WITH_UPSTREAM)
+
+        def read(tx: WithProcurements) -> tuple[tuple[int, list[int]], list[tuple[int, str]]]:
+            store = tx.procurements
+            return (
+                store.exception_ids(upstream, reason, limit, excluding=held),
+                store.exceptions_of_reasons(upstream, reason, held, limit),
+            )
+
+        (total, ids), settle = await self.runtime.database.read(read)
         outcomes = await asyncio.gather(
             *(service.apply(pid, Retry(note), Source.ADMIN) for pid in ids), return_exceptions=True
         )
         retried: list[int] = []
-        skipped: list[dict[str, Any]] = []
+        skipped: list[dict[str, Any]] = [
+            {"id": procurement_id, "error_code": held_for, "message": NOT_RETRIED[held_for]}
+            for procurement_id, held_for in settle
+        ]
         for procurement_id, outcome in zip(ids, outcomes, strict=True):
             if isinstance(outcome, NotAllowed):
                 skipped.append({"id": procurement_id, "error_code": outcome.code, "message": outcome.message})

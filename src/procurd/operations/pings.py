@@ -21,8 +21,8 @@ from procurd.db.database import Database
 from procurd.db.views import WithCharts, WithDialects, WithHealth
 from procurd.logs import scrub
 from procurd.operations.runtime import Runtime
-from procurd.protocol.dujiao.models import PingResult
 from procurd.upstream.errors import AuthError, UpstreamError, truncate
+from procurd.upstream.models import PingResult
 
 log = structlog.get_logger("procurd.status")
 

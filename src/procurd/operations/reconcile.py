@@ -32,8 +32,8 @@ from procurd.db.views import WithReconcile
 from procurd.operations.alerts import Alerts
 from procurd.procurement.answers import answer_problem, finding_of, report_of
 from procurd.procurement.service import ProcurementService
-from procurd.protocol.dujiao.client import UpstreamClient
 from procurd.upstream.errors import BusinessError, UpstreamError
+from procurd.upstream.interface import Upstream
 from procurd.upstream.ratelimit import Priority
 
 log = structlog.get_logger("procurd.reconcile")
@@ -59,7 +59,7 @@ class ReconcileReport:
 
 async def reconcile(
     service: ProcurementService,
-    clients: Mapping[str, UpstreamClient],
+    clients: Mapping[str, Upstream],
     alerts: Alerts,
     *,
     upstream: str | None = None,
@@ -125,7 +125,7 @@ async def reconcile(
 
 
 async def _check(
-    service: ProcurementService, client: UpstreamClient, p: Procurement, repair: bool, report: ReconcileReport
+    service: ProcurementService, client: Upstream, p: Procurement, repair: bool, report: ReconcileReport
 ) -> None:
     assert p.upstream_order_id is not None
     try:

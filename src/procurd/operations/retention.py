@@ -4,6 +4,10 @@
 forever. Rows older than their table's setting are deleted in batches, each its own short transaction, so
 intake, callbacks and workers are never held up for long; 0 keeps a table forever. On several instances
 only one prunes at a time (a lease).
+
+Orders, procurements, their numbers and the trades of upstreams that record them (``upstream_trades``) are
+never pruned: a trade belongs to its procurement, and one whose outcome is unknown is what keeps that
+procurement from being sent again.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import structlog
 
 from procurd.catalog.pages import PageMemory
-from procurd.config import Settings
+from procurd.config import Settings, UpstreamSettings
 from procurd.core.clock import utcnow
 from procurd.db.database import Database, open_database
 from procurd.db.errors import DatabaseError
@@ -21,9 +21,14 @@ from procurd.instance import instance_id
 from procurd.metrics import Metrics
 from procurd.operations.alerts import Alerts
 from procurd.operations.budgets import SharedBudget
+from procurd.operations.choices import DatabaseChoices
+from procurd.operations.trades import DatabaseTrades
 from procurd.procurement.service import ProcurementService, Wakeups
+from procurd.protocol.acgfaka.upstream import AcgFakaUpstream
 from procurd.protocol.dujiao.client import UpstreamClient
+from procurd.protocol.transport import RequestObserver
 from procurd.upstream.errors import AuthError, UpstreamError
+from procurd.upstream.interface import Upstream
 from procurd.upstream.ratelimit import RateLimiter, SharedRateLimiter, sending_rate
 from procurd.watch import HealthWatch, RejectionWatch
 
@@ -99,12 +104,29 @@ def rate_limiters(settings: Settings, database: Database, instance: str) -> dict
     return limiters
 
 
+def upstream_of(
+    settings: UpstreamSettings,
+    *,
+    limiter: RateLimiter,
+    observer: RequestObserver,
+    database: Database,
+    instance: str,
+) -> Upstream:
+    """The client of one ``[[upstreams]]`` block, for the protocol it names (``instance``: this process,
+    the holder of the leases its trades take)."""
+    if settings.protocol == "acg-faka":
+        choices = DatabaseChoices(database)
+        trades = DatabaseTrades(database, instance)
+        return AcgFakaUpstream(settings, choices=choices, trades=trades, limiter=limiter, observer=observer)
+    return UpstreamClient(settings, limiter=limiter, observer=observer)
+
+
 @dataclass
 class Runtime:
     settings: Settings
     database: Database
     service: ProcurementService
-    clients: dict[str, UpstreamClient]
+    clients: dict[str, Upstream]
     metrics: Metrics
     alerts: Alerts
     health: HealthWatch
@@ -132,7 +154,13 @@ class Runtime:
 
         limiters = rate_limiters(settings, database, instance)
         clients = {
-            upstream.name: UpstreamClient(upstream, limiter=limiters[upstream.name], observer=observe)
+            upstream.name: upstream_of(
+                upstream,
+                limiter=limiters[upstream.name],
+                observer=observe,
+                database=database,
+                instance=instance,
+            )
             for upstream in settings.upstreams
         }
         alerts = Alerts(database, settings.alerts, metrics)
@@ -153,7 +181,7 @@ class Runtime:
             dialects=dialects,
         )
 
-    def client(self, upstream: str) -> UpstreamClient:
+    def client(self, upstream: str) -> Upstream:
         return self.clients[upstream]
 
     async def start(self) -> None:

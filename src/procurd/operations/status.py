@@ -307,6 +307,7 @@ def _upstream_status(
     queue = {state: counts.get((upstream.name, state), 0) for state in QUEUE_STATES}
     return {
         "name": upstream.name,
+        "protocol": upstream.protocol,
         "base_url": upstream.base_url,
         "low_balance_threshold": upstream.low_balance_threshold or None,
         "healthy": row.last_ping_ok is True and row.auth_error_code is None,

@@ -12,14 +12,18 @@ from typing import Any
 
 from procurd.core.dialect import Learned, Point, dialect_text
 from procurd.operations.pings import ping_upstream
-from procurd.operations.probe import Probe, probe
+from procurd.operations.probe import Probe, acg_faka_summary, probe
 from procurd.operations.reconcile import ReconcileReport, finding_view, recent_runs, reconcile
 from procurd.operations.runtime import Runtime
-from procurd.protocol.dujiao.models import PingResult
+from procurd.protocol.acgfaka.client import Features
+from procurd.protocol.acgfaka.upstream import AcgFakaUpstream
 from procurd.upstream.errors import AuthError, UpstreamError
+from procurd.upstream.models import PingResult
+from procurd.upstream.ratelimit import Priority
 
 __all__ = [
     "AuthError",
+    "Features",
     "Learned",
     "PingResult",
     "Point",
@@ -27,6 +31,7 @@ __all__ = [
     "ReconcileReport",
     "UpstreamError",
     "UpstreamOperations",
+    "acg_faka_summary",
     "dialect_text",
     "finding_view",
 ]
@@ -44,6 +49,17 @@ class UpstreamOperations:
     async def probe(self, upstream: str) -> Probe:
         """A read-only conversation with ``upstream`` that finds out the dialect it speaks (never orders)."""
         return await probe(self.runtime, upstream)
+
+    async def features(self, upstream: str) -> Features | UpstreamError | None:
+        """Which later endpoints an acg-faka supplier's version has (four read-only requests at ping
+        priority); None for an upstream of another protocol."""
+        client = self.runtime.client(upstream)
+        if not isinstance(client, AcgFakaUpstream):
+            return None
+        try:
+            return await client.features(priority=Priority.PING)
+        except UpstreamError as exc:
+            return exc
 
     async def dialect(self, upstream: str) -> Learned:
         """What ``upstream``'s answers have shown of its dialect so far."""

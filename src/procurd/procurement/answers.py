@@ -8,7 +8,7 @@ from datetime import datetime
 from procurd.core.procurement import Procurement, UpstreamReport
 from procurd.core.reconcile import Mismatch
 from procurd.db.reconcile_store import Finding
-from procurd.protocol.dujiao.models import UpstreamOrder
+from procurd.upstream.models import UpstreamOrder
 
 
 def report_of(order: UpstreamOrder, *, polled: bool = True, verified: bool = False) -> UpstreamReport:

@@ -35,8 +35,8 @@ from procurd.core.procurement import ClaimRefused, Event, Procurement, Source, U
 from procurd.procurement.answers import report_of
 from procurd.procurement.commands import Command, Current, Report, ReportRejected, ReportUnverified
 from procurd.procurement.transitions import Applied, Result
-from procurd.protocol.dujiao.models import UpstreamOrder
 from procurd.upstream.errors import BusinessError, UpstreamError
+from procurd.upstream.models import UpstreamOrder
 from procurd.upstream.ratelimit import Priority
 
 log = structlog.get_logger("procurd.procurement")

@@ -15,8 +15,8 @@ from procurd.background import Worker
 from procurd.core.procurement import Event, GiveUp, PollFailed, Procurement, Source
 from procurd.procurement.answers import answer_problem, report_of
 from procurd.procurement.service import ProcurementService
-from procurd.protocol.dujiao.client import UpstreamClient
 from procurd.upstream.errors import BusinessError, UpstreamError
+from procurd.upstream.interface import Upstream
 
 log = structlog.get_logger("procurd.poller")
 
@@ -29,7 +29,7 @@ class Poller(Worker):
     def __init__(
         self,
         service: ProcurementService,
-        client: UpstreamClient,
+        client: Upstream,
         give_up_seconds: float,
         *,
         instance: str,

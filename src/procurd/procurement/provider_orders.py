@@ -26,7 +26,7 @@ from typing import Any
 from procurd.core.intake import IntakeError, ItemRequest, OrderRequest
 from procurd.core.orders import Order
 from procurd.core.pricing import PricingRule, SkuFacts, cost_limit, exchange_rate_of
-from procurd.core.procurement import MirroredSku, Procurement, required_form_fields
+from procurd.core.procurement import MirroredSku, Procurement, required_form_fields, unfilled_form
 from procurd.core.provider import (
     CANCELED,
     CENT,
@@ -96,12 +96,9 @@ def placement_intake(
         raise product_unavailable()
     form = placement.manual_form_data
     if mirrored.fulfillment_type == "manual":
-        missing = [
-            key
-            for key in required_form_fields(mirrored.manual_form_schema)
-            if not form or form.get(key) in (None, "")
-        ]
-        if not form or missing:
+        missing = unfilled_form(mirrored.manual_form_schema, form)
+        if missing is not None:
+            missing = missing or required_form_fields(mirrored.manual_form_schema)
             raise bad_request(
                 "manual_form_data is required for this product"
                 + (f": missing {', '.join(missing)}" if missing else "")

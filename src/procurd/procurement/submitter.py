@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 import structlog
 
@@ -25,16 +25,19 @@ from procurd.core.procurement import (
 )
 from procurd.db.errors import DatabaseUnavailable
 from procurd.procurement.service import ProcurementService
-from procurd.protocol.dujiao.client import UpstreamClient
-from procurd.protocol.dujiao.models import CreateOrderRequest, OrderCreated
 from procurd.upstream.errors import (
     AuthError,
     BusinessError,
     ConnectFailed,
+    NotDelivered,
+    OutcomeUnknown,
     PaymentFailed,
+    PriceChanged,
     RateLimited,
     UpstreamError,
 )
+from procurd.upstream.interface import Upstream
+from procurd.upstream.models import CreateOrderRequest, OrderCreated
 
 log = structlog.get_logger("procurd.submitter")
 
@@ -50,6 +53,9 @@ def submission_request(p: Procurement, callback_url: str | None) -> CreateOrderR
         downstream_order_no=p.downstream_order_no,
         trace_id=p.trace_id or p.order_no,
         callback_url=callback_url,
+        unit_limit=p.unit_limit,
+        limit_given=p.max_unit_price is not None,
+        fulfillment_type=p.fulfillment_type,
     )
 
 
@@ -58,9 +64,33 @@ def outcome_event(owner: str, outcome: OrderCreated | UpstreamError) -> Event:
     match outcome:
         case OrderCreated():
             amount = None if outcome.amount is None else str(outcome.amount)
+            goods = None if outcome.fulfillment is None else outcome.fulfillment.to_json()
             return SubmitAccepted(
-                owner, outcome.order_id, outcome.order_no, outcome.status, amount, outcome.currency
+                owner, outcome.order_id, outcome.order_no, outcome.status, amount, outcome.currency, goods
             )
+        case OutcomeUnknown():
+            return SubmitRejected(
+                owner,
+                "outcome_unknown",
+                outcome.code,
+                outcome_unknown_message(outcome),
+                details=outcome.details,
+            )
+        case NotDelivered():
+            return SubmitRejected(
+                owner,
+                "not_delivered",
+                outcome.code,
+                settling(outcome.message, outcome.details),
+                outcome.order_id,
+                outcome.order_no,
+                "paid",
+                outcome.amount,
+                outcome.currency,
+            )
+        case PriceChanged():
+            # Nothing was bought: sent again after the backoff, its price asked again first.
+            return SubmitUnavailable(owner, outcome.code, outcome.message, request_sent=False)
         case PaymentFailed():
             return SubmitRejected(
                 owner,
@@ -83,6 +113,27 @@ def outcome_event(owner: str, outcome: OrderCreated | UpstreamError) -> Event:
             return SubmitUnavailable(owner, outcome.code, outcome.message)
 
 
+def outcome_unknown_message(error: OutcomeUnknown) -> str:
+    """What a person needs to settle a purchase whose outcome is unknown: why, the request number, what was
+    bought, the balance before and after, and where the upstream's purchase records are."""
+    return settling(f"{error.message} ({error.cause}); nothing is sent again by itself", error.details)
+
+
+def settling(message: str, known: Mapping[str, str]) -> str:
+    """``message`` with what ``known`` names for a person settling a purchase with the upstream."""
+    parts = [message]
+    labels = (
+        ("request_no", "request number"),
+        ("code", "commodity"),
+        ("quantity", "quantity"),
+        ("balance_before", "balance before"),
+        ("balance_after", "balance after"),
+        ("purchase_records", "the member's purchase records"),
+    )
+    parts += [f"{label} {known[key]}" for key, label in labels if known.get(key)]
+    return "; ".join(parts)
+
+
 class Submitter(Worker):
     """Up to ``size`` concurrent submissions for one upstream, fed by a single claimer.
 
@@ -94,7 +145,7 @@ class Submitter(Worker):
     def __init__(
         self,
         service: ProcurementService,
-        client: UpstreamClient,
+        client: Upstream,
         instance: str,
         size: int,
         callback_url: str | None,

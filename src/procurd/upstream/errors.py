@@ -281,6 +281,36 @@ class OutcomeUnknown(UpstreamError):
         return f"{super()._describe()} ({self.cause})"
 
 
+class NotDelivered(UpstreamError):
+    """The upstream made and charged the order but delivered nothing usable in its answer (acg-faka: the
+    notice that another buyer took the cards while this order was paid, or fewer lines of goods than units
+    bought). Nothing will come by itself: a person settles it with the upstream. ``order_id`` and
+    ``order_no`` name the upstream's order, ``amount`` what it charged, ``details`` what a person needs (as
+    :class:`OutcomeUnknown`'s)."""
+
+    retryable = False
+    default_code = "not_delivered"
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        order_id: int,
+        order_no: str,
+        amount: str | None = None,
+        currency: str | None = None,
+        details: Mapping[str, str] | None = None,
+        upstream: str = "",
+        endpoint: str = "",
+    ) -> None:
+        self.order_id = order_id
+        self.order_no = order_no
+        self.amount = amount
+        self.currency = currency
+        self.details = dict(details or {})
+        super().__init__(message, upstream=upstream, endpoint=endpoint)
+
+
 class EndpointNotFound(BusinessError):
     """HTTP 404 for an endpoint of the protocol, without one of the protocol's own codes (such as
     ``order_not_found``): the site does not serve the API where procurd asked, usually because ``base_url`` is

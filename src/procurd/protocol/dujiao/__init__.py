@@ -1,6 +1,7 @@
 """Dujiao-Next's signed site-to-site API (seed 000, and the site as it runs since 2026): both halves.
 
-The client half: :mod:`.signing` (part 5), :mod:`.models` (the wire's resources, part 2), :mod:`.answers`
+The client half: :mod:`.signing` (part 5), the resources of part 2 as :mod:`procurd.upstream.models` (the
+vocabulary the engine speaks to every upstream), :mod:`.answers`
 (what an answer means, or the error it stands for), :mod:`.client` (``UpstreamClient``), :mod:`.callback`
 (a callback's body read, verified and sent). The server half, one implementation for every site procurd
 serves: :class:`~.server.SignedApi` routes the seven endpoints under ``/api/v1/upstream``, checks each request

@@ -37,7 +37,6 @@ from procurd.core.numbers import MAX_ID
 from procurd.core.procurement import DELIVERED_STATUSES, UpstreamReport
 from procurd.core.provider import ProviderOrder
 from procurd.protocol.destinations import NotPublic, PublicResolver
-from procurd.protocol.dujiao.models import Fulfillment
 from procurd.protocol.dujiao.signing import (
     HeaderNames,
     parse_timestamp,
@@ -46,6 +45,7 @@ from procurd.protocol.dujiao.signing import (
     timestamp_fresh,
 )
 from procurd.upstream.errors import truncate
+from procurd.upstream.models import Fulfillment
 
 CALLBACK_PATH = "/api/v1/upstream/callback"  # what every callback is signed over, whatever URL it goes to
 

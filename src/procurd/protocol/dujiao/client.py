@@ -19,19 +19,6 @@ from procurd.core.catalog import rfc3339
 from procurd.core.exact import loads_exact, loads_listing
 from procurd.core.problems import problems
 from procurd.protocol.dujiao.answers import classify_response
-from procurd.protocol.dujiao.models import (
-    CancelResult,
-    CatalogPage,
-    Category,
-    CreateOrderRequest,
-    OrderCreated,
-    PingResult,
-    Product,
-    ProductPage,
-    SeenPage,
-    UpstreamModel,
-    UpstreamOrder,
-)
 from procurd.protocol.dujiao.signing import HeaderNames, signed_headers
 from procurd.protocol.transport import (
     RequestObserver,
@@ -45,6 +32,19 @@ from procurd.upstream.errors import (
     UpstreamError,
     UpstreamTimeout,
     truncate,
+)
+from procurd.upstream.models import (
+    CancelResult,
+    CatalogPage,
+    Category,
+    CreateOrderRequest,
+    OrderCreated,
+    PingResult,
+    Product,
+    ProductPage,
+    SeenPage,
+    UpstreamModel,
+    UpstreamOrder,
 )
 from procurd.upstream.ratelimit import Priority, RateLimiter
 
@@ -102,6 +102,10 @@ class UpstreamClient(SessionClient):
 
     def __repr__(self) -> str:
         return f"UpstreamClient(name={self.name!r}, api_root={self._api_root!r})"
+
+    @property
+    def protocol(self) -> str:
+        return "dujiao"
 
     async def ping(self, *, priority: Priority = Priority.PING) -> PingResult:
         """Connectivity check: site, protocol version, the API user's balance and member level."""

@@ -61,6 +61,7 @@ COMMODITY_FIELDS: dict[str, Kind] = {
     "purchase_count": int,
     "description": str,
     "cover": str,
+    "shared_id": int,
 }
 CARD_FIELDS: dict[str, Kind] = {"secret": str, "race": str, "sku": dict}
 CARDS_FIELDS: dict[str, Kind] = {"cards": list}
@@ -75,7 +76,7 @@ SCALARS = (
     "delivery_message",
     "leave_message",
 )
-MORE_SCALARS = ("minimum", "maximum", "purchase_count", "description", "cover", "category_id")
+MORE_SCALARS = ("minimum", "maximum", "purchase_count", "description", "cover", "category_id", "shared_id")
 PRICES = ("price", "user_price", "factory_price")
 
 
@@ -303,6 +304,7 @@ class ShopControl:
             "name": commodity.name,
             "category_id": commodity.category_id,
             "delivery_way": commodity.delivery_way,
+            "shared_id": commodity.shared_id,
             "price": f"{commodity.price:.2f}",
             "user_price": f"{commodity.user_price:.2f}",
             "status": commodity.status,

@@ -118,7 +118,7 @@ def commodity_row(shop: Shop, commodity: Commodity) -> dict[str, Any]:
         "password_status": 0,
         "sort": commodity.id,
         "coupon": 0,
-        "shared_id": None,
+        "shared_id": commodity.shared_id,
         "shared_code": "",
         "shared_premium": 0,
         "shared_premium_type": 0,

@@ -117,6 +117,10 @@ class Commodity:
     widgets: list[dict[str, Any]] = field(default_factory=list)
     delivery_way: int = 0  # 0 cards, 1 manual
     delivery_message: str = ""
+    # Imported by this shop from another shop ("chained" goods): the id of that docking, None for its own.
+    # A trade buys upstream inside its own and answers what the upstream answered (its cards, or its
+    # notice), and never refreshes that text; the cards and delivery way stand for the upstream's goods.
+    shared_id: int | None = None
     leave_message: str = ""
     stock: int | None = None  # the manual goods' counter
     status: int = 1

@@ -157,7 +157,8 @@ def trade(shop: Shop, member: Member, post: Post, base_url: str, faults: TradeFa
             widget=widget,
             request_no=request_no or None,
             created_at=shop.clock(),
-            delivered=commodity.delivery_way == 0,
+            # an imported commodity's order holds the upstream's answer: the shop never refreshes it
+            delivered=commodity.delivery_way == 0 or commodity.shared_id is not None,
         )
     )
     data: dict[str, Any] = {

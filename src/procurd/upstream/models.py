@@ -1,4 +1,6 @@
-"""The upstream's resources (seed 000, part 2) as pydantic models.
+"""The vocabulary the engine speaks to every upstream, whatever its protocol: seed 000's resources (part 2)
+as pydantic models. Dujiao-Next's client reads them off its wire as they are; acg-faka's adapter builds them
+from its supplier's answers (a product per commodity, a SKU per orderable choice).
 
 Fields carry the upstream's names. Fields a real site adds are kept (``model_extra``). Amounts keep the
 exact decimal text the upstream sent (``"9.90"`` stays ``"9.90"``); a JSON number is taken from its JSON
@@ -168,13 +170,17 @@ class PingResult(UpstreamModel):
 
 
 class OrderCreated(UpstreamModel):
-    """The answer to ``POST /orders`` (also to an idempotent repeat, with the order's current status)."""
+    """The answer to ``POST /orders`` (also to an idempotent repeat, with the order's current status).
+
+    ``fulfillment`` is set by a protocol whose purchase delivers in its answer (acg-faka's card goods): the
+    goods, with ``status`` delivered; seed 000's answer has none (its goods come by callback or poll)."""
 
     order_id: int
     order_no: str
     status: str
     amount: DecimalText | None = None
     currency: str | None = None
+    fulfillment: Fulfillment | None = None
 
 
 class OrderItem(UpstreamModel):
@@ -217,6 +223,9 @@ class UpstreamOrder(UpstreamModel):
     downstream_order_no: str | None = None
 
 
+OrderCreated.model_rebuild()
+
+
 class CancelResult(UpstreamModel):
     order_id: int
     order_no: str | None = None
@@ -234,6 +243,14 @@ class CreateOrderRequest(BaseModel):
     downstream_order_no: str | None = Field(default=None, min_length=1, max_length=128)
     trace_id: str | None = Field(default=None, max_length=128)
     callback_url: str | None = None
+    # What the procurement knows besides the wire body, for a protocol without a price guard or a seed-000
+    # catalogue of its own (acg-faka): never sent (``body()`` leaves them out).
+    unit_limit: DecimalText | None = Field(default=None, exclude=True)
+    """The most a unit may cost (the item's ``max_unit_price``, or the loss guard's limit)."""
+    limit_given: bool = Field(default=False, exclude=True)
+    """``unit_limit`` is the item's own ``max_unit_price`` (for the refusal's words)."""
+    fulfillment_type: str | None = Field(default=None, exclude=True)
+    """The mirrored product's ``fulfillment_type`` (``auto``, ``manual``)."""
 
     def body(self) -> bytes:
         """Compact JSON (no spaces), fields in declaration order, ``None`` fields left out."""
