@@ -26,7 +26,8 @@ from procurd.core.intake import parse_order_request
 from procurd.core.procurement import Cancel, Source, SubmitAccepted, UpstreamReport
 from procurd.core.rollup import DELIVERY_BOUNDS, OUTCOME_OF, hour_of, micros, percentile
 from procurd.db.database import Database
-from procurd.db.schema import procurements, provider_orders
+from procurd.db.provider_schema import provider_orders
+from procurd.db.schema import procurements
 from procurd.http.console.pulse import duration_text
 from procurd.procurement.service import ProcurementService
 

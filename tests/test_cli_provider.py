@@ -23,7 +23,7 @@ from sqlalchemy import func, select
 
 from procurd.config import Settings
 from procurd.daemon import Daemon
-from procurd.db.schema import provider_accounts, provider_ledger
+from procurd.db.provider_schema import provider_accounts, provider_ledger
 from procurd.sandbox import Sandbox, SandboxConfig
 from procurd.sandbox.testing import ApiResponse, CallbackReceiver, SignedClient
 from provider_support import provider_config, public_base_url

@@ -21,7 +21,7 @@ from sqlalchemy import func, select
 
 from procurd.config import Settings
 from procurd.core.orders import MAX_NOTE_CHARS
-from procurd.db.schema import provider_accounts, provider_ledger
+from procurd.db.provider_schema import provider_accounts, provider_ledger
 from procurd.sandbox import Sandbox, SandboxConfig
 from procurd.sandbox.testing import CallbackReceiver, SignedClient
 from provider_support import provider_settings, public_base_url

@@ -37,7 +37,8 @@ from aiohttp import web
 from sqlalchemy import select, update
 
 from procurd.daemon import Daemon
-from procurd.db.schema import alerts, provider_callbacks
+from procurd.db.provider_schema import provider_callbacks
+from procurd.db.schema import alerts
 from procurd.db.types import utcnow
 from procurd.provider.callbacks import retry_in
 from procurd.sandbox import Sandbox, SandboxConfig

@@ -37,7 +37,8 @@ from fault_processes import Incarnations
 from fault_support import audit_problems, fault_sandbox_config, orderable_skus, report, single_item
 from procurd.core.provider import cents_text
 from procurd.db.database import Database, open_database
-from procurd.db.schema import procurements, provider_accounts, provider_ledger, provider_orders
+from procurd.db.provider_schema import provider_accounts, provider_ledger, provider_orders
+from procurd.db.schema import procurements
 from procurd.operations import open_operations
 from procurd.sandbox import Sandbox
 from procurd.sandbox.testing import SignedClient

@@ -40,16 +40,14 @@ from yarl import URL
 
 from procurd.core.provider import price_cents
 from procurd.daemon import Daemon
-from procurd.db.schema import (
-    orders,
-    procurement_numbers,
-    procurements,
+from procurd.db.provider_schema import (
     provider_accounts,
     provider_callback_attempts,
     provider_callbacks,
     provider_ledger,
     provider_orders,
 )
+from procurd.db.schema import orders, procurement_numbers, procurements
 from procurd.protocol.dujiao.signing import HeaderNames, sign
 from procurd.sandbox import Sandbox, SandboxConfig
 from provider_support import ProviderSite, add_account, provider_settings

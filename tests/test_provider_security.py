@@ -28,7 +28,7 @@ from sqlalchemy import update
 
 from procurd.core.provider import ProviderOrder
 from procurd.daemon import Daemon
-from procurd.db.schema import provider_old_secrets
+from procurd.db.provider_schema import provider_old_secrets
 from procurd.protocol.destinations import NotPublic, PublicResolver
 from procurd.protocol.dujiao.callback import CALLBACK_PATH
 from procurd.protocol.dujiao.signing import sign

@@ -42,7 +42,8 @@ from fault_support import fault_sandbox_config, orderable_skus, report
 from procurd.core.provider import cents_text, to_cents
 from procurd.core.refusals import Refused
 from procurd.db.database import Database, open_database
-from procurd.db.schema import procurements, provider_accounts, provider_ledger, provider_orders
+from procurd.db.provider_schema import provider_accounts, provider_ledger, provider_orders
+from procurd.db.schema import procurements
 from procurd.operations import Operations, open_operations
 from procurd.sandbox import Sandbox
 from procurd.sandbox.testing import ApiResponse, SignedClient

@@ -24,7 +24,8 @@ from procurd.core.rollup import (
     hour_of,
     hour_start,
 )
-from procurd.db.schema import procurement_hours, procurements, provider_ledger, upstream_balances
+from procurd.db.provider_schema import provider_ledger
+from procurd.db.schema import procurement_hours, procurements, upstream_balances
 from procurd.db.types import UtcDateTime
 
 _HOURS: Final = procurement_hours.c

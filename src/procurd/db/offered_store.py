@@ -11,15 +11,8 @@ from typing import Any
 from sqlalchemy import ColumnElement, Connection, and_, bindparam, case, func, insert, or_, select, update
 
 from procurd.db.dialect import insert_or_skip
-from procurd.db.schema import (
-    mirror_categories,
-    mirror_changes,
-    mirror_products,
-    mirror_skus,
-    provider_ids,
-    provider_products,
-    provider_state,
-)
+from procurd.db.provider_schema import provider_ids, provider_products, provider_state
+from procurd.db.schema import mirror_categories, mirror_changes, mirror_products, mirror_skus
 
 CHUNK = 500
 VERSION = "version"  # provider_state's row for the offered catalogue's version

@@ -36,8 +36,7 @@ from procurd.core.records import (
     unknown_outcome,
 )
 from procurd.db.keys import by_pairs
-from procurd.db.schema import (
-    alerts,
+from procurd.db.provider_schema import (
     provider_accounts,
     provider_callback_attempts,
     provider_callbacks,
@@ -45,6 +44,7 @@ from procurd.db.schema import (
     provider_old_secrets,
     provider_orders,
 )
+from procurd.db.schema import alerts
 
 
 def to_account(row: RowMapping) -> Account:
