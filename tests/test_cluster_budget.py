@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+import weakref
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack
 from datetime import datetime, timedelta
@@ -29,6 +30,7 @@ from support import sql_rows, wait_until
 KEY = budget_key("http://upstream.example/api/v1/upstream", "key")
 RATE = 10.0  # requests a second: 100 ms apart
 SPACING = 1 / RATE
+BUDGETS: weakref.WeakKeyDictionary[SharedRateLimiter, RecordingBudget] = weakref.WeakKeyDictionary()
 
 
 @pytest.fixture
@@ -39,7 +41,9 @@ async def instances(database_url: str) -> AsyncIterator[Callable[[str], SharedRa
         def instance(name: str) -> SharedRateLimiter:
             database = open_database(database_url)
             stack.push_async_callback(database.close)
-            limiter = SharedRateLimiter(SharedBudget(database, KEY, "main", name, RATE), RATE)
+            budget = RecordingBudget(database, KEY, "main", name, RATE)
+            limiter = SharedRateLimiter(budget, RATE)
+            BUDGETS[limiter] = budget
             stack.push_async_callback(limiter.close)
             return limiter
 
@@ -69,17 +73,20 @@ async def grant_times(limiter: SharedRateLimiter, priority: Priority, count: int
 
 
 async def test_instances_share_one_budget(instances: Callable[[str], SharedRateLimiter]) -> None:
-    """Three instances asking at once get their requests spaced one budget interval apart between them:
-    together they never go faster than the budget."""
+    """Three instances asking at once get their requests spaced one budget interval apart between them, on
+    the database's clock (the schedule they share): together they never go faster than the budget."""
     limiters = [instances(name) for name in ("a", "b", "c")]
-    started = time.monotonic()
     times = await asyncio.gather(*(grant_times(limiter, Priority.ORDER, 10) for limiter in limiters))
-    merged = sorted(moment for per_instance in times for moment in per_instance)
-    gaps = [later - earlier for earlier, later in itertools.pairwise(merged)]
-    # Slot starts on each instance's clock, from the shared schedule (a budget round trip's jitter aside).
-    assert min(gaps) > SPACING * 0.8, gaps
-    assert merged[-1] - started >= SPACING * (len(merged) - 1) * 0.95
     assert all(len(per_instance) == 10 for per_instance in times)
+    granted = sorted(slot for limiter in limiters for slot in granted_by(limiter))
+    assert len(granted) >= 30  # a slot handed out too late to be used is let go, never shared
+    gaps = [(later - earlier).total_seconds() for earlier, later in itertools.pairwise(granted)]
+    assert min(gaps) >= SPACING * 0.999, gaps
+
+
+def granted_by(limiter: SharedRateLimiter) -> list[datetime]:
+    """The slots the budget granted ``limiter``'s instance, on the database's clock."""
+    return BUDGETS[limiter].granted
 
 
 async def test_batches_of_orders_from_several_processes_keep_the_spacing(database_url: str) -> None:
@@ -206,7 +213,10 @@ async def test_cancelled_waiters_leave_nothing_behind(instances: Callable[[str],
     await limiter.acquire(Priority.ORDER)
     doomed = [asyncio.create_task(limiter.acquire(Priority.CATALOG)) for _ in range(3)]
     survivor = asyncio.create_task(limiter.acquire(Priority.CATALOG))
-    await wait_until(lambda: limiter.waiting[Priority.CATALOG] == 4)
+    # Each is queued, or already served when a slot came free before the rest had queued (a busy machine).
+    await wait_until(
+        lambda: limiter.waiting[Priority.CATALOG] + sum(task.done() for task in [*doomed, survivor]) == 4
+    )
     for task in doomed:
         task.cancel()
     await asyncio.wait_for(survivor, 5)
