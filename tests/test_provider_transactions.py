@@ -9,6 +9,9 @@ path's one write transaction; authenticating it reads the account once.
 
 from __future__ import annotations
 
+import asyncio
+import gzip
+import json
 import uuid
 from collections.abc import AsyncIterator
 from decimal import Decimal
@@ -84,3 +87,56 @@ async def test_one_provider_order_takes_one_read_and_one_write(database_url: str
         assert cents_text(account.balance_cents) == format(
             Decimal("1000.00") - Decimal(sku["price_amount"]), "f"
         )
+
+
+async def test_orders_taken_in_together_cost_the_same_statements_as_two(
+    database_url: str, sandbox: Sandbox
+) -> None:
+    """Provider orders placed at once are taken in by one write transaction whose statements do not grow with
+    their number (the new provider orders and procurements are inserted a batch at a time, not one a row), and
+    each order gets its own id back."""
+    settings = provider_settings(database_url, ("top", sandbox))
+    await mirror(settings)
+    async with open_operations(settings) as operations:
+        await operations.catalog.reprice()
+        await operations.provider.refresh(full=True)
+        await add_account(operations, "together", balance="1000000.00")
+        site = await operations.provider.accounts.get("together")
+        page = await operations.provider.products(site, 1, 100, None, None)
+        body = json.loads(gzip.decompress(page.answer) if page.answer[:2] == b"\x1f\x8b" else page.answer)
+        sku_id = body["items"][0]["skus"][0]["id"]
+        database = operations.runtime.database
+        database.count_statements()
+        counts = database.counts
+
+        async def place_together(count: int) -> tuple[int, int]:
+            before, statements = counts.transactions(), counts.statements
+            placed = await asyncio.gather(
+                *(
+                    operations.provider.create_order(
+                        site,
+                        sku_id=sku_id,
+                        quantity=1,
+                        manual_form_data=None,
+                        downstream_order_no=f"together-{uuid.uuid4().hex[:8]}",
+                        trace_id=None,
+                        callback_url=None,
+                    )
+                    for _ in range(count)
+                )
+            )
+            figures = spent(before, counts)["write"], counts.statements - statements
+            for order, created in placed:
+                assert created, order
+                assert order.status == "paid", order
+                found = await operations.provider.order_of(site, order.id)
+                assert (found.order_no, found.downstream_order_no) == (
+                    order.order_no,
+                    order.downstream_order_no,
+                )
+            return figures
+
+        two = await place_together(2)
+        eight = await place_together(8)
+        assert two[0] == eight[0] == 1
+        assert eight[1] == two[1]

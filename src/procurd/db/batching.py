@@ -5,6 +5,10 @@ the change is durable; but a busy process commits tens of commands per transacti
 A command that fails on its own (its run function returns the exception for it) does not hold back the
 others; a transaction that fails as a whole on a uniqueness conflict is run again one command at a time, so
 only the command that caused it sees the error.
+
+A result the run function can build from what the transaction decided, without the database, it returns as
+:class:`Later`: built after the commit, on the caller's side, so that the transaction (which every change of
+the process waits for, and on SQLite the write lock) ends sooner.
 """
 
 from __future__ import annotations
@@ -28,8 +32,17 @@ R = TypeVar("R")
 
 log = structlog.get_logger("procurd.db")
 
-BatchFunction = Callable[["Tx", Sequence[C]], list["R | Exception"]]
-"""Runs commands in one transaction: one result, or the exception that command alone raised, per command."""
+
+@dataclass(frozen=True, slots=True)
+class Later(Generic[R]):
+    """A command's result built after its transaction committed (``build`` reads no database)."""
+
+    build: Callable[[], R]
+
+
+BatchFunction = Callable[["Tx", Sequence[C]], list["R | Later[R] | Exception"]]
+"""Runs commands in one transaction: one result (or its :class:`Later`), or the exception that command alone
+raised, per command."""
 
 
 @dataclass(slots=True)
@@ -107,6 +120,12 @@ class BatchWriter(Generic[C, R]):
         self.transactions += 1
         self.commands += len(batch)
         for pending, result in zip(batch, results, strict=True):
+            if isinstance(result, Later):
+                try:
+                    result = result.build()
+                except Exception as exc:
+                    log.exception("db.result_failed")
+                    result = exc
             if isinstance(result, Exception):
                 _settle(pending, None, result)
             else:

@@ -1,16 +1,17 @@
 """Statements run on the driver's own tuples, for the rows written by the thousand (the catalogue mirror's):
 a Core statement compiled once per dialect, JSON serialized once (orjson) from the values as sent, and no
-per-row SQLAlchemy processing."""
+per-row SQLAlchemy processing. And rows inserted with their ids in a few statements (:func:`inserted_ids`)."""
 
 from __future__ import annotations
 
+import functools
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from decimal import Decimal
 from typing import Any
 
 import orjson
-from sqlalchemy import Connection, Dialect, bindparam
+from sqlalchemy import Connection, Dialect, Executable, Table, bindparam, insert
 from sqlalchemy.sql.compiler import Compiled
 from sqlalchemy.sql.expression import ClauseElement
 
@@ -115,3 +116,28 @@ def _renumbered(group: str, shift: int) -> str:
 
 def binds(count: int, start: int = 0) -> list[Any]:
     return [bindparam(f"p{index}") for index in range(start, start + count)]
+
+
+def inserted_ids(
+    connection: Connection, table: Table, rows: Sequence[Mapping[str, Any]], key: Sequence[str]
+) -> list[int]:
+    """Insert ``rows`` into ``table``: their ids, in the order given.
+
+    SQLAlchemy's "insertmanyvalues" sends them as multi-row ``VALUES`` statements (one for a batch's rows),
+    each returning the new ids with the rows' unique ``key`` columns, which tell the rows apart (the order of
+    ``RETURNING`` rows is not promised). Asking for the ids in the order of the rows instead
+    (``sort_by_parameter_order``) runs one statement a row on SQLite, and at every row the writer thread gives
+    up the GIL and waits for it again while the event loop runs.
+    """
+    if not rows:
+        return []
+    ids = {
+        tuple(found[1:]): int(found[0])
+        for found in connection.execute(_returning_ids(table, tuple(key)), list(rows))
+    }
+    return [ids[tuple(row[name] for name in key)] for row in rows]
+
+
+@functools.cache
+def _returning_ids(table: Table, key: tuple[str, ...]) -> Executable:
+    return insert(table).returning(table.c.id, *(table.c[name] for name in key))

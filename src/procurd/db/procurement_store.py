@@ -31,6 +31,7 @@ from procurd.core.orders import Order
 from procurd.core.procurement import MirroredSku, Procurement, SourceRef, State
 from procurd.core.records import AuditRow as AuditRow  # re-exported: the state path names it from here
 from procurd.core.records import NumberRow
+from procurd.db.bulk import inserted_ids
 from procurd.db.dialect import insert_or_skip
 from procurd.db.keys import by_pairs
 from procurd.db.schema import (
@@ -198,7 +199,6 @@ _MIRRORED_SKUS = (
     )
 )
 _INSERT_ORDER = insert(orders)
-_INSERT_PROCUREMENTS = insert(procurements).returning(procurements.c.id, sort_by_parameter_order=True)
 _UPDATE_PROCUREMENT = (
     update(procurements)
     .where(procurements.c.id == bindparam("b_id"))
@@ -363,10 +363,8 @@ class ProcurementStore:
         """Insert new procurements; their ids, in the order given."""
         if not items:
             return []
-        result = self.connection.execute(
-            _INSERT_PROCUREMENTS, [_row_values(p, INSERT_COLUMNS) for p in items]
-        )
-        return [int(row[0]) for row in result]
+        rows = [_row_values(p, INSERT_COLUMNS) for p in items]
+        return inserted_ids(self.connection, procurements, rows, ("order_no", "position"))
 
     def update_procurements(self, items: Sequence[Procurement]) -> None:
         if items:

@@ -35,6 +35,7 @@ from procurd.core.records import (
     SettledTry,
     unknown_outcome,
 )
+from procurd.db.bulk import inserted_ids
 from procurd.db.keys import by_pairs
 from procurd.db.provider_schema import (
     provider_accounts,
@@ -59,7 +60,6 @@ _BY_DOWNSTREAM = select(provider_orders).where(
     provider_orders.c.account_id == bindparam("first"),
     provider_orders.c.downstream_order_no.in_(bindparam("seconds", expanding=True)),
 )
-_INSERT_ORDERS = insert(provider_orders).returning(provider_orders.c.id, sort_by_parameter_order=True)
 _UPDATE_ORDER = (
     update(provider_orders)
     .where(provider_orders.c.order_no == bindparam("b_order_no"))
@@ -332,7 +332,7 @@ class ProviderStore:
         """Insert new provider orders; their ids, in the order given."""
         if not rows:
             return []
-        return [int(row[0]) for row in self.connection.execute(_INSERT_ORDERS, list(rows))]
+        return inserted_ids(self.connection, provider_orders, rows, ("order_no",))
 
     def update_orders(self, rows: Sequence[Mapping[str, Any]]) -> None:
         if rows:

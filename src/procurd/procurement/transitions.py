@@ -32,6 +32,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from functools import partial
 from typing import Any, Protocol
 
 from procurd.core import alerts
@@ -61,6 +62,7 @@ from procurd.core.reconcile import GOODS_RECORDED, goods_after_resolution
 from procurd.core.records import Finding, NumberRow, Offer
 from procurd.core.refusals import Refused
 from procurd.core.rollup import Deltas, difference
+from procurd.db.batching import Later
 from procurd.db.offered_store import SkuSource
 from procurd.db.procurement_store import AuditRow
 from procurd.db.views import (
@@ -214,8 +216,11 @@ class _Batch:
     offers: Mapping[str, Offer] = field(default_factory=dict)
 
 
-def apply_batch(tx: BatchTx, commands: Sequence[Command], rules: Rules) -> list[Result | Exception]:
-    """Run ``commands`` in ``tx``; one result (or the exception of that command alone) per command."""
+def apply_batch(
+    tx: BatchTx, commands: Sequence[Command], rules: Rules
+) -> list[Result | Later[Result] | Exception]:
+    """Run ``commands`` in ``tx``; one result (or the exception of that command alone) per command, the ones
+    that need nothing more of the database as :class:`Later` (built after the commit)."""
     batch = _Batch(tx, rules, rules.clock())
     store = tx.procurements
 
@@ -281,16 +286,20 @@ def apply_batch(tx: BatchTx, commands: Sequence[Command], rules: Rules) -> list[
         except (NotAllowed, IntakeError, ReportRejected, Refused) as refused:
             pending.append(refused)
 
-    # 3. Write everything, then build the results that need the new ids.
+    # 3. Write everything; the results but a claim's (its next due time is read) are built after the commit.
     ids = _flush(batch)
-    results = [item if isinstance(item, Exception) else item(ids) for item in pending]
-    return [_next_due(tx, command, result) for command, result in zip(commands, results, strict=True)]
+    return [
+        item if isinstance(item, Exception)
+        else _next_due(tx, command, item(ids)) if isinstance(command, Claims)
+        else Later(partial(item, ids))
+        for command, item in zip(commands, pending, strict=True)
+    ]  # fmt: skip
 
 
-def _next_due(tx: BatchTx, command: Command, result: Result | Exception) -> Result | Exception:
+def _next_due(tx: BatchTx, command: Claims, result: Result) -> Result:
     """A claim that took fewer than it asked for, with the time its upstream's next one falls due: what its
     submitter or poller waits for, read after the batch's writes (its own claims count from their expiry)."""
-    if not isinstance(result, Claimed) or not isinstance(command, Claims):
+    if not isinstance(result, Claimed):
         return result
     if len(result.procurements) >= command.limit:
         return result
