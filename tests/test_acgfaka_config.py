@@ -1,5 +1,5 @@
-"""[[upstreams]] protocol = "acg-faka": its keys, the refusals naming the key, and a daemon that keeps
-working for its Dujiao-Next upstreams beside an acg-faka one (which nothing of the daemon uses yet)."""
+"""[[upstreams]] protocol = "acg-faka": its keys, the refusals naming the key, and a daemon that works for its
+Dujiao-Next upstreams beside an acg-faka one, whose shop it pings and mirrors."""
 
 from __future__ import annotations
 
@@ -137,8 +137,8 @@ async def test_clients_keep_to_their_protocol() -> None:
 
 async def test_the_daemon_beside_an_acg_faka_upstream(database_url: str) -> None:
     """With an acg-faka upstream configured, the daemon starts, buys from its Dujiao-Next upstream and takes
-    its callbacks; the status names both; the daemon pings and mirrors the acg-faka shop and buys nothing
-    from it."""
+    its callbacks; the status and the console's overview name both protocols; the daemon pings and mirrors
+    the acg-faka shop and buys nothing from it."""
     config = SandboxConfig(products=4, balance=Decimal("1000"), allow_private_callbacks=True)
     async with Sandbox(config) as sandbox, AcgFakaSandbox(ShopConfig(commodities=4)) as shop:
         data = config_data(database_url, ("main", sandbox))
@@ -164,4 +164,11 @@ async def test_the_daemon_beside_an_acg_faka_upstream(database_url: str) -> None
 
             mirrored = await wait_until(acg_mirrored)
             assert (mirrored["protocol"], mirrored["mirror"]["products"]) == ("acg-faka", 4)
+            overview = f"http://{settings.server.admin_host}:{settings.server.admin_port}/ui/"
+            async with session.get(overview) as response:
+                page = await response.text()
+            assert response.status == 200
+            main, acg_part = page.split('id="upstream-acg"', 1)
+            assert '<p class="meta protocol">Dujiao-Next' in main
+            assert '<p class="meta protocol">acg-faka shop · procurd acg-faka sandbox' in acg_part
         assert shop.request_counts["trade"] == 0
