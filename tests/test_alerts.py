@@ -192,6 +192,8 @@ async def test_low_balance_says_what_was_spent_and_how_long_it_lasts(
         await shop.order("L1")
         await shop.admin.wait_status("L1", "delivered")
         sandbox.state.set_balance("100.00")
+        # A ping still running (the daemon's first) read the balance before: run one that reads it now.
+        await wait_until(lambda: _job_idle(shop.daemon, "ping:main"))
         shop.daemon.run_now("ping:main")
         [message] = await wait_until(lambda: receiver.titled("low_balance: main"))
         spent = (await shop.admin.order("L1"))["procurements"][0]["amount"]

@@ -507,7 +507,9 @@ def names_the_offset(text: str, direction: str = "behind the upstream") -> bool:
 
 
 async def ping_now(run: Run, *, healthy: bool) -> dict[str, Any]:
-    """Run the daemon's scheduled ping now; the status of the upstream once health is ``healthy``."""
+    """Run the daemon's scheduled ping now (after one still running, which may have read the upstream before
+    the test changed it); the status of the upstream once health is ``healthy``."""
+    await wait_until(lambda: not any(task.get_name() == "ping:main" for task in run.daemon.job_tasks))
     run.daemon.run_now("ping:main")
 
     async def reported() -> dict[str, Any] | None:
